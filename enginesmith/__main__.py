@@ -1,0 +1,3 @@
+from enginesmith.cli import main
+
+main()

@@ -1,0 +1,154 @@
+"""Which cells can be built: one table of rules, each with its reason, checked at plan time.
+
+A cell that breaks a rule is planned as ``invalid`` with the rule's id and a message, so no GPU time is
+spent finding out. Sources for the SM rules: shared/reference/trtllm.md §4.2 (trtllm-build's own guards) and
+§5; where the docs and the builder disagree, the builder wins. Per-recipe SM lists live in
+``configs/recipes.yaml`` (data that grows with new GPUs); the rules that read them live here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pydantic import BaseModel
+
+from enginesmith.specs import ArtefactKind, ModelSpec, RecipeSpec, TargetSpec, Toolchains
+
+# TensorRT-LLM release → the ModelOpt minor version its wheel pins (nvidia-modelopt[torch]~=X.Y.0). A
+# TensorRT-LLM checkpoint exported by another ModelOpt is refused here rather than by trtllm-build.
+TRTLLM_MODELOPT_PINS: dict[str, str] = {"1.2.0": "0.37", "1.2.1": "0.37"}
+# The TensorRT engine backend was frozen after 1.2 and removed after 1.3.0rc20.
+LAST_ENGINE_BACKEND_MINOR = (1, 2)
+# Weights are not all the memory a runtime needs: activations, CUDA graphs, a minimum of KV cache.
+MEMORY_OVERHEAD_FACTOR = 1.2
+GIB = 1024**3
+
+
+class CellRequest(BaseModel):
+    """Everything the rules look at for one cell."""
+
+    model: ModelSpec
+    recipe: RecipeSpec
+    target: TargetSpec
+    kind: ArtefactKind
+    tp: int
+    pp: int
+    toolchains: Toolchains
+
+
+class Violation(BaseModel):
+    rule: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    reason: str
+    check: Callable[[CellRequest], str | None]
+
+
+def _engine_needs_gpu(cell: CellRequest) -> str | None:
+    if cell.target.is_cpu and cell.kind == "trtllm-engine":
+        return "the cpu target has no TensorRT-LLM engines; use kind hf-quantized"
+    return None
+
+
+def _recipe_on_cpu(cell: CellRequest) -> str | None:
+    if cell.target.is_cpu and not cell.recipe.cpu.supported:
+        return f"{cell.recipe.id} on cpu: {cell.recipe.cpu.why}"
+    return None
+
+
+def _recipe_on_sm(cell: CellRequest) -> str | None:
+    if cell.target.is_cpu:
+        return None
+    support = cell.recipe.support.get(cell.kind)
+    if support is None:
+        return f"recipe {cell.recipe.id} has no {cell.kind} support"
+    if cell.target.sm not in support.sm:
+        return f"{cell.recipe.id} {cell.kind} on {cell.target.id} (SM {cell.target.sm_label}): {support.why}"
+    return None
+
+
+def _parallel_fits_node(cell: CellRequest) -> str | None:
+    world = cell.tp * cell.pp
+    if world > cell.target.gpus_per_node:
+        return (
+            f"tp×pp = {world} GPUs but a {cell.target.id} node has {cell.target.gpus_per_node}"
+            + ("" if not cell.target.is_cpu else " (the cpu target runs tp=1, pp=1)")
+        )
+    return None
+
+
+def _fits_memory(cell: CellRequest) -> str | None:
+    if cell.model.params_b is None:
+        return None
+    weights_gib = cell.model.params_b * 1e9 * cell.recipe.weight_bytes_per_param / GIB
+    needed_gib = weights_gib * MEMORY_OVERHEAD_FACTOR
+    available_gib = cell.target.memory_gib * cell.tp * cell.pp
+    if needed_gib > available_gib:
+        return (
+            f"{cell.model.id} with {cell.recipe.id} needs about {needed_gib:.0f} GiB "
+            f"({weights_gib:.0f} GiB of weights ×{MEMORY_OVERHEAD_FACTOR}) but tp×pp={cell.tp * cell.pp} "
+            f"× {cell.target.memory_gib:g} GiB = {available_gib:g} GiB"
+        )
+    return None
+
+
+def _engine_backend_version(cell: CellRequest) -> str | None:
+    if cell.kind != "trtllm-engine":
+        return None
+    version = cell.toolchains.trtllm.tensorrt_llm
+    try:
+        major_minor = tuple(int(part) for part in version.split(".")[:2])
+    except ValueError:
+        return f"tensorrt_llm version {version!r} is not a release number"
+    if major_minor > LAST_ENGINE_BACKEND_MINOR:
+        return f"TensorRT-LLM {version} has no TensorRT engine backend (frozen at 1.2.x); pin tensorrt_llm 1.2.1"
+    return None
+
+
+def _engine_modelopt_pin(cell: CellRequest) -> str | None:
+    if cell.kind != "trtllm-engine" or cell.recipe.is_passthrough:
+        return None
+    trtllm = cell.toolchains.trtllm
+    pinned = TRTLLM_MODELOPT_PINS.get(trtllm.tensorrt_llm)
+    if pinned is None:
+        known = ", ".join(TRTLLM_MODELOPT_PINS)
+        return f"no known ModelOpt pin for TensorRT-LLM {trtllm.tensorrt_llm} (known: {known})"
+    exporter = ".".join(trtllm.modelopt.split(".")[:2])
+    if exporter != pinned:
+        return (
+            f"engine checkpoints must be exported with the ModelOpt that TensorRT-LLM {trtllm.tensorrt_llm} pins "
+            f"(~={pinned}.0), not {trtllm.modelopt}"
+        )
+    return None
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("engine-needs-gpu", "trtllm-build times kernels on the GPU it builds for; there is no CPU engine.",
+         _engine_needs_gpu),
+    Rule("recipe-on-cpu", "a cpu artefact serves the quantised weights folded into BF16, which needs the "
+         "fake-quant forward to run on a CPU.", _recipe_on_cpu),
+    Rule("recipe-on-sm", "each quantisation format has kernels only for some SMs; trtllm-build refuses the "
+         "rest (FP8 needs SM ≥ 8.9, INT4/INT8 are refused on SM 10.0–11.9, NVFP4 needs Blackwell, W4A8 "
+         "AWQ SM 8.9–9.0).", _recipe_on_sm),
+    Rule("parallel-fits-node", "an engine runs on exactly tp×pp GPUs of one node.", _parallel_fits_node),
+    Rule("fits-memory", "the weights (plus runtime overhead) must fit the memory of tp×pp GPUs.", _fits_memory),
+    Rule("engine-backend-version", "TensorRT-LLM's engine backend exists only up to 1.2.x.",
+         _engine_backend_version),
+    Rule("engine-modelopt-pin", "TensorRT-LLM reads checkpoints written by the ModelOpt it pins; a newer "
+         "exporter's layout is not guaranteed to load.", _engine_modelopt_pin),
+)
+
+
+def violations(cell: CellRequest) -> list[Violation]:
+    """Every rule the cell breaks, in table order (empty: the cell can be built)."""
+    found = []
+    for rule in RULES:
+        message = rule.check(cell)
+        if message is not None:
+            found.append(Violation(rule=rule.id, message=message))
+    return found

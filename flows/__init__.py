@@ -1,0 +1,1 @@
+"""Prefect flows and deployments: orchestration only. The only package that imports Prefect."""

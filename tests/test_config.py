@@ -1,0 +1,140 @@
+"""Config files: the catalogue, the matrix schema, and the errors a user sees for bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from enginesmith.config import default_catalogue, load_pipeline_config
+from enginesmith.errors import ConfigError
+from tests.conftest import CONFIGS, run_cli
+
+MINIMAL = """\
+version: 1
+name: test
+models:
+  - id: m
+    repo: org/model
+    revision: main
+    params_b: 1.0
+matrix:
+  - models: [m]
+    recipes: [bf16, fp8]
+    targets: [h100-sxm]
+    tp: [1]
+calibration:
+  dataset: {calib}
+"""
+
+
+@pytest.fixture
+def minimal(tmp_path):
+    calib = tmp_path / "calib.txt"
+    calib.write_text("1+1=2\n2+2=4\n")
+    return MINIMAL.replace("{calib}", str(calib))
+
+
+def test_catalogue_has_every_required_sku():
+    catalogue = default_catalogue()
+    required = {"h100-sxm", "h100-pcie", "h100-nvl", "h200", "h200-nvl", "gh200", "a100-40gb", "a100-80gb",
+                "a100-pcie-80gb", "l40s", "l4", "b200", "cpu"}
+    assert required <= set(catalogue.targets)
+    assert {"bf16", "fp8", "fp8-kv", "int4-awq", "w4a8-awq", "nvfp4", "int8-sq"} <= set(catalogue.recipes)
+    assert catalogue.targets["cpu"].is_cpu
+    assert catalogue.targets["h200"].sm == 90 and catalogue.targets["b200"].sm == 100
+
+
+def test_shipped_configs_validate():
+    for path in [CONFIGS / "nightly.yaml", CONFIGS / "examples" / "tiny-cpu.yaml"]:
+        assert load_pipeline_config(path).models
+
+
+def test_yaml_syntax_error_names_file_and_line(write_config, minimal):
+    broken = minimal.replace("    recipes: [bf16, fp8]", "    recipes: [bf16, fp8\n")
+    path = write_config(broken)
+    with pytest.raises(ConfigError) as caught:
+        load_pipeline_config(path)
+    assert caught.value.path == str(path)
+    assert caught.value.line is not None and 10 <= caught.value.line <= 13
+    assert "YAML syntax error" in str(caught.value)
+
+
+def test_unknown_target_lists_known_targets_and_line(write_config, minimal):
+    path = write_config(minimal.replace("targets: [h100-sxm]", "targets: [h100-sxm, h900]"))
+    with pytest.raises(ConfigError) as caught:
+        load_pipeline_config(path)
+    error = caught.value
+    assert error.field == "matrix[0].targets[1]"
+    assert error.line == 11
+    assert "unknown target 'h900'" in error.message
+    assert "h100-sxm" in (error.hint or "") and "b200" in (error.hint or "")
+
+
+def test_unknown_recipe_lists_known_recipes(write_config, minimal):
+    path = write_config(minimal.replace("recipes: [bf16, fp8]", "recipes: [fp4]"))
+    with pytest.raises(ConfigError) as caught:
+        load_pipeline_config(path)
+    assert caught.value.field == "matrix[0].recipes[0]"
+    assert "int4-awq" in (caught.value.hint or "")
+
+
+def test_schema_error_names_field_path_and_allowed_values(write_config, minimal):
+    path = write_config(minimal.replace("    tp: [1]", "    tp: [1]\n    kinds: [onnx]"))
+    with pytest.raises(ConfigError) as caught:
+        load_pipeline_config(path)
+    assert caught.value.field == "matrix[0].kinds[0]"
+    assert "'trtllm-engine'" in caught.value.message and "'hf-quantized'" in caught.value.message
+
+
+def test_tp_must_be_a_power_of_two(write_config, minimal):
+    path = write_config(minimal.replace("tp: [1]", "tp: [1, 3]"))
+    with pytest.raises(ConfigError) as caught:
+        load_pipeline_config(path)
+    assert caught.value.field == "matrix[0].tp"
+    assert "power of two" in caught.value.message and "3" in caught.value.message
+
+
+@pytest.mark.parametrize("revision", ["has space", "a..b", "-main", "refs/heads/", "x~1", "v1.lock"])
+def test_revision_must_be_a_commit_branch_or_tag(write_config, minimal, revision):
+    path = write_config(minimal.replace("revision: main", f"revision: '{revision}'"))
+    with pytest.raises(ConfigError) as caught:
+        load_pipeline_config(path)
+    assert caught.value.field == "models[0].revision"
+    assert "not a commit sha, branch or tag" in caught.value.message
+
+
+@pytest.mark.parametrize("revision", ["main", "v1.0", "refs/pr/1", "0e9e39f249a16976918f6564b8830bc894c89659"])
+def test_valid_revisions_are_accepted(write_config, minimal, revision):
+    assert load_pipeline_config(write_config(minimal.replace("revision: main", f"revision: '{revision}'")))
+
+
+def test_unknown_field_is_refused(write_config, minimal):
+    path = write_config(minimal.replace("    params_b: 1.0", "    params_b: 1.0\n    revison: main"))
+    with pytest.raises(ConfigError) as caught:
+        load_pipeline_config(path)
+    assert caught.value.field == "models[0].revison"
+
+
+def test_cli_user_error_exits_2_without_traceback(write_config, minimal):
+    path = write_config(minimal.replace("targets: [h100-sxm]", "targets: [h900]"))
+    result = run_cli("plan", str(path))
+    assert result.returncode == 2
+    assert "unknown target 'h900'" in result.stderr
+    assert f"{path}:11" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_cli_debug_shows_traceback(write_config, minimal):
+    path = write_config(minimal.replace("targets: [h100-sxm]", "targets: [h900]"))
+    result = run_cli("--debug", "plan", str(path))
+    assert result.returncode != 0
+    assert "Traceback" in result.stderr
+
+
+def test_schema_command_prints_json_schema():
+    result = run_cli("schema")
+    assert result.returncode == 0
+    schema = json.loads(result.stdout)
+    assert "matrix" in schema["properties"] and "models" in schema["properties"]
+    assert run_cli("schema", "nope").returncode == 2

@@ -1,0 +1,153 @@
+"""Planning: matrix expansion, compatibility rules, and stage keys."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from enginesmith.compat import RULES
+from enginesmith.config import default_catalogue
+from enginesmith.errors import ConfigError
+from enginesmith.keys import canonical_json, stage_key
+from enginesmith.plan import plan_config_file
+from tests.conftest import CONFIGS, run_cli
+from tests.test_config import MINIMAL
+
+
+def test_nightly_plan_has_cells_and_named_invalid_reasons():
+    result = run_cli("plan", str(CONFIGS / "nightly.yaml"), "--json")
+    assert result.returncode == 0, result.stderr
+    cells = {c["id"]: c for c in json.loads(result.stdout)["cells"]}
+    assert len(cells) >= 20
+    invalid = {cell_id: c for cell_id, c in cells.items() if c["status"] == "invalid"}
+    assert len(invalid) >= 3
+    expected = {
+        "llama-3.1-8b-instruct/fp8/a100-80gb/tp1/trtllm-engine": "FP8 needs SM >= 8.9",
+        "llama-3.1-8b-instruct/nvfp4/h100-sxm/tp1/trtllm-engine": "NVFP4 needs Blackwell",
+        "llama-3.1-8b-instruct/int4-awq/b200/tp1/trtllm-engine": "not supported on SM>=100",
+        "llama-3.1-70b-instruct/fp8/l40s/tp1/trtllm-engine": "GiB",
+    }
+    for cell_id, phrase in expected.items():
+        reasons = invalid[cell_id]["reasons"]
+        assert any(phrase in r["message"] for r in reasons), (cell_id, reasons)
+        assert all(r["rule"] in {rule.id for rule in RULES} for r in reasons)
+    assert cells["llama-3.1-8b-instruct/int4-awq/h100-sxm/tp1/trtllm-engine"]["status"] == "build"
+    assert cells["llama-3.1-70b-instruct/fp8/l40s/tp4/trtllm-engine"]["status"] == "build"
+
+
+def test_plan_human_table_lists_cells_and_counts():
+    result = run_cli("plan", str(CONFIGS / "nightly.yaml"))
+    assert result.returncode == 0
+    assert "invalid" in result.stdout and "to build" in result.stdout
+
+
+def _plan(write_config, text: str):
+    return plan_config_file(str(write_config(text)), default_catalogue())
+
+
+@pytest.fixture
+def minimal(tmp_path):
+    calib = tmp_path / "calib.txt"
+    calib.write_text("1+1=2\n")
+    return MINIMAL.replace("{calib}", str(calib))
+
+
+def test_quantised_checkpoint_is_shared_across_targets_of_a_kind(write_config, minimal):
+    text = minimal.replace("targets: [h100-sxm]", "targets: [h100-sxm, h200, l40s]")
+    cells = {c.id: c for c in _plan(write_config, text).cells}
+    same_kind = [cells[f"m/fp8/{t}/tp1/hf-quantized"] for t in ("h100-sxm", "h200", "l40s")]
+    assert len({c.keys.quantize for c in same_kind}) == 1
+    assert len({c.keys.build for c in same_kind}) == 3
+    # Engine checkpoints come from the TensorRT-LLM image's ModelOpt: another quantize key.
+    assert cells["m/fp8/h100-sxm/tp1/trtllm-engine"].keys.quantize != same_kind[0].keys.quantize
+
+
+def test_keys_are_stable_across_runs(write_config, minimal):
+    first = [c.keys for c in _plan(write_config, minimal).cells]
+    second = [c.keys for c in _plan(write_config, minimal).cells]
+    assert first == second
+
+
+@pytest.mark.parametrize(
+    ("change", "changed_stages"),
+    [
+        (("revision: main", "revision: v2"), {"checkpoint", "quantize", "build", "validation"}),
+        (("  dataset: ", "  samples: 7\n  dataset: "), {"quantize", "build", "validation"}),
+        (("version: 1\n", "version: 1\nbuild_profile: {max_batch_size: 3}\n"), {"build", "validation"}),
+        (("version: 1\n", "version: 1\nworkload: {output_len: 99}\n"), {"validation"}),
+        (("version: 1\n", "version: 1\ntoolchains: {quantize: {modelopt: '0.48.0'}}\n"),
+         {"quantize", "build", "validation"}),
+    ],
+)
+def test_keys_change_exactly_with_their_inputs(write_config, minimal, change, changed_stages):
+    before = {c.id: c.keys.model_dump() for c in _plan(write_config, minimal).cells}
+    after = {c.id: c.keys.model_dump() for c in _plan(write_config, minimal.replace(*change)).cells}
+    cell = "m/fp8/h100-sxm/tp1/hf-quantized"
+    changed = {stage for stage in before[cell] if before[cell][stage] != after[cell][stage]}
+    assert changed == changed_stages
+
+
+def test_duplicate_cell_is_an_error(write_config, minimal):
+    second_block = "  - models: [m]\n    recipes: [fp8]\n    targets: [h100-sxm]\n"
+    text = minimal.replace("    tp: [1]\n", "    tp: [1]\n" + second_block)
+    with pytest.raises(ConfigError) as caught:
+        _plan(write_config, text)
+    assert "listed twice" in caught.value.message and "matrix[0]" in caught.value.message
+
+
+def test_tp_larger_than_the_node_is_invalid(write_config, minimal):
+    text = minimal.replace("targets: [h100-sxm]", "targets: [gh200]").replace("tp: [1]", "tp: [2]")
+    cells = _plan(write_config, text).cells
+    assert all(c.status == "invalid" and c.violations[0].rule == "parallel-fits-node" for c in cells)
+
+
+def test_engine_checkpoint_exporter_must_match_trtllm_pin(write_config, minimal):
+    text = minimal.replace("version: 1\n", "version: 1\ntoolchains: {trtllm: {modelopt: '0.47.0'}}\n")
+    cells = {c.id: c for c in _plan(write_config, text).cells}
+    engine = cells["m/fp8/h100-sxm/tp1/trtllm-engine"]
+    assert engine.status == "invalid" and engine.violations[0].rule == "engine-modelopt-pin"
+    assert "~=0.37.0" in engine.violations[0].message
+    assert cells["m/fp8/h100-sxm/tp1/hf-quantized"].status == "build"
+
+
+def test_cpu_target_takes_only_hf_quantized_and_foldable_recipes(write_config, minimal):
+    text = minimal.replace("targets: [h100-sxm]", "targets: [cpu]").replace("recipes: [bf16, fp8]",
+                                                                             "recipes: [fp8, nvfp4]")
+    cells = {c.id: c for c in _plan(write_config, text).cells}
+    assert cells["m/fp8/cpu/tp1/hf-quantized"].status == "build"
+    assert cells["m/fp8/cpu/tp1/trtllm-engine"].violations[0].rule == "engine-needs-gpu"
+    assert cells["m/nvfp4/cpu/tp1/hf-quantized"].violations[0].rule == "recipe-on-cpu"
+
+
+def test_every_recipe_and_gpu_target_pair_is_decided_with_a_reason():
+    catalogue = default_catalogue()
+    for recipe in catalogue.recipes.values():
+        for kind, support in recipe.support.items():
+            assert support.why, (recipe.id, kind)
+            assert all(sm in {80, 86, 89, 90, 100, 103, 120} for sm in support.sm)
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8) | st.floats(allow_nan=False, allow_infinity=False),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=6), children, max_size=4),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.text(max_size=6), json_values, min_size=1, max_size=6), st.randoms())
+def test_key_ignores_dict_order(inputs, rnd):
+    items = list(inputs.items())
+    rnd.shuffle(items)
+    assert stage_key("s", dict(items)) == stage_key("s", inputs)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.text(max_size=6), json_values, min_size=1, max_size=6), st.data())
+def test_key_changes_when_any_input_changes(inputs, data):
+    field = data.draw(st.sampled_from(sorted(inputs)))
+    new_value = data.draw(json_values.filter(lambda v: canonical_json(v) != canonical_json(inputs[field])))
+    assert stage_key("s", {**inputs, field: new_value}) != stage_key("s", inputs)

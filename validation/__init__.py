@@ -1,0 +1,1 @@
+"""Validation: server lifecycle, load generator, accuracy, gates and the report (candidate vs reference)."""
