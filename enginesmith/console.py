@@ -12,7 +12,7 @@ from rich.table import Table
 
 # Piped output (CI logs, `| less`) gets a wide table rather than the 80 columns rich assumes.
 stdout = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
-stderr = Console(stderr=True, highlight=False)
+stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def print_json(value: Any) -> None:

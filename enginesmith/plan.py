@@ -9,6 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
+from enginesmith.checkpoints.models import LOCAL_SOURCE, checkpoint_key
 from enginesmith.compat import CellRequest, Violation, violations
 from enginesmith.config import Catalogue
 from enginesmith.errors import ConfigError
@@ -177,34 +178,18 @@ def stage_keys(
 ) -> StageKeys:
     """The four stage keys of a cell (inputs documented in ``enginesmith.keys``)."""
     tools = config.toolchains
-    checkpoint = stage_key("checkpoint", {"repo": model.repo, "revision": revision})
+    checkpoint = checkpoint_key(LOCAL_SOURCE if model.is_local else model.repo, revision)
     # Engine checkpoints are exported inside the TensorRT-LLM image, with the ModelOpt it pins.
-    exporter = (
+    exporter: dict[str, str] = (
         {"modelopt": tools.trtllm.modelopt, "tensorrt_llm": tools.trtllm.tensorrt_llm}
         if kind == "trtllm-engine"
         else tools.quantize.model_dump()
     )
-    quantize = stage_key("quantize", {
-        "checkpoint": checkpoint,
-        "recipe": recipe.model_dump(include={"id", "modelopt_config", "kv_cache", "quant_algo",
-                                             "kv_cache_quant_algo", "awq_block_size"}),
-        "calibration": calibration,
-        "exporter": exporter,
-        # The TensorRT-LLM checkpoint is split per rank; the unified HF checkpoint is not.
-        "mapping": {"tp": tp, "pp": pp} if kind == "trtllm-engine" else None,
-    })
-    if kind == "trtllm-engine":
-        builder: dict[str, object] = tools.trtllm.model_dump(exclude={"modelopt"})
-    else:
-        builder = {"runtime": _runtime(target, tools)}
-    build = stage_key("build", {
-        "quantize": quantize,
-        "kind": kind,
-        "target": {"id": target.id, "sm": target.sm},
-        "profile": profile,
-        "builder": builder,
-        "parallel": {"tp": tp, "pp": pp},
-    })
+    # The TensorRT-LLM checkpoint is split per rank; the unified HF checkpoint is not.
+    mapping = {"tp": tp, "pp": pp} if kind == "trtllm-engine" else None
+    quantize = quantize_key(checkpoint, recipe, calibration, exporter, mapping)
+    builder = builder_inputs(kind, target, tools)
+    build = build_key(quantize, kind, target, profile, builder, tp=tp, pp=pp)
     validation = stage_key("validate", {
         "build": build,
         "reference": {"checkpoint": checkpoint, "runtime": _runtime(target, tools)},
@@ -216,6 +201,52 @@ def stage_keys(
         },
     })
     return StageKeys(checkpoint=checkpoint, quantize=quantize, build=build, validation=validation)
+
+
+def quantize_key(
+    checkpoint: str,
+    recipe: RecipeSpec,
+    calibration: CalibrationPlan | None,
+    exporter: dict[str, str],
+    mapping: dict[str, int] | None,
+) -> str:
+    """The quantize stage key (inputs documented in ``enginesmith.keys``)."""
+    return stage_key("quantize", {
+        "checkpoint": checkpoint,
+        "recipe": recipe.model_dump(include={"id", "modelopt_config", "kv_cache", "quant_algo",
+                                             "kv_cache_quant_algo", "awq_block_size"}),
+        "calibration": calibration,
+        "exporter": exporter,
+        "mapping": mapping,
+    })
+
+
+def build_key(
+    quantize: str,
+    kind: ArtefactKind,
+    target: TargetSpec,
+    profile: BuildProfile,
+    builder: dict[str, object],
+    *,
+    tp: int,
+    pp: int,
+) -> str:
+    """The build stage key (inputs documented in ``enginesmith.keys``)."""
+    return stage_key("build", {
+        "quantize": quantize,
+        "kind": kind,
+        "target": {"id": target.id, "sm": target.sm},
+        "profile": profile,
+        "builder": builder,
+        "parallel": {"tp": tp, "pp": pp},
+    })
+
+
+def builder_inputs(kind: ArtefactKind, target: TargetSpec, tools: Toolchains) -> dict[str, object]:
+    """What identifies the builder in the build key: the TensorRT-LLM toolchain, or the serving runtime."""
+    if kind == "trtllm-engine":
+        return dict(tools.trtllm.model_dump(exclude={"modelopt"}))
+    return {"runtime": _runtime(target, tools)}
 
 
 def _runtime(target: TargetSpec, tools: Toolchains) -> dict[str, str]:

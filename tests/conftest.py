@@ -44,3 +44,48 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+TINY_REPO_ID = "enginesmith/tiny-llama-addition"
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The shipped tiny model (a Llama trained on addition), copied so a test may modify its copy."""
+    from quantization.tiny_models import copy_tiny_model
+
+    return copy_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-llama")
+
+
+@pytest.fixture
+def hf_cache(tmp_path: Path, tiny_model_dir: Path) -> tuple[Path, str]:
+    """A Hugging Face cache holding the tiny model as ``TINY_REPO_ID`` at ``main``; returns (cache dir, commit)."""
+    from enginesmith.checkpoints.hf_cache import write_hf_cache
+
+    cache = tmp_path / "hf-cache"
+    return cache, write_hf_cache(tiny_model_dir, TINY_REPO_ID, cache)
+
+
+@pytest.fixture(scope="session")
+def fake_trtllm_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Environment for a TEST DOUBLE ``trtllm-build`` (tests/fakes/trtllm_build.py) first on PATH, with
+    TensorRT-LLM 1.2.1 and TensorRT 10.14.1 package metadata visible to its interpreter."""
+    root = tmp_path_factory.mktemp("fake-trtllm")
+    return make_fake_trtllm_env(root, trtllm_version="1.2.1")
+
+
+def make_fake_trtllm_env(root: Path, *, trtllm_version: str) -> dict[str, str]:
+    bin_dir, site = root / "bin", root / "site"
+    bin_dir.mkdir(parents=True)
+    script = bin_dir / "trtllm-build"
+    script.write_text(
+        f"#!{sys.executable}\n"
+        f"import sys\nsys.path.insert(0, {str(REPO_ROOT)!r})\n"
+        "from tests.fakes.trtllm_build import main\nsys.exit(main(sys.argv[1:]))\n"
+    )
+    script.chmod(0o755)
+    for name, version in (("tensorrt_llm", trtllm_version), ("tensorrt", "10.14.1")):
+        dist = site / f"{name}-{version}.dist-info"
+        dist.mkdir(parents=True)
+        (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    return {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(site)}

@@ -1,0 +1,84 @@
+"""Running a build tool as a process: its output streamed to a log file (and the console), a timeout, and the
+whole process group stopped on timeout or Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class ProcessResult:
+    returncode: int
+    timed_out: bool
+    log_path: Path
+
+    def log_tail(self, lines: int = 30) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def run_logged(
+    argv: Sequence[str],
+    log_path: Path,
+    *,
+    timeout_s: float,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    echo: bool = True,
+) -> ProcessResult:
+    """Run ``argv``; every output line goes to ``log_path`` and, with ``echo``, to stderr. Never raises for a
+    non-zero exit: the caller reads ``returncode`` and the log."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("w") as log:
+        process = subprocess.Popen(
+            list(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+            env={**os.environ, **(env or {})}, cwd=cwd, start_new_session=True,
+        )
+        assert process.stdout is not None
+        output = process.stdout
+
+        def pump() -> None:
+            for line in output:
+                log.write(line)
+                log.flush()
+                if echo:
+                    sys.stderr.write(line)
+
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+        deadline = time.monotonic() + timeout_s
+        timed_out = False
+        try:
+            while process.poll() is None:
+                if time.monotonic() > deadline:
+                    timed_out = True
+                    stop_group(process)
+                    break
+                time.sleep(0.1)
+        except BaseException:
+            stop_group(process)
+            raise
+        process.wait()
+        reader.join(timeout=5)
+    return ProcessResult(returncode=process.returncode, timed_out=timed_out, log_path=log_path)
+
+
+def stop_group(process: subprocess.Popen[str], grace_s: float = 10.0) -> None:
+    """SIGTERM the process group, then SIGKILL it if it has not exited within ``grace_s``."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(timeout=wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue

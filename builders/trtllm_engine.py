@@ -1,0 +1,88 @@
+"""The ``trtllm-engine`` kind: run ``trtllm-build`` on the TensorRT-LLM checkpoint and verify what it wrote.
+
+The engine's own ``config.json`` records the TensorRT-LLM version and the build config, but not TensorRT,
+CUDA, the driver or the GPU: the caller records those in the artefact.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from builders.failures import explain_failure
+from builders.process import run_logged
+from builders.toolchain import find_executable, toolchain_versions
+from builders.trtllm_args import trtllm_build_argv
+from enginesmith.artefacts import QuantizedCheckpoint
+from enginesmith.checkpoints.files import TOKENIZER_FILES
+from enginesmith.errors import UserError
+from enginesmith.specs import BuildProfile, TargetSpec
+
+DEFAULT_BUILD_TIMEOUT_S = 4 * 3600
+
+
+def build_engine(
+    quantized: QuantizedCheckpoint,
+    target: TargetSpec,
+    profile: BuildProfile,
+    staging: Path,
+    *,
+    expected_trtllm_version: str,
+    timeout_s: float = DEFAULT_BUILD_TIMEOUT_S,
+) -> tuple[dict[str, str], dict[str, Any]]:
+    """Build the engine into ``staging/engine`` (tokenizer in ``staging/tokenizer``); returns the toolchain
+    versions and the engine's recorded build config. Raises a UserError naming the cause on any failure."""
+    if "trtllm" not in quantized.formats or not quantized.trtllm_dir.is_dir():
+        raise UserError("the quantised checkpoint has no TensorRT-LLM export", where=quantized.out_dir,
+                        hint="quantise with --formats trtllm (inside the TensorRT-LLM image)")
+    assert target.sm is not None
+    executable = find_executable("trtllm-build")
+    versions = toolchain_versions(executable)
+    installed = versions.get("tensorrt_llm")
+    if installed != expected_trtllm_version:
+        raise UserError(
+            f"trtllm-build at {executable} is TensorRT-LLM {installed or 'unknown'}, the config pins "
+            f"{expected_trtllm_version}", where="toolchains.trtllm.tensorrt_llm",
+            hint="build in the pinned TensorRT-LLM image; an engine runs only with the version that built it")
+    engine_dir = staging / "engine"
+    world_size = quantized.tp * quantized.pp
+    argv = trtllm_build_argv(quantized.trtllm_dir, engine_dir, profile, quant_algo=quantized.quant_algo,
+                             sm=target.sm, world_size=world_size, executable=str(executable))
+    result = run_logged(argv, staging / "logs" / "trtllm-build.log", timeout_s=timeout_s)
+    if result.timed_out:
+        raise UserError(f"trtllm-build did not finish within {timeout_s:.0f} s; it was stopped",
+                        where=str(result.log_path), hint="raise the build timeout, or lower the profile's limits")
+    if result.returncode != 0:
+        known = explain_failure(result.log_path.read_text(errors="replace"))
+        what, hint = known or (f"trtllm-build exited with status {result.returncode}", "read the build log")
+        raise UserError(f"{what}\n--- last lines of the build log ---\n{result.log_tail()}",
+                        where=str(result.log_path), hint=hint)
+    engine_config = verify_engine_dir(engine_dir, world_size=world_size, expected_version=installed)
+    tokenizer_dir = staging / "tokenizer"
+    tokenizer_dir.mkdir()
+    tokenizer_source = quantized.hf_dir if quantized.hf_dir.is_dir() else Path(quantized.source.local_path)
+    for name in TOKENIZER_FILES:
+        if (tokenizer_source / name).is_file():
+            shutil.copyfile(tokenizer_source / name, tokenizer_dir / name)
+    return versions, dict(engine_config.get("build_config", {}))
+
+
+def verify_engine_dir(engine_dir: Path, *, world_size: int, expected_version: str) -> dict[str, Any]:
+    """config.json exists and names the expected TensorRT-LLM version and world size; one rank file per rank."""
+    config_path = engine_dir / "config.json"
+    if not config_path.is_file():
+        raise UserError("trtllm-build exited 0 but wrote no config.json", where=str(engine_dir))
+    config = json.loads(config_path.read_text())
+    if config.get("version") != expected_version:
+        raise UserError(f"engine config.json says TensorRT-LLM {config.get('version')!r}, the build ran "
+                        f"{expected_version}", where=str(config_path))
+    mapping = config.get("pretrained_config", {}).get("mapping", {})
+    if mapping.get("world_size", 1) != world_size:
+        raise UserError(f"engine mapping {mapping} is not world size {world_size}", where=str(config_path))
+    missing = [f"rank{r}.engine" for r in range(world_size) if not (engine_dir / f"rank{r}.engine").is_file()]
+    if missing:
+        raise UserError(f"trtllm-build exited 0 but {', '.join(missing)} is missing", where=str(engine_dir),
+                        hint="read the build log; the engine is not usable")
+    return dict(config)

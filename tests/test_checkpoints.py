@@ -1,0 +1,166 @@
+"""The pull stage through the real huggingface_hub: offline from the cache, online from a loopback Hub double."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+
+from enginesmith.checkpoints.pull import _check_free_disk, local_checkpoint
+from enginesmith.errors import UserError
+from enginesmith.secrets import register_secret, scrub
+from tests.conftest import TINY_REPO_ID, run_cli
+from tests.fake_hub import FakeHub, FakeHubServer
+
+SECRET = "hf_SuperSecretToken1234567890"
+
+
+def _offline_env(cache: Path) -> dict[str, str]:
+    return {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache), "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+
+
+def _online_env(endpoint: str, cache: Path, **extra: str) -> dict[str, str]:
+    return {"HF_ENDPOINT": endpoint, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "0",
+            "HF_HUB_DISABLE_PROGRESS_BARS": "1", "HF_HUB_ETAG_TIMEOUT": "5", **extra}
+
+
+def test_offline_pull_of_main_and_of_its_sha_agree(hf_cache):
+    cache, commit = hf_cache
+    by_branch = run_cli("checkpoint", f"{TINY_REPO_ID}@main", "--json", env=_offline_env(cache))
+    assert by_branch.returncode == 0, by_branch.stderr
+    result = json.loads(by_branch.stdout)
+    assert result["commit_sha"] == commit
+    files = {f["path"]: f for f in result["files"]}
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(files)
+    assert len(files["model.safetensors"]["sha256"]) == 64
+    assert result["architecture"] == "LlamaForCausalLM" and result["parameter_count"] > 0
+
+    by_sha = json.loads(run_cli("checkpoint", f"{TINY_REPO_ID}@{commit}", "--json", env=_offline_env(cache)).stdout)
+    assert {k: v for k, v in by_sha.items() if k != "requested_revision"} == {
+        k: v for k, v in result.items() if k != "requested_revision"}
+
+
+def test_offline_miss_names_repo_and_revision(hf_cache):
+    cache, _ = hf_cache
+    result = run_cli("checkpoint", "org/absent@v9", env=_offline_env(cache))
+    assert result.returncode == 2
+    assert "org/absent@v9" in result.stderr and "not in the local Hugging Face cache" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.fixture
+def hub(tiny_model_dir):
+    fake = FakeHub()
+    fake.add_repo(TINY_REPO_ID, tiny_model_dir)
+    with FakeHubServer(fake) as server:
+        yield fake, server
+
+
+def test_online_pull_resolves_the_branch_to_a_commit_first(hub, tmp_path, tiny_model_dir):
+    fake, server = hub
+    result = run_cli("checkpoint", f"{TINY_REPO_ID}@main", "--json", env=_online_env(server.endpoint, tmp_path))
+    assert result.returncode == 0, result.stderr
+    first = json.loads(result.stdout)
+    assert first["commit_sha"] == fake.repos[TINY_REPO_ID].branches["main"]
+    weights = next(f for f in first["files"] if f["path"] == "model.safetensors")
+    assert weights["sha256"] == local_checkpoint(tiny_model_dir).files[
+        [f.path for f in local_checkpoint(tiny_model_dir).files].index("model.safetensors")].sha256
+    assert Path(first["local_path"], "model.safetensors").is_file()
+    # Downloads name the commit, never the branch: a branch that moves mid-pull cannot mix revisions.
+    assert all(f"/resolve/{first['commit_sha']}/" in r for r in fake.requests if "/resolve/" in r)
+
+    # The branch moves: the next pull gets the new commit (and so a new checkpoint key).
+    moved = tmp_path / "moved"
+    shutil.copytree(tiny_model_dir, moved)
+    (moved / "generation_config.json").write_text('{"max_new_tokens": 8}')
+    new_sha = fake.add_repo(TINY_REPO_ID, moved, commit_sha="b" * 40)
+    second = json.loads(run_cli("checkpoint", f"{TINY_REPO_ID}@main", "--json",
+                                env=_online_env(server.endpoint, tmp_path)).stdout)
+    assert second["commit_sha"] == new_sha != first["commit_sha"]
+
+
+def test_unknown_repo_and_revision_are_named(hub, tmp_path):
+    _, server = hub
+    env = _online_env(server.endpoint, tmp_path)
+    missing_repo = run_cli("checkpoint", "org/nothing@main", env=env)
+    assert missing_repo.returncode == 2 and "repository 'org/nothing' not found" in missing_repo.stderr
+    missing_rev = run_cli("checkpoint", f"{TINY_REPO_ID}@v7", env=env)
+    assert missing_rev.returncode == 2
+    assert f"revision 'v7' not found in repository '{TINY_REPO_ID}'" in missing_rev.stderr
+
+
+def test_interrupted_download_is_completed(hub, tmp_path, tiny_model_dir):
+    fake, server = hub
+    fake.cut_off_once.add("model.safetensors")
+    env = _online_env(server.endpoint, tmp_path)
+    first = run_cli("checkpoint", f"{TINY_REPO_ID}@main", "--json", env=env)
+    if first.returncode != 0:  # huggingface_hub gave up: the next run must complete the snapshot
+        first = run_cli("checkpoint", f"{TINY_REPO_ID}@main", "--json", env=env)
+    assert first.returncode == 0, first.stderr
+    pulled = Path(json.loads(first.stdout)["local_path"])
+    assert (pulled / "model.safetensors").read_bytes() == (tiny_model_dir / "model.safetensors").read_bytes()
+
+    # A snapshot with a file missing (a crash between files) is completed by the next pull.
+    (pulled / "tokenizer.json").unlink()
+    again = run_cli("checkpoint", f"{TINY_REPO_ID}@main", "--json", env=env)
+    assert again.returncode == 0, again.stderr
+    assert (pulled / "tokenizer.json").read_bytes() == (tiny_model_dir / "tokenizer.json").read_bytes()
+
+
+def test_token_never_appears_in_output_of_a_failed_pull(tmp_path, tiny_model_dir):
+    fake = FakeHub()
+    fake.add_repo("org/leaky", tiny_model_dir, echo_authorization=True)
+    with FakeHubServer(fake) as server:
+        env = _online_env(server.endpoint, tmp_path, HF_TOKEN=SECRET)
+        for args in (["checkpoint", "org/leaky@main"], ["--debug", "checkpoint", "org/leaky@main"]):
+            result = run_cli(*args, env=env)
+            assert result.returncode != 0
+            assert SECRET not in result.stdout + result.stderr
+    # The double really did receive (and echo) the token: the scrubbing is what kept it out.
+    assert any("org/leaky" in r for r in fake.requests)
+
+
+def test_registered_secrets_are_scrubbed_from_logs(caplog):
+    register_secret(SECRET)
+    with caplog.at_level(logging.INFO):
+        logging.getLogger("some.library").info("request failed with Bearer %s", SECRET)
+    assert SECRET not in caplog.text and "***" in caplog.text
+    assert scrub(f"token={SECRET}") == "token=***"
+
+
+def test_pickle_only_checkpoint_is_refused_unless_allowed(tmp_path, tiny_model_dir):
+    pickled = tmp_path / "pickled"
+    shutil.copytree(tiny_model_dir, pickled)
+    (pickled / "model.safetensors").rename(pickled / "pytorch_model.bin")
+    with pytest.raises(UserError) as caught:
+        local_checkpoint(pickled)
+    assert "pytorch_model.bin" in caught.value.message and "allow_pickle" in (caught.value.hint or "")
+    assert any(f.path == "pytorch_model.bin" for f in local_checkpoint(pickled, allow_pickle=True).files)
+
+
+def test_remote_code_is_refused_naming_the_file(tmp_path, tiny_model_dir):
+    custom = tmp_path / "custom"
+    shutil.copytree(tiny_model_dir, custom)
+    config = json.loads((custom / "config.json").read_text())
+    config["auto_map"] = {"AutoModelForCausalLM": "modeling_tiny.TinyForCausalLM"}
+    (custom / "config.json").write_text(json.dumps(config))
+    result = run_cli("checkpoint", str(custom))
+    assert result.returncode == 2 and "modeling_tiny.py" in result.stderr and "trust_remote_code" in result.stderr
+    assert run_cli("checkpoint", str(custom), "--trust-remote-code").returncode == 0
+
+
+def test_local_directory_is_keyed_by_content(tmp_path, tiny_model_dir):
+    copy = tmp_path / "elsewhere"
+    shutil.copytree(tiny_model_dir, copy)
+    assert local_checkpoint(copy).key == local_checkpoint(tiny_model_dir).key
+    (copy / "generation_config.json").write_text("{}")
+    assert local_checkpoint(copy).key != local_checkpoint(tiny_model_dir).key
+
+
+def test_free_disk_check_refuses_with_the_numbers(tmp_path):
+    with pytest.raises(UserError) as caught:
+        _check_free_disk(tmp_path / "not" / "yet", 10**15, "org/huge@main")
+    assert "not enough disk" in caught.value.message and "GiB free" in caught.value.message

@@ -1,0 +1,186 @@
+"""The quantize stage with the real ModelOpt on the CPU: recipes, both exports, their fixes and checks."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from enginesmith.checkpoints.pull import local_checkpoint
+from enginesmith.config import default_catalogue
+from enginesmith.errors import UserError
+from quantization.export import fix_trtllm_config
+from tests.conftest import REPO_ROOT, run_cli
+
+pytestmark = pytest.mark.quantize
+
+SMALL = ["--samples", "16", "--seq-len", "32", "--batch-size", "8"]
+
+
+def _quantize(model_dir: Path, recipe: str, out: Path, *extra: str) -> dict:
+    result = run_cli("quantize", str(model_dir), "--recipe", recipe, "--out", str(out), *SMALL, *extra, "--json")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout)
+
+
+@pytest.fixture(scope="module")
+def fp8_output(tiny_model_dir, tmp_path_factory):
+    return _quantize(tiny_model_dir, "fp8", tmp_path_factory.mktemp("q") / "fp8", "--task", "addition")
+
+
+@pytest.fixture(scope="module")
+def int4_output(tiny_model_dir, tmp_path_factory):
+    return _quantize(tiny_model_dir, "int4-awq", tmp_path_factory.mktemp("q") / "int4", "--task", "addition")
+
+
+def test_fp8_exports_both_formats_with_quality_report(fp8_output):
+    out = Path(fp8_output["out_dir"])
+    hf_quant = json.loads((out / "hf" / "hf_quant_config.json").read_text())["quantization"]
+    assert hf_quant["quant_algo"] == "FP8"
+    assert json.loads((out / "hf" / "config.json").read_text())["quantization_config"]["quant_method"] == "modelopt"
+    assert (out / "hf" / "tokenizer.json").is_file()  # ModelOpt does not export it; the stage copies it
+    trtllm = json.loads((out / "trtllm" / "config.json").read_text())
+    assert trtllm["quantization"]["quant_algo"] == "FP8" and (out / "trtllm" / "rank0.safetensors").is_file()
+    quality = fp8_output["quality"]
+    assert 0 < quality["logits_rel_err"] < 0.5 and 0.5 < quality["top1_agreement"] <= 1
+    assert quality["task"] == "addition" and quality["task_exact_match_reference"] >= 0.9
+    assert (out / "COMPLETE").read_text().strip() == fp8_output["key"]
+    assert {"modelopt", "torch", "transformers"} <= set(fp8_output["versions"])
+    assert fp8_output["versions"]["modelopt"] == "0.47.0"
+    assert {"load_s", "calibrate_s", "export_s"} <= set(fp8_output["timings_s"])
+
+
+def test_int4_awq_exports_true_head_size_and_group_size(int4_output, tiny_model_dir):
+    out = Path(int4_output["out_dir"])
+    hf_config = json.loads((tiny_model_dir / "config.json").read_text())
+    trtllm = json.loads((out / "trtllm" / "config.json").read_text())
+    true_head = hf_config.get("head_dim") or hf_config["hidden_size"] // hf_config["num_attention_heads"]
+    assert trtllm["head_size"] == true_head  # ModelOpt 0.47 writes half of it for packed INT4 weights
+    assert trtllm["rotary_base"] == float(hf_config["rope_theta"])
+    assert trtllm["quantization"] == {**trtllm["quantization"], "quant_algo": "W4A16_AWQ", "group_size": 128}
+    hf_quant = json.loads((out / "hf" / "hf_quant_config.json").read_text())["quantization"]
+    assert hf_quant["quant_algo"] == "W4A16_AWQ" and hf_quant["group_size"] == 128
+
+
+@pytest.mark.parametrize("output_name", ["fp8_output", "int4_output"])
+def test_dequantised_export_reproduces_fake_quant_within_report_error(output_name, request):
+    quality = request.getfixturevalue(output_name)["quality"]
+    assert quality["export_dequant_rel_err"] is not None
+    assert quality["export_dequant_rel_err"] <= quality["logits_rel_err"]
+
+
+def test_quantisation_error_shows_as_a_task_accuracy_drop(int4_output):
+    quality = int4_output["quality"]
+    assert quality["task_exact_match_quantized"] <= quality["task_exact_match_reference"]
+
+
+def test_tensor_parallel_export_writes_one_rank_file_per_rank(tiny_model_dir, tmp_path):
+    result = _quantize(tiny_model_dir, "fp8", tmp_path / "tp2", "--tp", "2", "--formats", "trtllm")
+    trtllm = Path(result["out_dir"]) / "trtllm"
+    config = json.loads((trtllm / "config.json").read_text())
+    assert config["mapping"]["world_size"] == 2 and config["mapping"]["tp_size"] == 2
+    assert sorted(p.name for p in trtllm.glob("rank*.safetensors")) == ["rank0.safetensors", "rank1.safetensors"]
+
+
+def test_llama3_rope_settings_reach_the_trtllm_config(tiny_model_dir, tmp_path):
+    model = tmp_path / "llama3-rope"
+    shutil.copytree(tiny_model_dir, model)
+    config = json.loads((model / "config.json").read_text())
+    config["rope_theta"] = 500000.0
+    config["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                              "high_freq_factor": 4.0, "original_max_position_embeddings": 128}
+    (model / "config.json").write_text(json.dumps(config))
+    result = _quantize(model, "int4-awq", tmp_path / "out", "--formats", "trtllm")
+    trtllm = json.loads((Path(result["out_dir"]) / "trtllm" / "config.json").read_text())
+    assert trtllm["rotary_base"] == 500000.0
+    assert trtllm["rotary_scaling"]["rope_type"] == "llama3" and trtllm["rotary_scaling"]["factor"] == 8.0
+
+
+def test_config_fix_reads_transformers5_rope_parameters(tmp_path):
+    # transformers 5 moved rope_theta into rope_parameters; ModelOpt's hand-built config then lacks it.
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"head_size": 32, "quantization": {}}))
+    fixed = fix_trtllm_config(path, {"hidden_size": 128, "num_attention_heads": 2, "rope_parameters": {
+        "rope_theta": 500000.0, "rope_type": "llama3", "factor": 8.0}})
+    assert fixed["head_size"] == 64 and fixed["rotary_base"] == 500000.0
+    assert fixed["rotary_scaling"] == {"rope_type": "llama3", "factor": 8.0}
+
+
+def test_same_key_reuses_the_output_and_another_key_is_never_overwritten(fp8_output, tiny_model_dir):
+    out = Path(fp8_output["out_dir"])
+    again = run_cli("quantize", str(tiny_model_dir), "--recipe", "fp8", "--out", str(out), *SMALL,
+                    "--task", "addition", "--json")
+    assert again.returncode == 0 and json.loads(again.stdout)["key"] == fp8_output["key"]
+    before = (out / "hf" / "model.safetensors").stat().st_mtime_ns
+    other = run_cli("quantize", str(tiny_model_dir), "--recipe", "int4-awq", "--out", str(out), *SMALL)
+    assert other.returncode == 2 and "not overwritten" in other.stderr
+    assert (out / "hf" / "model.safetensors").stat().st_mtime_ns == before
+
+
+def test_unknown_recipe_lists_known_ones(tiny_model_dir):
+    result = run_cli("quantize", str(tiny_model_dir), "--recipe", "fp3")
+    assert result.returncode == 2 and "unknown recipe 'fp3'" in result.stderr and "int4-awq" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("calibration", "message"),
+    [("missing.txt", "calibration file not found"), ("empty.txt", "is empty"), ("short.txt", "fewer than the 16")],
+)
+def test_bad_calibration_sets_are_refused(tiny_model_dir, tmp_path, calibration, message):
+    (tmp_path / "empty.txt").write_text("\n")
+    (tmp_path / "short.txt").write_text("1+1=2\n")
+    result = run_cli("quantize", str(tiny_model_dir), "--recipe", "fp8", "--out", str(tmp_path / "out"),
+                     "--calibration", str(tmp_path / calibration), *SMALL)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    assert not (tmp_path / "out" / "COMPLETE").exists()
+
+
+def test_interrupted_run_leaves_no_marker_and_rerun_starts_clean(tiny_model_dir, tmp_path):
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "enginesmith", "quantize", str(tiny_model_dir), "--recipe", "int4-awq",
+               "--out", str(out), *SMALL]
+    process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    staging = out.with_name("out.partial")
+    deadline = time.monotonic() + 120
+    while not staging.exists() and time.monotonic() < deadline and process.poll() is None:
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert not (out / "COMPLETE").exists()
+    finished = run_cli("quantize", str(tiny_model_dir), "--recipe", "int4-awq", "--out", str(out), *SMALL)
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    assert (out / "COMPLETE").is_file() and not staging.exists()
+
+
+def test_memory_estimate_refuses_with_the_numbers(tiny_model_dir):
+    from quantization.stage import _check_memory
+
+    huge = local_checkpoint(tiny_model_dir).model_copy(update={"parameter_count": 10**13})
+    with pytest.raises(UserError) as caught:
+        _check_memory(huge, "cpu")
+    assert "GiB" in caught.value.message and "available" in caught.value.message
+
+
+def test_recipes_map_to_modelopt_configs():
+    from quantization.recipes import modelopt_config
+
+    catalogue = default_catalogue()
+    for recipe in catalogue.recipes.values():
+        if recipe.is_passthrough:
+            continue
+        config = modelopt_config(recipe, awq_block_size=64 if recipe.awq_block_size else None)
+        names = [entry.get("quantizer_name") for entry in config["quant_cfg"]]
+        assert "*weight_quantizer" in names
+        if recipe.kv_cache == "fp8":
+            assert any("bmm_quantizer" in str(n) for n in names)
+        if recipe.awq_block_size:
+            weight = next(e for e in config["quant_cfg"] if e.get("quantizer_name") == "*weight_quantizer")
+            cfgs = weight["cfg"] if isinstance(weight["cfg"], list) else [weight["cfg"]]
+            assert any(c.get("block_sizes", {}).get(-1) == 64 for c in cfgs)
