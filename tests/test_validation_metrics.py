@@ -1,0 +1,108 @@
+"""Metric formulas (vLLM's definitions) against hand-computed values, on a recorded SSE stream."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+import pytest
+
+from enginesmith.specs import GateSpec
+from validation.gates import evaluate_gates
+from validation.loadgen import arrival_gaps
+from validation.metrics import SLO, RequestRecord, summarize
+from validation.sse import record_from_stream
+
+STREAM = Path(__file__).parent / "data" / "vllm_completion_stream.txt"
+
+
+def _recorded() -> list[tuple[float, str]]:
+    lines = []
+    for raw in STREAM.read_text().splitlines():
+        elapsed, _, line = raw.partition("\t")
+        lines.append((float(elapsed), line))
+    return lines
+
+
+def test_recorded_stream_gives_vllm_per_request_metrics():
+    record = record_from_stream(_recorded(), prompt_len=99)
+    assert record.success
+    assert record.ttft_s == pytest.approx(0.100)  # first choices-bearing message
+    assert record.itl_s == pytest.approx([0.010, 0.015, 0.005])  # per chunk, the empty final text included
+    assert record.latency_s == pytest.approx(0.130)  # last choices-bearing message; usage and [DONE] excluded
+    assert record.output_tokens == 4  # from usage, not from counting chunks
+    assert record.prompt_len == 6  # the server's prompt length wins
+    assert record.tpot_s == pytest.approx((0.130 - 0.100) / 3)
+
+
+def test_stream_without_choices_is_a_failure():
+    record = record_from_stream([(0.1, "data: [DONE]")], prompt_len=5)
+    assert not record.success and record.error
+
+
+def test_error_message_in_stream_is_a_failure():
+    record = record_from_stream([(0.1, 'data: {"error": {"message": "boom"}}')], prompt_len=5)
+    assert not record.success and "boom" in record.error
+
+
+def _records() -> list[RequestRecord]:
+    return [
+        RequestRecord(success=True, prompt_len=10, output_tokens=5, ttft_s=0.1, itl_s=[0.02] * 4, latency_s=0.18,
+                      start_s=0.0),
+        RequestRecord(success=True, prompt_len=10, output_tokens=3, ttft_s=0.3, itl_s=[0.05, 0.05], latency_s=0.4,
+                      start_s=0.5),
+        RequestRecord(success=True, prompt_len=10, output_tokens=1, ttft_s=0.2, itl_s=[], latency_s=0.2,
+                      start_s=1.2),
+        RequestRecord(success=False, prompt_len=10, error="HTTP 422: Unexpected fields: {'ignore_eos'}"),
+    ]
+
+
+def test_summary_matches_hand_computed_values():
+    result = summarize(_records(), duration_s=2.0, concurrency=2, slo=SLO(ttft_ms=250, tpot_ms=30))
+    assert result.completed == 3 and result.failed == 1  # failed requests are counted, never dropped
+    assert result.total_input_tokens == 30 and result.total_output_tokens == 9
+    assert result.request_throughput == pytest.approx(1.5)
+    assert result.output_throughput == pytest.approx(4.5)
+    assert result.total_token_throughput == pytest.approx(19.5)
+    # TTFT over the three completed requests: 100, 300, 200 ms.
+    assert result.mean_ttft_ms == pytest.approx(200) and result.median_ttft_ms == pytest.approx(200)
+    assert result.std_ttft_ms == pytest.approx(statistics.pstdev([100, 300, 200]))
+    # TPOT only for requests with more than one token: (180-100)/4 = 20 ms, (400-300)/2 = 50 ms.
+    assert result.mean_tpot_ms == pytest.approx(35) and result.median_tpot_ms == pytest.approx(35)
+    # ITL pools every chunk gap: four of 20 ms and two of 50 ms.
+    assert result.mean_itl_ms == pytest.approx((4 * 20 + 2 * 50) / 6)
+    assert result.median_itl_ms == pytest.approx(20)
+    assert result.mean_e2el_ms == pytest.approx((180 + 400 + 200) / 3)
+    # numpy linear interpolation: p99 of [100, 200, 300] = 200 + 0.98 * 100.
+    assert result.percentiles_ms["p99_ttft_ms"] == pytest.approx(298)
+    # Goodput: the first (100 ms, 20 ms) and the third (200 ms, a 1-token request's TPOT counts as 0) meet the SLOs.
+    assert result.request_goodput == pytest.approx(1.0)
+    assert any("Unexpected fields" in e for e in result.errors)
+
+
+def test_no_slo_means_no_goodput():
+    assert summarize(_records(), duration_s=1.0).request_goodput is None
+
+
+def test_poisson_arrivals_have_the_requested_mean_rate():
+    gaps = arrival_gaps(4000, request_rate=20.0, burstiness=1.0, seed=1)
+    assert statistics.mean(gaps) == pytest.approx(1 / 20, rel=0.05)
+    bursty = arrival_gaps(4000, request_rate=20.0, burstiness=0.25, seed=1)
+    assert statistics.mean(bursty) == pytest.approx(1 / 20, rel=0.1)
+    assert statistics.pstdev(bursty) > statistics.pstdev(gaps)  # burstiness < 1: more uneven arrivals
+    assert arrival_gaps(3, request_rate=None, burstiness=1.0, seed=0) == [0.0, 0.0, 0.0]
+
+
+def test_gates_list_every_gate_with_its_measured_value():
+    gates = GateSpec(min_throughput_ratio=0.9, max_tpot_ratio=1.1)
+    results = evaluate_gates(gates, "int4-awq", throughput_ratio=0.95, tpot_ratio=1.2,
+                             accuracy_drops_points={"addition": 3.0}, failed_requests=0)
+    verdict = {g.name: (g.measured, g.passed) for g in results}
+    assert verdict["min_throughput_ratio"] == (0.95, True)
+    assert verdict["max_tpot_ratio"] == (1.2, False)
+    assert verdict["accuracy_drop:addition"] == (3.0, True)  # int4-awq allows 5 points by default
+    strict = evaluate_gates(gates, "fp8", throughput_ratio=None, tpot_ratio=1.0,
+                            accuracy_drops_points={"addition": 3.0}, failed_requests=2)
+    verdict = {g.name: g.passed for g in strict}
+    assert not verdict["min_throughput_ratio"]  # a measure that could not be taken fails its gate
+    assert not verdict["accuracy_drop:addition"] and not verdict["failed_requests"]

@@ -1,0 +1,135 @@
+"""Accuracy through the same API on both sides: the shipped task's greedy exact match, greedy agreement
+with the reference, and lm-evaluation-harness (``local-completions``) where it is installed.
+
+Log-likelihood tasks run only against a server that has shown it returns prompt logprobs
+(``ServerCapabilities.prompt_logprobs``): trtllm-serve does not, and its scores would sit at chance.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import httpx
+from pydantic import BaseModel
+
+from enginesmith.assets import task_eval_path
+from validation.server import Endpoint
+
+GENERATION_TOKENS = 8
+
+
+class TaskScore(BaseModel):
+    task: str
+    metric: str
+    value: float  # 0..1
+    examples: int
+    source: str  # "enginesmith" (our exact match over the API) or "lm-eval"
+
+
+async def _greedy_completions(endpoint: Endpoint, prompts: Sequence[str], max_tokens: int, *,
+                              stop: list[str] | None, concurrency: int = 8) -> list[str]:
+    semaphore = asyncio.Semaphore(concurrency)
+    async with httpx.AsyncClient(timeout=300) as client:
+
+        async def one(prompt: str) -> str:
+            payload: dict[str, object] = {"model": endpoint.model, "prompt": prompt, "max_tokens": max_tokens,
+                                          "temperature": 0.0}
+            if stop:
+                payload["stop"] = stop
+            async with semaphore:
+                response = await client.post(f"{endpoint.base_url}/v1/completions", json=payload)
+            response.raise_for_status()
+            return str(response.json()["choices"][0]["text"])
+
+        return list(await asyncio.gather(*(one(p) for p in prompts)))
+
+
+def greedy_completions(endpoint: Endpoint, prompts: Sequence[str], max_tokens: int,
+                       stop: list[str] | None = None) -> list[str]:
+    return asyncio.run(_greedy_completions(endpoint, prompts, max_tokens, stop=stop))
+
+
+def read_task(task: str, limit: int | None = None) -> list[dict[str, str]]:
+    rows = [json.loads(line) for line in task_eval_path(task).read_text().splitlines() if line.strip()]
+    return rows[:limit] if limit else rows
+
+
+def task_exact_match(endpoint: Endpoint, task: str, limit: int | None = None) -> tuple[TaskScore, list[str]]:
+    """Greedy completions of the task's prompts (stopped at a newline) compared, stripped, with the answers."""
+    rows = read_task(task, limit)
+    completions = greedy_completions(endpoint, [r["prompt"] for r in rows], GENERATION_TOKENS, stop=["\n"])
+    hits = sum(c.strip() == r["answer"] for c, r in zip(completions, rows, strict=True))
+    return TaskScore(task=task, metric="exact_match", value=hits / len(rows), examples=len(rows),
+                     source="enginesmith"), completions
+
+
+def greedy_agreement(candidate: Sequence[str], reference: Sequence[str]) -> float:
+    """Share of prompts whose greedy completions (the first N tokens) are identical on both sides."""
+    return sum(a == b for a, b in zip(candidate, reference, strict=True)) / len(reference)
+
+
+def lm_eval_available() -> bool:
+    try:
+        import lm_eval  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+TASK_YAML = """task: {name}
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: generate_until
+doc_to_text: "{{{{prompt}}}}"
+doc_to_target: "{{{{answer}}}}"
+generation_kwargs:
+  until: ["\\n"]
+  max_gen_toks: {max_tokens}
+  do_sample: false
+  temperature: 0.0
+metric_list:
+  - metric: exact_match
+    aggregation: mean
+    higher_is_better: true
+    ignore_case: false
+    ignore_punctuation: false
+filter_list:
+  - name: strip
+    filter:
+      - function: remove_whitespace
+      - function: take_first
+"""
+
+
+def lm_eval_task(endpoint: Endpoint, task: str, tokenizer_dir: Path, limit: int | None = None) -> TaskScore:
+    """Run a shipped task (generate_until) through lm-eval's ``local-completions`` model, offline."""
+    import os
+
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    with tempfile.TemporaryDirectory() as include_dir:
+        name = f"enginesmith_{task}"
+        Path(include_dir, f"{name}.yaml").write_text(
+            TASK_YAML.format(name=name, data=task_eval_path(task), max_tokens=GENERATION_TOKENS))
+        results = simple_evaluate(
+            model="local-completions",
+            model_args={"model": endpoint.model, "base_url": f"{endpoint.base_url}/v1/completions",
+                        "tokenizer": str(tokenizer_dir), "tokenized_requests": False, "num_concurrent": 4,
+                        "max_retries": 2},
+            tasks=[name], task_manager=TaskManager(include_path=include_dir), limit=limit,
+            log_samples=False,
+        )
+    assert results is not None
+    metrics = results["results"][name]
+    value = next(v for k, v in metrics.items() if k.startswith("exact_match") and "stderr" not in k)
+    count = results.get("n-samples", {}).get(name, {}).get("effective", limit or 0)
+    return TaskScore(task=task, metric="exact_match", value=float(value), examples=int(count), source="lm-eval")

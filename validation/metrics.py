@@ -1,0 +1,154 @@
+"""Serving metrics with `vllm bench serve`'s definitions and JSON names (shared/reference/validation.md §1).
+
+Per request (client clock, ``time.perf_counter``):
+- TTFT: request sent → first SSE message whose ``choices`` is non-empty.
+- ITL: gaps between consecutive choices-bearing messages (per chunk, not per token).
+- E2EL (latency): request sent → last choices-bearing message (the usage-only chunk and [DONE] don't count).
+- output tokens: ``usage.completion_tokens`` of the stream (re-tokenised text only when the server sends none).
+- TPOT: (E2EL − TTFT) / (output_tokens − 1), only for requests with more than one output token.
+A request fails on a non-200 status, an exception, or a stream without a choices-bearing message; failed
+requests are counted, never dropped.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+from pydantic import BaseModel
+
+PERCENTILES = (50, 90, 99)
+
+
+class RequestRecord(BaseModel):
+    success: bool
+    prompt_len: int
+    output_tokens: int = 0
+    ttft_s: float = 0.0
+    itl_s: list[float] = []
+    latency_s: float = 0.0
+    start_s: float = 0.0  # since the benchmark started
+    error: str = ""
+
+    @property
+    def tpot_s(self) -> float | None:
+        """(E2EL − TTFT) / (output_tokens − 1); None for a request with one output token or none."""
+        if not self.success or self.output_tokens <= 1:
+            return None
+        return (self.latency_s - self.ttft_s) / (self.output_tokens - 1)
+
+
+class SLO(BaseModel):
+    """Goodput SLOs in milliseconds (DistServe's definition: a request counts only if it meets all)."""
+
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    e2el_ms: float | None = None
+
+
+class BenchmarkResult(BaseModel):
+    """One load level, field names as in `vllm bench serve --save-result` (times in ms, rates per second)."""
+
+    concurrency: int | None
+    request_rate: float | None
+    duration: float
+    completed: int
+    failed: int
+    total_input_tokens: int
+    total_output_tokens: int
+    request_throughput: float
+    request_goodput: float | None
+    output_throughput: float
+    total_token_throughput: float
+    max_output_tokens_per_s: float
+    mean_ttft_ms: float
+    median_ttft_ms: float
+    std_ttft_ms: float
+    mean_tpot_ms: float
+    median_tpot_ms: float
+    std_tpot_ms: float
+    mean_itl_ms: float
+    median_itl_ms: float
+    std_itl_ms: float
+    mean_e2el_ms: float
+    median_e2el_ms: float
+    std_e2el_ms: float
+    percentiles_ms: dict[str, float]  # "p99_ttft_ms" → value, for ttft, tpot, itl, e2el
+    ttfts: list[float] = []  # per completed request, in seconds (as vLLM's --save-detailed)
+    errors: list[str] = []
+
+
+def _stats_ms(values_s: Sequence[float]) -> tuple[float, float, float]:
+    """(mean, median, std) in ms; zeros for no values, as vLLM reports them."""
+    if not values_s:
+        return 0.0, 0.0, 0.0
+    array = np.asarray(values_s, dtype=float) * 1000
+    return float(array.mean()), float(np.median(array)), float(array.std())
+
+
+def _percentile_ms(values_s: Sequence[float], percentile: float) -> float:
+    """numpy's default (linear) interpolation, as vLLM uses."""
+    return float(np.percentile(np.asarray(values_s, dtype=float) * 1000, percentile)) if values_s else 0.0
+
+
+def meets_slo(record: RequestRecord, slo: SLO) -> bool:
+    """A 1-token request's TPOT counts as 0 (vLLM)."""
+    checks = [
+        (slo.ttft_ms, record.ttft_s),
+        (slo.tpot_ms, record.tpot_s or 0.0),
+        (slo.e2el_ms, record.latency_s),
+    ]
+    return all(limit is None or value * 1000 <= limit for limit, value in checks)
+
+
+def max_output_tokens_per_second(records: Iterable[RequestRecord]) -> float:
+    """Output tokens bucketed by the wall-clock second each request finished in; the busiest second.
+    (vLLM spreads each request's tokens over its chunk arrival times; a request's tokens are attributed to
+    the seconds of its chunks here too.)"""
+    buckets: dict[int, float] = {}
+    for record in records:
+        if not record.success or record.output_tokens == 0:
+            continue
+        arrivals = [record.start_s + record.ttft_s]
+        for gap in record.itl_s:
+            arrivals.append(arrivals[-1] + gap)
+        per_chunk = record.output_tokens / len(arrivals)
+        for arrival in arrivals:
+            buckets[math.floor(arrival)] = buckets.get(math.floor(arrival), 0.0) + per_chunk
+    return max(buckets.values(), default=0.0)
+
+
+def summarize(records: Sequence[RequestRecord], duration_s: float, *, concurrency: int | None = None,
+              request_rate: float | None = None, slo: SLO | None = None) -> BenchmarkResult:
+    """Aggregate per-request records into one load level's result."""
+    done = [r for r in records if r.success]
+    ttfts = [r.ttft_s for r in done]
+    tpots = [t for r in done if (t := r.tpot_s) is not None]
+    itls = [gap for r in done for gap in r.itl_s]
+    latencies = [r.latency_s for r in done]
+    input_tokens = sum(r.prompt_len for r in done)
+    output_tokens = sum(r.output_tokens for r in done)
+    stats = {name: _stats_ms(values) for name, values in
+             (("ttft", ttfts), ("tpot", tpots), ("itl", itls), ("e2el", latencies))}
+    percentiles = {
+        f"p{p}_{name}_ms": _percentile_ms(values, p)
+        for name, values in (("ttft", ttfts), ("tpot", tpots), ("itl", itls), ("e2el", latencies))
+        for p in PERCENTILES
+    }
+    goodput = None
+    if slo is not None and any(v is not None for v in (slo.ttft_ms, slo.tpot_ms, slo.e2el_ms)):
+        goodput = sum(meets_slo(r, slo) for r in done) / duration_s
+    return BenchmarkResult(
+        concurrency=concurrency, request_rate=request_rate, duration=duration_s, completed=len(done),
+        failed=len(records) - len(done), total_input_tokens=input_tokens, total_output_tokens=output_tokens,
+        request_throughput=len(done) / duration_s, request_goodput=goodput,
+        output_throughput=output_tokens / duration_s,
+        total_token_throughput=(input_tokens + output_tokens) / duration_s,
+        max_output_tokens_per_s=max_output_tokens_per_second(done),
+        mean_ttft_ms=stats["ttft"][0], median_ttft_ms=stats["ttft"][1], std_ttft_ms=stats["ttft"][2],
+        mean_tpot_ms=stats["tpot"][0], median_tpot_ms=stats["tpot"][1], std_tpot_ms=stats["tpot"][2],
+        mean_itl_ms=stats["itl"][0], median_itl_ms=stats["itl"][1], std_itl_ms=stats["itl"][2],
+        mean_e2el_ms=stats["e2el"][0], median_e2el_ms=stats["e2el"][1], std_e2el_ms=stats["e2el"][2],
+        percentiles_ms=percentiles, ttfts=ttfts, errors=sorted({r.error for r in records if not r.success})[:10],
+    )

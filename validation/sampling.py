@@ -1,0 +1,92 @@
+"""Memory and KV-cache usage, sampled in the background while a server is under load."""
+
+from __future__ import annotations
+
+import re
+import threading
+from pathlib import Path
+
+import httpx
+
+# vLLM v1 exports the KV-cache fill as vllm:kv_cache_usage_perc (older: vllm:gpu_cache_usage_perc), 0..1.
+KV_USAGE_METRIC = re.compile(r"^vllm:(?:kv|gpu)_cache_usage_perc(?:\{[^}]*\})?\s+([0-9.eE+-]+)", re.MULTILINE)
+
+
+def process_tree_rss_bytes(root_pid: int) -> int:
+    """Resident memory of a process and all its descendants, from /proc."""
+    children: dict[int, list[int]] = {}
+    for status in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = status.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(status.parent.name))
+    total, stack = 0, [root_pid]
+    while stack:
+        pid = stack.pop()
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+        except OSError:
+            pass
+        stack.extend(children.get(pid, []))
+    return total
+
+
+def gpu_memory_used_bytes() -> int | None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # no driver: not a GPU run
+        return None
+    try:
+        return sum(int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).used)
+                   for i in range(pynvml.nvmlDeviceGetCount()))
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def scrape_kv_usage(base_url: str) -> float | None:
+    try:
+        text = httpx.get(f"{base_url}/metrics", timeout=2).text
+    except httpx.HTTPError:
+        return None
+    values = [float(v) for v in KV_USAGE_METRIC.findall(text)]
+    return max(values) if values else None
+
+
+class UsageSampler:
+    """Peak memory (GPU via NVML; else the server's process tree RSS) and peak KV-cache usage."""
+
+    def __init__(self, base_url: str, server_pid: int | None, interval_s: float = 0.5) -> None:
+        self.base_url, self.server_pid, self.interval_s = base_url, server_pid, interval_s
+        self.peak_memory_bytes: int | None = None
+        self.kv_cache_usage_max: float | None = None
+        self.memory_source = "nvml" if gpu_memory_used_bytes() is not None else "process-rss"
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _sample(self) -> None:
+        memory = gpu_memory_used_bytes() if self.memory_source == "nvml" else (
+            process_tree_rss_bytes(self.server_pid) if self.server_pid else None)
+        if memory is not None:
+            self.peak_memory_bytes = max(self.peak_memory_bytes or 0, memory)
+        usage = scrape_kv_usage(self.base_url)
+        if usage is not None:
+            self.kv_cache_usage_max = max(self.kv_cache_usage_max or 0.0, usage)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._sample()
+            self._stop.wait(self.interval_s)
+
+    def __enter__(self) -> UsageSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._sample()

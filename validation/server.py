@@ -1,0 +1,94 @@
+"""An OpenAI-compatible server as a managed process: started on a free loopback port, healthy within a
+timeout (while we watch that it is alive), logged to a file, and always stopped — the whole process group,
+also on Ctrl-C and on errors. An already-running endpoint (a URL) is accepted in its place."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from builders.process import stop_group
+from enginesmith.errors import UserError
+
+LOOPBACK = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    base_url: str  # http://host:port (no /v1)
+    model: str
+    log_path: Path | None = None
+    pid: int | None = None  # the server process we started, if we did
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind((LOOPBACK, 0))
+        return int(probe.getsockname()[1])
+
+
+def served_model_name(base_url: str, timeout_s: float = 10) -> str:
+    """The first model id ``/v1/models`` lists."""
+    response = httpx.get(f"{base_url}/v1/models", timeout=timeout_s)
+    response.raise_for_status()
+    return str(response.json()["data"][0]["id"])
+
+
+def _log_tail(log_path: Path, lines: int = 25) -> str:
+    if not log_path.is_file():
+        return "(no log)"
+    return "\n".join(log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+@contextmanager
+def running_server(argv: Sequence[str], env: dict[str, str], *, port: int, log_path: Path, name: str,
+                   health_timeout_s: float = 600) -> Iterator[Endpoint]:
+    """Start ``argv`` (already rendered for ``port``), wait for ``/health`` and ``/v1/models``, yield the
+    endpoint, and stop the process group on the way out. A server that dies or never gets healthy raises a
+    UserError with the last lines of its log."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    base_url = f"http://{LOOPBACK}:{port}"
+    with log_path.open("w") as log:
+        process = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **env},
+                                   start_new_session=True)
+        try:
+            model = _wait_healthy(process, base_url, log_path, name, health_timeout_s)
+            yield Endpoint(base_url=base_url, model=model, log_path=log_path, pid=process.pid)
+        finally:
+            stop_group(process)  # type: ignore[arg-type]
+
+
+def _wait_healthy(process: subprocess.Popen[bytes], base_url: str, log_path: Path, name: str,
+                  timeout_s: float) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise UserError(f"the {name} server exited with status {process.returncode} before it was healthy\n"
+                            f"--- last lines of {log_path} ---\n{_log_tail(log_path)}", where=str(log_path))
+        try:
+            if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
+                return served_model_name(base_url)
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise UserError(f"the {name} server was not healthy within {timeout_s:.0f} s\n"
+                    f"--- last lines of {log_path} ---\n{_log_tail(log_path)}", where=str(log_path),
+                    hint="raise the health timeout, or read the log for why it is stuck")
+
+
+def external_endpoint(url: str) -> Endpoint:
+    """An already-running server given by URL (with or without a trailing /v1)."""
+    base_url = url.rstrip("/").removesuffix("/v1")
+    try:
+        return Endpoint(base_url=base_url, model=served_model_name(base_url))
+    except (httpx.HTTPError, KeyError, IndexError) as exc:
+        raise UserError(f"no OpenAI-compatible server answers at {url}: {exc}", where=url,
+                        hint="check the URL; /v1/models must list the model") from None
