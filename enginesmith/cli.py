@@ -109,7 +109,7 @@ def plan(
                         "id": c.id, "model": c.model.id, "repo": c.model.repo, "revision": c.source_revision,
                         "revision_pinned": c.revision_pinned, "recipe": c.recipe.id, "target": c.target.id,
                         "tp": c.tp, "pp": c.pp, "kind": c.kind, "status": c.status, "key": c.key,
-                        "keys": c.keys.model_dump(), "reasons": [v.model_dump() for v in c.violations],
+                        "keys": c.stage_keys.model_dump(), "reasons": [v.model_dump() for v in c.violations],
                     }
                     for c in result.cells
                 ],
@@ -435,6 +435,47 @@ def print_validation(report: object) -> None:
     for note in report.notes:
         stdout.print(f"note: {escape(note)}")
     stdout.print("[bold green]PASSED[/]" if report.passed else "[bold red]FAILED[/]")
+
+
+@app.command()
+def nightly(
+    config: Annotated[Path, typer.Argument(help="A matrix config.")] = Path("configs/nightly.yaml"),
+    inline: Annotated[bool, typer.Option(help="Run the cells here instead of dispatching to work pools.")] = False,
+    json_output: JsonOption = False,
+) -> None:
+    """Run the nightly flow now: plan, skip what the registry has, build the rest, summarise."""
+    from flows.nightly import nightly as nightly_flow
+
+    summaries = nightly_flow(config=str(config), dispatch="inline" if inline else "deployments")
+    if json_output:
+        print_json(summaries)
+        return
+    colours = {"built": "green", "cached": "cyan", "invalid": "yellow", "failed": "red", "no-worker": "red"}
+    rows = [[s.cell, f"[{colours[s.status]}]{s.status}[/]", s.key[:12], escape(s.reason)] for s in summaries]
+    stdout.print(table(f"nightly: {config}", ["cell", "status", "key", "reason"], rows))
+    built = sum(s.status == "built" for s in summaries)
+    stdout.print(f"{built} built, {sum(s.status == 'cached' for s in summaries)} already published (nothing rebuilt)")
+
+
+@app.command()
+def deploy(
+    api_url: Annotated[str | None, typer.Option(help="Prefect API URL (default: $PREFECT_API_URL).")] = None,
+    config: Annotated[str, typer.Option(help="The config the nightly deployment runs.")] = "configs/nightly.yaml",
+    cron: Annotated[str, typer.Option(help="The nightly schedule (UTC).")] = "0 2 * * *",
+) -> None:
+    """Create the work pools (cpu, gpu-<sku>) and deployments (nightly, build-cell/<pool>) on a Prefect server."""
+    if api_url:
+        os.environ["PREFECT_API_URL"] = api_url
+    if not os.environ.get("PREFECT_API_URL"):
+        raise UserError("no Prefect server named", where="--api-url",
+                        hint="start one (prefect server start --host 127.0.0.1) and pass its /api URL")
+    from flows.deploy import deploy_all
+
+    result = deploy_all(nightly_config=config, cron=cron)
+    rows = [[name, str(deployment_id)] for name, deployment_id in result.deployments.items()]
+    stdout.print(table("Deployments", ["deployment", "id"], rows))
+    stdout.print(f"work pools: {', '.join(result.pools)}")
+    stdout.print("start a worker per node: prefect worker start --pool <pool>  (e.g. --pool cpu)")
 
 
 @app.command("tiny-model")

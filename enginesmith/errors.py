@@ -54,3 +54,8 @@ class ConfigError(UserError):
 
 class IncompatibleError(UserError):
     """A request that the planning rules refuse (recipe on this SM, tp on this node, ...)."""
+
+
+class TransientError(UserError):
+    """A failure worth retrying as it is (a server that did not start, a network error): flows retry these,
+    and never a deterministic one (a bad config, a failed gate)."""

@@ -60,12 +60,12 @@ class Cell(BaseModel):
     calibration: CalibrationPlan | None
     status: Literal["build", "invalid"]
     violations: list[Violation]
-    keys: StageKeys
+    stage_keys: StageKeys
 
     @property
     def key(self) -> str:
         """The final key: what the registry is keyed by."""
-        return self.keys.validation
+        return self.stage_keys.validation
 
     @property
     def reason(self) -> str:
@@ -148,7 +148,7 @@ def _plan_cell(
         id=this_id, model=model, source_revision=revision,
         revision_pinned=is_commit_sha(revision) or revision.startswith("sha256:"),
         recipe=recipe, target=target, kind=kind, tp=tp, pp=pp, profile=resolved_profile,
-        calibration=calibration, status="invalid" if found else "build", violations=found, keys=keys,
+        calibration=calibration, status="invalid" if found else "build", violations=found, stage_keys=keys,
     )
 
 

@@ -5,11 +5,28 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+# Prefect reads its settings at import: a fresh PREFECT_HOME and fast worker polling for the whole run, and
+# never the developer's own server (shared/reference/prefect.md §9.2).
+for _name in ("PREFECT_API_URL", "PREFECT_API_KEY", "PREFECT_PROFILE", "PREFECT_PROFILES_PATH", "PREFECT_UI_API_URL",
+              "PREFECT_SERVER_DATABASE_CONNECTION_URL"):
+    os.environ.pop(_name, None)
+os.environ.update({
+    "PREFECT_HOME": tempfile.mkdtemp(prefix="prefect-test-home-"),
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "DO_NOT_TRACK": "1",
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
+    "PREFECT_LOGGING_LEVEL": "WARNING",
+    "PREFECT_WORKER_QUERY_SECONDS": "1",
+    "PREFECT_WORKER_PREFETCH_SECONDS": "5",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+})
 CONFIGS = REPO_ROOT / "configs"
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 
 from builders.process import stop_group
-from enginesmith.errors import UserError
+from enginesmith.errors import TransientError, UserError
 
 LOOPBACK = "127.0.0.1"
 
@@ -71,7 +71,7 @@ def _wait_healthy(process: subprocess.Popen[bytes], base_url: str, log_path: Pat
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise UserError(f"the {name} server exited with status {process.returncode} before it was healthy\n"
+            raise TransientError(f"the {name} server exited with status {process.returncode} before it was healthy\n"
                             f"--- last lines of {log_path} ---\n{_log_tail(log_path)}", where=str(log_path))
         try:
             if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
@@ -79,7 +79,7 @@ def _wait_healthy(process: subprocess.Popen[bytes], base_url: str, log_path: Pat
         except httpx.HTTPError:
             pass
         time.sleep(0.5)
-    raise UserError(f"the {name} server was not healthy within {timeout_s:.0f} s\n"
+    raise TransientError(f"the {name} server was not healthy within {timeout_s:.0f} s\n"
                     f"--- last lines of {log_path} ---\n{_log_tail(log_path)}", where=str(log_path),
                     hint="raise the health timeout, or read the log for why it is stuck")
 

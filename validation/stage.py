@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from pydantic import BaseModel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from builders.serve import render
@@ -94,14 +95,38 @@ def _measure(side: ServerSide, prompts: list[Prompt], workload: WorkloadSpec, lo
     return report, completions
 
 
+class _CachedReference(BaseModel):
+    report: SideReport
+    completions: list[str]
+
+
+def _read_cached(path: Path) -> tuple[SideReport, list[str]] | None:
+    if not path.is_file():
+        return None
+    cached = _CachedReference.model_validate_json(path.read_text())
+    return cached.report, cached.completions
+
+
+def _write_cached(path: Path, report: SideReport, completions: list[str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")
+    partial.write_text(_CachedReference(report=report, completions=completions).model_dump_json())
+    partial.replace(path)
+
+
 def _ratio(candidate: float | None, reference: float | None) -> float | None:
     return candidate / reference if candidate is not None and reference else None
 
 
 def validate(candidate: ServerSide, reference: ServerSide, *, workload: WorkloadSpec, gates: GateSpec,
              recipe_id: str, target_id: str, tokenizer_dir: Path, out_dir: Path,
-             baselines: list[ServerSide] | None = None, health_timeout_s: float = 600) -> ValidationReport:
-    """Measure every side on the same prompts, compare, and apply the gates."""
+             baselines: list[ServerSide] | None = None, health_timeout_s: float = 600,
+             reference_cache: Path | None = None) -> ValidationReport:
+    """Measure every side on the same prompts, compare, and apply the gates.
+
+    ``reference_cache`` is a file keyed by the caller on (reference checkpoint, runtime, workload): the
+    reference is measured once and reused by every candidate of the same model on the same target.
+    """
     prompts = build_prompts(workload, tokenizer_dir)
     logs_dir = out_dir / "logs"
     sides = [candidate, reference, *(baselines or [])]
@@ -109,8 +134,14 @@ def validate(candidate: ServerSide, reference: ServerSide, *, workload: Workload
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, transient=False) as progress:
         for side in sides:
-            side_report, side_completions = _measure(side, prompts, workload, logs_dir, tokenizer_dir,
-                                                     health_timeout_s, progress)
+            cached = _read_cached(reference_cache) if side is reference and reference_cache else None
+            if cached is not None:
+                side_report, side_completions = cached
+            else:
+                side_report, side_completions = _measure(side, prompts, workload, logs_dir, tokenizer_dir,
+                                                         health_timeout_s, progress)
+                if side is reference and reference_cache:
+                    _write_cached(reference_cache, side_report, side_completions)
             reports.append(side_report)
             completions.append(side_completions)
     cand, ref = reports[0], reports[1]

@@ -51,6 +51,26 @@ def pull_checkpoint(
                            trust_remote_code=trust_remote_code)
 
 
+def resolve_revision(source: str, revision: str = "main") -> str:
+    """What a source is at now, without downloading it: a Hub revision's commit sha (offline: from the cache),
+    or a local directory's content digest. This is what planning keys use."""
+    local = Path(source.removeprefix("file://")).expanduser()
+    if source.startswith(("/", "./", "../", "~", "file:")) or local.is_dir():
+        return local_checkpoint(local).commit_sha
+    check_revision(revision)
+    from huggingface_hub import HfApi, constants, snapshot_download
+
+    token = hf_token()
+    try:
+        if constants.HF_HUB_OFFLINE:
+            return Path(snapshot_download(source, revision=revision, local_files_only=True, token=token)).name
+        sha = HfApi(token=token).model_info(source, revision=revision).sha
+        assert sha is not None
+        return sha
+    except Exception as exc:
+        raise _user_error(exc, source, revision) from None
+
+
 def local_checkpoint(path: Path, *, allow_pickle: bool = False, trust_remote_code: bool = False) -> Checkpoint:
     if not path.is_dir():
         raise UserError("local checkpoint directory not found", where=str(path), hint="check the path")

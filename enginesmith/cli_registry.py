@@ -1,0 +1,491 @@
+"""The registry verbs of the ``enginesmith`` command: publish, ls, show, resolve, pull, promote, gc, bundle.
+
+Each calls into ``registry/`` and prints a rich table for people or JSON (``--json``) for scripts.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import typer
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+
+from enginesmith.console import print_json, stderr, stdout, table
+from enginesmith.errors import UserError
+
+JsonOption = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+RegistryOption = Annotated[str, typer.Option(
+    "--registry", envvar="ENGINESMITH_REGISTRY", show_default=True,
+    help="The registry: a local directory or s3://bucket/prefix.",
+)]
+S3EndpointOption = Annotated[str | None, typer.Option(
+    "--s3-endpoint", envvar="AWS_ENDPOINT_URL", help="S3-compatible endpoint URL (default: AWS).",
+)]
+JobsOption = Annotated[int, typer.Option("--jobs", min=1, max=64, help="Files transferred at the same time.")]
+LimitRateOption = Annotated[str | None, typer.Option(
+    "--limit-rate", help="Cap the transfer at this many bytes per second, e.g. 50M.",
+)]
+TargetOption = Annotated[str, typer.Option(
+    "--target", help="auto (the GPUs detected here; cpu when there are none), cpu, or a catalogue SKU.",
+)]
+RecipeOption = Annotated[str | None, typer.Option("--recipe", help="Only artefacts of this recipe.")]
+TpOption = Annotated[int | None, typer.Option("--tp", min=1, help="Only artefacts with this tensor parallelism.")]
+AllowSameSmOption = Annotated[bool, typer.Option(
+    "--allow-same-sm", help="Accept an artefact built for another SKU with the same SM (not tuned for this one).",
+)]
+ObjectiveOption = Annotated[str, typer.Option(
+    "--objective", help="Rank by the validation report's throughput or latency.",
+)]
+RuntimeVersionOption = Annotated[str | None, typer.Option(
+    "--runtime-version", help="The TensorRT-LLM version the engine will run on (default: the installed one).",
+)]
+
+DEFAULT_REGISTRY = ".enginesmith/registry"
+
+
+def add_registry_commands(app: typer.Typer) -> None:
+    """Register the registry verbs on ``app``."""
+    app.command("publish")(publish)
+    app.command("ls")(list_artefacts)
+    app.command("show")(show)
+    app.command("resolve")(resolve)
+    app.command("pull")(pull)
+    app.command("promote")(promote)
+    app.command("gc")(gc)
+    app.command("bundle")(bundle)
+
+
+def publish(
+    artefact_dir: Annotated[Path, typer.Argument(help="An artefact directory (with artefact.json) from the build.")],
+    key: Annotated[str | None, typer.Option("--key", help="Publish under this key (default: the artefact's).")] = None,
+    validation: Annotated[Path | None, typer.Option(
+        "--validation", help="The validation report (JSON) to keep in the manifest.")] = None,
+    channel: Annotated[list[str] | None, typer.Option(
+        "--channel", help="Channels to move to this artefact if it is newer (repeatable; default: latest).")] = None,
+    jobs: JobsOption = 4,
+    limit_rate: LimitRateOption = None,
+    registry: RegistryOption = DEFAULT_REGISTRY,
+    s3_endpoint: S3EndpointOption = None,
+    json_output: JsonOption = False,
+) -> None:
+    """Publish an artefact: upload the blobs the registry lacks, then the manifest, then move its channels."""
+    from registry.publish import DEFAULT_CHANNELS, publish_artefact
+
+    store = _open_store(registry, s3_endpoint)
+    report = _read_json_file(validation, "--validation") if validation else None
+    with _transfer_progress(enabled=not json_output, verb="uploading") as progress:
+        result = publish_artefact(store, artefact_dir, key=key, validation=report,
+                                  channels=channel or list(DEFAULT_CHANNELS), jobs=jobs,
+                                  limiter=_limiter(limit_rate), progress=progress)
+    if json_output:
+        print_json(result)
+        return
+    if result.created:
+        stdout.print(f"published [bold]{result.model}@{result.key[:12]}[/] to {result.registry}: {result.files} files, "
+                     f"{_size(result.total_bytes)}; uploaded {result.uploaded_blobs} blobs "
+                     f"({_size(result.uploaded_bytes)}), {result.reused_blobs} already there")
+    else:
+        stdout.print(f"{result.model}@{result.key[:12]} is already published in {result.registry}: nothing uploaded")
+    for change in result.channels:
+        if change.moved:
+            stdout.print(f"  {change.model}:{change.channel} → {change.key[:12]}")
+        else:
+            stdout.print(f"  {change.model}:{change.channel} stays on {change.key[:12]} (as new or newer)")
+    if result.unlisted_files:
+        stderr.print(f"[yellow]note:[/] {len(result.unlisted_files)} file(s) not listed in artefact.json were not "
+                     f"published: {', '.join(result.unlisted_files[:5])}")
+
+
+def list_artefacts(
+    model: Annotated[str | None, typer.Argument(help="List this model's artefacts (default: list the models).")] = None,
+    registry: RegistryOption = DEFAULT_REGISTRY,
+    s3_endpoint: S3EndpointOption = None,
+    json_output: JsonOption = False,
+) -> None:
+    """List the models in the registry, or one model's artefacts."""
+    from registry.catalog import list_model, list_models
+    from registry.names import check_name
+
+    store = _open_store(registry, s3_endpoint)
+    if model is None:
+        summaries = list_models(store)
+        if json_output:
+            print_json(summaries)
+            return
+        rows = [[s.model, str(s.artefacts), ", ".join(f"{c}→{k[:12]}" for c, k in sorted(s.channels.items())) or "-"]
+                for s in summaries]
+        stdout.print(table(f"Models in {store.location}", ["model", "artefacts", "channels"], rows))
+        return
+    listing = list_model(store, check_name(model, "MODEL"))
+    if json_output:
+        print_json(listing)
+        return
+    channels_of: dict[str, list[str]] = {}
+    for channel, key in listing.channels.items():
+        channels_of.setdefault(key, []).append(channel)
+    rows = [
+        [m.key[:12], m.artefact.kind, m.recipe, m.artefact.target, f"{m.artefact.tp}×{m.artefact.pp}",
+         _size(m.total_bytes), m.published[:19].replace("T", " "), ", ".join(sorted(channels_of.get(m.key, []))) or "-"]
+        for m in listing.manifests
+    ]
+    rows += [[u.key[:12], "-", "-", "-", "-", "-", "-", f"[red]unreadable[/]: {u.problem}"] for u in listing.unreadable]
+    stdout.print(table(f"{model} in {store.location}",
+                       ["key", "kind", "recipe", "target", "tp×pp", "size", "published (UTC)", "channels"], rows))
+
+
+def show(
+    ref: Annotated[str, typer.Argument(help="MODEL@KEY (a key or unique prefix) or MODEL:CHANNEL.")],
+    registry: RegistryOption = DEFAULT_REGISTRY,
+    s3_endpoint: S3EndpointOption = None,
+    json_output: JsonOption = False,
+) -> None:
+    """Show one artefact's manifest: lineage, target, versions, validation and files."""
+    from registry.catalog import find_manifest
+    from registry.names import parse_ref
+
+    store = _open_store(registry, s3_endpoint)
+    manifest = find_manifest(store, parse_ref(ref))
+    if json_output:
+        print_json(manifest)
+        return
+    artefact, lineage = manifest.artefact, manifest.artefact.lineage
+    rows = [
+        ["key", manifest.key],
+        ["kind", artefact.kind],
+        ["target", f"{artefact.target} (SM {_sm(artefact.target_sm)}), tp {artefact.tp} × pp {artefact.pp}"],
+        ["source", f"{lineage.repo_id} @ {lineage.commit_sha}"],
+        ["recipe", lineage.recipe + (f" (calibration {lineage.calibration_dataset}, sha256 "
+                                     f"{(lineage.calibration_sha256 or '-')[:16]})" if lineage.calibration_dataset
+                                     else "")],
+        ["versions", ", ".join(f"{k} {v}" for k, v in sorted(artefact.versions.items())) or "-"],
+        ["built on", artefact.build_gpu.name if artefact.build_gpu else "-"],
+        ["created / published", f"{artefact.created} / {manifest.published}"],
+        ["validation", "none" if manifest.validation is None else ", ".join(sorted(manifest.validation))],
+    ]
+    stdout.print(table(manifest.ref, ["field", "value"], rows))
+    files = [[f.path, f"{f.size:,}", (f.sha256 or "-")[:16]] for f in artefact.files]
+    stdout.print(table(f"{len(files)} files, {_size(manifest.total_bytes)}", ["path", "bytes", "sha256"], files))
+
+
+def resolve(
+    model: Annotated[str, typer.Argument(help="The model whose artefacts to rank.")],
+    recipe: RecipeOption = None,
+    target: TargetOption = "auto",
+    tp: TpOption = None,
+    allow_same_sm: AllowSameSmOption = False,
+    objective: ObjectiveOption = "throughput",
+    runtime_version: RuntimeVersionOption = None,
+    registry: RegistryOption = DEFAULT_REGISTRY,
+    s3_endpoint: S3EndpointOption = None,
+    json_output: JsonOption = False,
+) -> None:
+    """List every artefact of a model with whether it runs here (and why not), and the one pull would choose."""
+    from registry.catalog import list_model
+    from registry.names import check_name
+
+    store = _open_store(registry, s3_endpoint)
+    listing = list_model(store, check_name(model, "MODEL"))
+    resolution = _resolution(listing.manifests, model, recipe, target, tp, allow_same_sm, objective, runtime_version)
+    if json_output:
+        print_json({**resolution.model_dump(mode="json"), "unreadable": [u.model_dump() for u in listing.unreadable]})
+        return
+    _print_resolution(resolution)
+    for unreadable in listing.unreadable:
+        stderr.print(f"[yellow]skipped[/] {model}@{unreadable.key[:12]}: {unreadable.problem}")
+    if not listing.manifests and not listing.unreadable:
+        stdout.print(f"No artefacts of {model} in {store.location}.")
+
+
+def pull(
+    what: Annotated[str, typer.Argument(
+        metavar="MODEL|REF", help="A model (the resolver chooses), MODEL@KEY or MODEL:CHANNEL.")],
+    dest: Annotated[Path | None, typer.Option(
+        "--dest", help="Lay the files out here (default: <cache>/artefacts/<model>/<key>).")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be fetched; fetch nothing.")] = False,
+    from_bundle: Annotated[Path | None, typer.Option(
+        "--from-bundle", help="Pull from a bundle file instead of a registry (air-gapped).")] = None,
+    recipe: RecipeOption = None,
+    target: TargetOption = "auto",
+    tp: TpOption = None,
+    allow_same_sm: AllowSameSmOption = False,
+    objective: ObjectiveOption = "throughput",
+    runtime_version: RuntimeVersionOption = None,
+    cache_dir: Annotated[Path | None, typer.Option(
+        "--cache-dir", envvar="ENGINESMITH_CACHE_DIR", help="The blob cache shared by pulls.")] = None,
+    jobs: JobsOption = 8,
+    limit_rate: LimitRateOption = None,
+    registry: RegistryOption = DEFAULT_REGISTRY,
+    s3_endpoint: S3EndpointOption = None,
+    json_output: JsonOption = False,
+) -> None:
+    """Pull an artefact: fetch missing blobs (resuming, verified), lay the files out ready to serve."""
+    from registry.bundle import BundleStore
+    from registry.cache import BlobCache, default_cache_dir
+    from registry.catalog import find_manifest, list_model
+    from registry.names import parse_ref
+    from registry.pull import plan_pull, pull_artefact
+    from registry.resolve import assess
+
+    store = BundleStore(from_bundle) if from_bundle else _open_store(registry, s3_endpoint)
+    ref = parse_ref(what, where="MODEL|REF")
+    if ref.names_one_manifest:
+        manifest = find_manifest(store, ref)
+        machine, constraints = _machine_and_constraints(recipe, target, tp, allow_same_sm, objective, runtime_version)
+        candidate = assess(manifest, machine, constraints)
+        if not candidate.eligible and not json_output:
+            stderr.print(f"[yellow]warning:[/] {manifest.ref} is {candidate.status} on {machine.description}: "
+                         f"{'; '.join(candidate.reasons)}")
+    else:
+        listing = list_model(store, ref.model)
+        resolution = _resolution(listing.manifests, ref.model, recipe, target, tp, allow_same_sm, objective,
+                                 runtime_version)
+        if resolution.chosen is None:
+            why = "; ".join(f"{c.key[:12]}: {c.status} ({'; '.join(c.reasons)})" for c in resolution.candidates[:3])
+            raise UserError(f"no artefact of {ref.model} can run on {resolution.machine.description}"
+                            + (f": {why}" if why else f": none is published in {store.location}"),
+                            where="MODEL|REF",
+                            hint=f"`enginesmith resolve {ref.model}` lists every candidate; choose one with MODEL@KEY, "
+                                 "or use --target / --allow-same-sm")
+        manifest = next(m for m in listing.manifests if m.key == resolution.chosen.key)
+    cache = BlobCache(cache_dir or default_cache_dir())
+    destination = dest or cache.default_dest(manifest.model, manifest.key)
+    plan = plan_pull(manifest, cache, destination, store.location)
+    started = time.monotonic()
+    with _transfer_progress(enabled=not (json_output or dry_run), verb="pulling",
+                            total_bytes=plan.bytes_to_fetch) as progress:
+        result = pull_artefact(store, manifest, dest=destination, cache=cache, jobs=jobs,
+                               limiter=_limiter(limit_rate), progress=progress, dry_run=dry_run)
+    if json_output:
+        print_json(result)
+        return
+    if dry_run:
+        rows = [[b.label, _size(b.size), b.state, _size(b.size - b.partial_bytes if b.state != "cached" else 0)]
+                for b in result.plan.blobs]
+        stdout.print(table(f"Would pull {manifest.model}@{manifest.key[:12]} from {store.location} to {destination}",
+                           ["file", "size", "in cache", "to fetch"], rows))
+        stdout.print(f"would fetch {_size(result.plan.bytes_to_fetch)} of {_size(result.total_bytes)}")
+        return
+    elapsed = time.monotonic() - started
+    stdout.print(f"pulled [bold]{manifest.model}@{manifest.key[:12]}[/] → {result.dest}: {result.files} files, "
+                 f"{_size(result.total_bytes)} in {elapsed:.1f} s (fetched {_size(result.downloaded_bytes)}, "
+                 f"resumed {_size(result.resumed_bytes)}, cached {_size(result.cached_bytes)})")
+    for label in result.refetched:
+        stderr.print(f"[yellow]note:[/] {label} did not match its sha256 at first and was fetched again")
+
+
+def promote(
+    ref: Annotated[str, typer.Argument(help="MODEL@KEY or MODEL:CHANNEL to point the channel at.")],
+    channel: Annotated[str, typer.Argument(help="The channel to move, e.g. stable.")],
+    registry: RegistryOption = DEFAULT_REGISTRY,
+    s3_endpoint: S3EndpointOption = None,
+    json_output: JsonOption = False,
+) -> None:
+    """Point a channel (stable, canary, …) at an artefact."""
+    from registry.catalog import find_manifest
+    from registry.names import parse_ref
+    from registry.refs import promote as promote_ref
+
+    store = _open_store(registry, s3_endpoint)
+    change = promote_ref(store, find_manifest(store, parse_ref(ref)), channel)
+    if json_output:
+        print_json(change)
+        return
+    before = f" (was {change.previous[:12]})" if change.previous else " (new channel)"
+    verb = "→" if change.moved else "already on"
+    stdout.print(f"{change.model}:{change.channel} {verb} {change.key[:12]}{before if change.moved else ''}")
+
+
+def gc(
+    keep_last: Annotated[int, typer.Option("--keep-last", min=1, help="Artefacts kept per cell (plus every one a "
+                                           "channel points at).")] = 3,
+    grace: Annotated[str, typer.Option("--grace", help="Keep unreferenced blobs younger than this (e.g. 1h, 30m, "
+                                       "0): a publish may be uploading them.")] = "1h",
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be deleted; delete nothing.")] = False,
+    registry: RegistryOption = DEFAULT_REGISTRY,
+    s3_endpoint: S3EndpointOption = None,
+    json_output: JsonOption = False,
+) -> None:
+    """Delete old artefacts by the retention rule, then blobs no artefact references."""
+    from registry.gc import collect_garbage, parse_duration
+
+    store = _open_store(registry, s3_endpoint)
+    try:
+        grace_s = parse_duration(grace)
+    except ValueError as exc:
+        raise UserError(str(exc), where="--grace") from None
+    result = collect_garbage(store, keep_last=keep_last, grace_s=grace_s, dry_run=dry_run)
+    if json_output:
+        print_json(result)
+        return
+    verb = "would delete" if dry_run else "deleted"
+    stdout.print(f"{store.location}: {verb} {len(result.deleted_manifests)} artefact(s) and {result.deleted_blobs} "
+                 f"blob(s) ({_size(result.deleted_bytes)}); kept {result.kept_manifests} artefact(s), "
+                 f"{result.young_unreferenced_blobs} young unreferenced blob(s)")
+    for ref in result.deleted_manifests:
+        stdout.print(f"  {verb} {ref}")
+
+
+def bundle(
+    refs: Annotated[list[str], typer.Argument(
+        metavar="REFS...", help="MODEL@KEY, MODEL:CHANNEL, or MODEL (all of its artefacts).")],
+    out: Annotated[Path, typer.Option("--out", help="The bundle file to write.")],
+    registry: RegistryOption = DEFAULT_REGISTRY,
+    s3_endpoint: S3EndpointOption = None,
+    json_output: JsonOption = False,
+) -> None:
+    """Write artefacts and their blobs into one file, to carry to an air-gapped site (`pull --from-bundle`)."""
+    from registry.bundle import bundle_manifests, write_bundle
+
+    store = _open_store(registry, s3_endpoint)
+    manifests, channels = bundle_manifests(store, refs)
+    with _transfer_progress(enabled=not json_output, verb="bundling",
+                            total_bytes=sum(m.total_bytes for m in manifests)) as progress:
+        result = write_bundle(store, manifests, out, refs=channels, progress=progress)
+    if json_output:
+        print_json(result)
+        return
+    stdout.print(f"wrote {out}: {len(result.artefacts)} artefact(s), {result.blobs} blobs, {_size(result.bytes)}")
+
+
+# --- helpers ------------------------------------------------------------------------------------------
+
+
+def _open_store(registry: str, s3_endpoint: str | None) -> Any:
+    from registry.store import open_store
+
+    return open_store(registry, s3_endpoint=s3_endpoint)
+
+
+def _machine_and_constraints(recipe: str | None, target: str, tp: int | None, allow_same_sm: bool, objective: str,
+                             runtime_version: str | None) -> tuple[Any, Any]:
+    from enginesmith.config import default_catalogue
+    from registry.machine import describe_machine
+    from registry.resolve import Constraints
+
+    if objective not in ("throughput", "latency"):
+        raise UserError(f"unknown objective {objective!r}", where="--objective", hint="use throughput or latency")
+    objective_value: Literal["throughput", "latency"] = "throughput" if objective == "throughput" else "latency"
+    machine = describe_machine(target, default_catalogue(), runtime_version=runtime_version)
+    return machine, Constraints(recipe=recipe, tp=tp, allow_same_sm=allow_same_sm, objective=objective_value)
+
+
+def _resolution(manifests: list[Any], model: str, recipe: str | None, target: str, tp: int | None,
+                allow_same_sm: bool, objective: str, runtime_version: str | None) -> Any:
+    from registry.resolve import resolve as resolve_candidates
+
+    machine, constraints = _machine_and_constraints(recipe, target, tp, allow_same_sm, objective, runtime_version)
+    return resolve_candidates(model, manifests, machine, constraints)
+
+
+def _print_resolution(resolution: Any) -> None:
+    colour = {"runnable": "green", "same-sm-not-tuned": "yellow", "low-memory": "yellow", "incompatible": "red"}
+    metric_name = "tok/s" if resolution.constraints.objective == "throughput" else "TPOT ms"
+    rows = []
+    for candidate in resolution.candidates:
+        chosen = resolution.chosen is not None and candidate.key == resolution.chosen.key
+        detail = "; ".join(candidate.reasons + candidate.notes) or "-"
+        rows.append([
+            "→" if chosen else "", candidate.key[:12], candidate.kind, candidate.recipe, candidate.target,
+            f"{candidate.tp}×{candidate.pp}", _size(candidate.total_bytes),
+            "-" if candidate.metric is None else f"{candidate.metric:,.1f}",
+            f"[{colour[candidate.status]}]{candidate.status}[/]", detail,
+        ])
+    stdout.print(table(f"{resolution.model} on {resolution.machine.description}",
+                       ["", "key", "kind", "recipe", "target", "tp×pp", "size", metric_name, "status", "why"], rows))
+    if resolution.chosen is not None:
+        stdout.print(f"chosen: [bold]{resolution.chosen.model}@{resolution.chosen.key[:12]}[/] "
+                     f"(by {resolution.constraints.objective})")
+    elif resolution.candidates:
+        stdout.print("[red]nothing runnable here[/]")
+
+
+def _read_json_file(path: Path, option: str) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"{path} does not exist", where=option) from None
+    except json.JSONDecodeError as exc:
+        raise UserError(f"not valid JSON: {exc.msg} (line {exc.lineno})", where=str(path)) from None
+    if not isinstance(value, dict):
+        raise UserError("the report must be a JSON object", where=str(path))
+    return value
+
+
+def _limiter(limit_rate: str | None) -> Any:
+    from registry.transfer import RateLimiter, parse_rate
+
+    if limit_rate is None:
+        return None
+    try:
+        return RateLimiter(parse_rate(limit_rate))
+    except ValueError as exc:
+        raise UserError(str(exc), where="--limit-rate") from None
+
+
+def _size(count: int) -> str:
+    value = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:,.0f} {unit}" if unit == "B" else f"{value:,.1f} {unit}"
+        value /= 1024
+    return f"{value:,.1f} TiB"
+
+
+def _sm(sm: int | None) -> str:
+    return "-" if sm is None else f"{sm // 10}.{sm % 10}"
+
+
+class _RichProgress:
+    """Transfer progress as rich bars on stderr: one for the whole transfer, one per file in flight."""
+
+    def __init__(self, progress: Progress, verb: str, total_bytes: int | None) -> None:
+        self._progress = progress
+        self._verb = verb
+        self._grow_total = total_bytes is None
+        # With nothing to transfer there is no bar at all.
+        self._overall = progress.add_task(verb, total=total_bytes) if total_bytes else None
+        self._tasks: dict[str, TaskID] = {}
+
+    def started(self, name: str, total_bytes: int, done_bytes: int) -> None:
+        if self._overall is None:
+            self._overall = self._progress.add_task(self._verb, total=0)
+        self._tasks[name] = self._progress.add_task(f"  {name}", total=total_bytes, completed=done_bytes)
+        if self._grow_total:
+            task = self._progress.tasks[self._overall]
+            self._progress.update(self._overall, total=(task.total or 0) + total_bytes - done_bytes)
+
+    def advanced(self, name: str, bytes_count: int) -> None:
+        task = self._tasks.get(name)
+        if task is not None:
+            self._progress.advance(task, bytes_count)
+        if self._overall is not None:
+            self._progress.advance(self._overall, bytes_count)
+
+    def finished(self, name: str) -> None:
+        task = self._tasks.pop(name, None)
+        if task is not None:
+            self._progress.remove_task(task)
+
+
+@contextmanager
+def _transfer_progress(*, enabled: bool, verb: str, total_bytes: int | None = None) -> Iterator[Any]:
+    if not enabled:
+        yield None
+        return
+    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(binary_units=True), TransferSpeedColumn(),
+               TimeRemainingColumn())
+    with Progress(*columns, console=stderr, transient=False) as progress:
+        yield _RichProgress(progress, verb, total_bytes)

@@ -1,0 +1,175 @@
+"""The ``build-cell`` flow: pull → quantize → build → validate → publish, each a task keyed by its stage key.
+
+Retries are for transient failures only (a server that did not start, the network); a bad config or a
+failed gate fails at once. A failed gate publishes nothing and leaves the run Failed with the verdict.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.context import TaskRunContext
+
+from builders.stage import read_artefact
+from enginesmith.artefacts import COMPLETE_MARKER, QuantizedCheckpoint
+from enginesmith.checkpoints.models import Checkpoint
+from enginesmith.config import default_catalogue
+from enginesmith.errors import ConfigError, TransientError, UserError
+from enginesmith.plan import Cell
+from enginesmith.specs import GateSpec, MatrixBlock, PipelineConfig
+from flows import steps
+from flows.params import BuildCellParams, CellSummary
+
+RETRY_DELAYS_S: list[float] = [10, 60, 300]
+
+
+class GateFailed(UserError):
+    """The candidate did not pass its gates: nothing is published."""
+
+
+def retry_transient(task: Any, task_run: Any, state: Any) -> bool:
+    """Retry a transient failure (or an unexpected exception); never a user error such as a bad config."""
+    try:
+        state.result()
+    except TransientError:
+        return True
+    except UserError:
+        return False
+    except Exception:
+        return True
+    return False
+
+
+def _key_if(path: Path, key: str) -> str | None:
+    """A cached result is only worth having while its files are on disk; otherwise run the stage again."""
+    return key if path.exists() else None
+
+
+def _pull_key(context: TaskRunContext, parameters: dict[str, Any]) -> str | None:
+    return parameters["cell"].stage_keys.checkpoint if parameters["cell"].model.is_local else None
+
+
+def _quantize_key(context: TaskRunContext, parameters: dict[str, Any]) -> str | None:
+    cell: Cell = parameters["cell"]
+    return _key_if(parameters["work"] / steps.QUANTIZED_DIR / cell.stage_keys.quantize[:16] / COMPLETE_MARKER,
+                   cell.stage_keys.quantize)
+
+
+def _build_key(context: TaskRunContext, parameters: dict[str, Any]) -> str | None:
+    cell: Cell = parameters["cell"]
+    return _key_if(parameters["work"] / steps.ARTEFACTS_DIR / cell.stage_keys.build[:16] / "artefact.json", cell.stage_keys.build)
+
+
+@task(name="pull", retries=len(RETRY_DELAYS_S), retry_delay_seconds=RETRY_DELAYS_S,
+      retry_condition_fn=retry_transient, cache_key_fn=_pull_key, persist_result=True)
+def pull_task(config_path: Path, cell: Cell) -> Checkpoint:
+    checkpoint = steps.pull(config_path, cell)
+    logger = get_run_logger()
+    for file in checkpoint.files:
+        logger.info("checkpoint file %s (%s bytes)", file.path, f"{file.size:,}")
+    logger.info("pulled %s@%s: %s", checkpoint.repo_id, checkpoint.commit_sha[:12], checkpoint.local_path)
+    return checkpoint
+
+
+@task(name="quantize", cache_key_fn=_quantize_key, persist_result=True)
+def quantize_task(cell: Cell, checkpoint: Checkpoint, work: Path) -> QuantizedCheckpoint:
+    get_run_logger().info("quantising with %s (calibration %s)", cell.recipe.id, cell.calibration)
+    quantized = steps.quantize(cell, checkpoint, work)
+    if quantized.quality:
+        get_run_logger().info("quality: %s", quantized.quality.model_dump_json())
+    return quantized
+
+
+@task(name="build", retries=1, retry_delay_seconds=30, retry_condition_fn=retry_transient,
+      cache_key_fn=_build_key, persist_result=True)
+def build_task(cell: Cell, quantized: QuantizedCheckpoint, work: Path, config: PipelineConfig) -> Path:
+    get_run_logger().info("building %s for %s", cell.kind, cell.target.id)
+    return steps.build(cell, quantized, work, config)
+
+
+@task(name="validate", retries=len(RETRY_DELAYS_S), retry_delay_seconds=RETRY_DELAYS_S,
+      retry_condition_fn=retry_transient)
+def validate_task(cell: Cell, artefact_dir: Path, checkpoint: Checkpoint, config: PipelineConfig,
+                  work: Path) -> dict[str, Any]:
+    report = steps.validate(cell, artefact_dir, checkpoint, config, work)
+    return report.model_dump(mode="json")
+
+
+@task(name="publish", retries=len(RETRY_DELAYS_S), retry_delay_seconds=RETRY_DELAYS_S,
+      retry_condition_fn=retry_transient)
+def publish_task(cell: Cell, artefact_dir: Path, report: dict[str, Any], config: PipelineConfig) -> str:
+    result = steps.publish(cell, artefact_dir, report, config)
+    get_run_logger().info("published %s/%s (%d new blobs, %d reused) to %s", result.model, result.key[:12],
+                          result.uploaded_blobs, result.reused_blobs, result.registry)
+    return result.key
+
+
+def cell_for(params: BuildCellParams) -> tuple[Path, PipelineConfig, Cell]:
+    """The one cell the parameters ask for, planned against the config (overrides applied)."""
+    config_path = Path(params.config)
+    catalogue = default_catalogue()
+    config, _ = steps.plan_config(config_path, catalogue, resolve=False)
+    if params.model not in {m.id for m in config.models}:
+        raise ConfigError(f"model {params.model!r} is not in {config_path}", field="params.model",
+                          hint=f"models there: {', '.join(m.id for m in config.models)}")
+    models = [m.model_copy(update={"revision": params.revision}) if params.revision and m.id == params.model else m
+              for m in config.models]
+    gates = GateSpec.model_validate({
+        **config.gates.model_dump(),
+        **{k: v for k, v in (("min_throughput_ratio", params.min_throughput_ratio),
+                             ("max_tpot_ratio", params.max_tpot_ratio)) if v is not None},
+    })
+    if params.max_accuracy_drop_points is not None:
+        gates = gates.model_copy(update={"max_accuracy_drop_points": {
+            **gates.max_accuracy_drop_points, params.recipe.value: params.max_accuracy_drop_points}})
+    block = MatrixBlock(models=[params.model], recipes=[params.recipe.value], targets=[params.target.value],
+                        kinds=[params.kind], tp=[params.tp])
+    single = PipelineConfig.model_validate({**config.model_dump(), "models": [m.model_dump() for m in models],
+                                            "matrix": [block.model_dump()], "gates": gates.model_dump()})
+    # Local model paths stay relative to the original config file.
+    _, plan = steps.plan_config_object(single, config_path.parent, catalogue)
+    return config_path, single, plan.cells[0]
+
+
+@flow(name="build-cell", persist_result=True)
+def build_cell(params: BuildCellParams = BuildCellParams()) -> CellSummary:
+    logger = get_run_logger()
+    config_path, config, cell = cell_for(params)
+    if cell.status == "invalid":
+        raise ConfigError(f"cell {cell.id} cannot be built: {cell.reason}", field="params")
+    if steps.published(config, cell):
+        logger.info("cell %s (key %s) is already in the registry: nothing to do", cell.id, cell.key[:12])
+        return CellSummary(cell=cell.id, status="cached", key=cell.key)
+    work = steps.workdir(config)
+    checkpoint = pull_task(config_path, cell)
+    quantized = quantize_task(cell, checkpoint, work)
+    artefact_dir = build_task(cell, quantized, work, config)
+    report = validate_task(cell, artefact_dir, checkpoint, config, work)
+    markdown = Path(steps.workdir(config) / steps.REPORTS_DIR / cell.stage_keys.validation[:16] / "report.md")
+    create_markdown_artifact(markdown=markdown.read_text(), key=_artifact_key(cell, "report"),
+                             description=f"validation of {cell.id}")
+    create_table_artifact(table=_gate_rows(report), key=_artifact_key(cell, "gates"),
+                          description=f"gates of {cell.id}")
+    comparison = report["comparison"]
+    if not report["passed"]:
+        failed = [g for g in report["gates"] if not g["passed"]]
+        verdict = "; ".join(f"{g['name']} = {g['measured']} (limit {g['limit']})" for g in failed)
+        raise GateFailed(f"cell {cell.id} failed its gates: {verdict}. Nothing was published.")
+    publish_task(cell, artefact_dir, report, config)
+    artefact = read_artefact(artefact_dir)
+    logger.info("cell %s built and published (%d files)", cell.id, len(artefact.files) if artefact else 0)
+    return CellSummary(cell=cell.id, status="built", key=cell.key, throughput_ratio=comparison["throughput_ratio"],
+                       tpot_ratio=comparison["tpot_ratio"])
+
+
+def _artifact_key(cell: Cell, what: str) -> str:
+    # Artifact keys: lowercase letters, digits and dashes.
+    return f"{what}-{cell.key[:12]}"
+
+
+def _gate_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"gate": g["name"], "measured": g["measured"], "limit": g["limit"],
+             "verdict": "pass" if g["passed"] else "FAIL"} for g in report["gates"]]

