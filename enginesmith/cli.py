@@ -12,6 +12,7 @@ import typer
 from rich.markup import escape
 
 from enginesmith import __version__
+from enginesmith.cli_registry import add_registry_commands
 from enginesmith.console import print_json, stderr, stdout, table
 from enginesmith.errors import UserError
 
@@ -347,6 +348,7 @@ def validate(
     recipe: Annotated[str | None, typer.Option(help="Recipe of a URL candidate (for its accuracy gate).")] = None,
     target: Annotated[str | None, typer.Option(help="Target of a URL candidate.")] = None,
     runtime: Annotated[str | None, typer.Option(help="The candidate artefact's runtime, if it has several.")] = None,
+    tokenizer: Annotated[Path | None, typer.Option(help="Tokenizer dir when both sides are URLs.")] = None,
     out: Annotated[Path | None, typer.Option(help="Report dir (default: .enginesmith/work/validation/<time>).")] = None,
     json_output: JsonOption = False,
 ) -> None:
@@ -383,7 +385,10 @@ def validate(
     else:
         candidate_side = ServerSide(role="candidate", name="candidate", runtime="external", url=candidate)
         recipe_id, target_id = recipe or "unknown", target or "unknown"
-        tokenizer_dir = Path(reference)
+        if tokenizer is None and reference.startswith(("http://", "https://")):
+            raise UserError("both sides are URLs: say which tokenizer builds the prompts", where="--tokenizer",
+                            hint="pass the model's checkpoint directory")
+        tokenizer_dir = tokenizer or Path(reference)
     on_cpu = target_id == "cpu"
     if reference.startswith(("http://", "https://")):
         reference_side = ServerSide(role="reference", name="reference", runtime="external", url=reference)
@@ -478,6 +483,30 @@ def deploy(
     stdout.print("start a worker per node: prefect worker start --pool <pool>  (e.g. --pool cpu)")
 
 
+@app.command()
+def report(
+    ref: Annotated[str, typer.Argument(help="MODEL@KEY or MODEL:CHANNEL in the registry.")],
+    registry: Annotated[str, typer.Option(envvar="ENGINESMITH_REGISTRY", help="Registry URL or directory.")] = (
+        ".enginesmith/registry"
+    ),
+    json_output: JsonOption = False,
+) -> None:
+    """Print the validation report a published artefact carries in its manifest."""
+    from registry.catalog import find_manifest
+    from registry.names import parse_ref
+    from registry.store import open_store
+    from validation.report import ValidationReport
+
+    manifest = find_manifest(open_store(registry), parse_ref(ref))
+    if manifest.validation is None:
+        raise UserError(f"{ref} was published without a validation report", where=ref)
+    validation_report = ValidationReport.model_validate(manifest.validation)
+    if json_output:
+        print_json(validation_report)
+        return
+    print_validation(validation_report)
+
+
 @app.command("tiny-model")
 def tiny_model(
     dest: Annotated[Path | None, typer.Option(help="Copy the shipped tiny model into this directory.")] = None,
@@ -518,15 +547,7 @@ def eval_task(
     stdout.print(f"{task} exact match (BF16, greedy) on {count} held-out examples: [bold]{score:.1%}[/]")
 
 
-def _add_registry_commands() -> None:
-    try:
-        from enginesmith.cli_registry import add_registry_commands
-    except ImportError:  # the registry commands are being written alongside
-        return
-    add_registry_commands(app)
-
-
-_add_registry_commands()
+add_registry_commands(app)
 
 
 def main() -> None:

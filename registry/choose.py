@@ -1,0 +1,53 @@
+"""Which artefact a command takes: the one a reference names, or the resolver's choice for this machine."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from registry.catalog import UnreadableManifest, find_manifest, list_model
+from registry.errors import NotFoundError
+from registry.manifest import Manifest
+from registry.names import Ref
+from registry.resolve import Candidate, Constraints, Machine, Resolution, assess, resolve
+from registry.store import RegistryStore
+
+
+class ModelResolution(BaseModel):
+    resolution: Resolution
+    unreadable: list[UnreadableManifest]  # manifests that could not be assessed (and why)
+
+
+class Choice(BaseModel):
+    manifest: Manifest
+    candidate: Candidate  # its status on the machine: a named artefact may be pulled even when not runnable
+
+
+def resolve_model(store: RegistryStore, model: str, machine: Machine, constraints: Constraints) -> ModelResolution:
+    """Every published artefact of ``model`` assessed on ``machine``, best first."""
+    listing = list_model(store, model, with_channels=False)
+    return ModelResolution(resolution=resolve(model, listing.manifests, machine, constraints),
+                           unreadable=listing.unreadable)
+
+
+def choose(store: RegistryStore, ref: Ref, machine: Machine, constraints: Constraints) -> Choice:
+    """The manifest ``ref`` names (``MODEL@KEY``, ``MODEL:CHANNEL``), or for a bare ``MODEL`` the best runnable one.
+
+    Raises ``NotFoundError`` when a bare model has nothing that can run on ``machine``, with the reasons.
+    """
+    if ref.names_one_manifest:
+        manifest = find_manifest(store, ref)
+        return Choice(manifest=manifest, candidate=assess(manifest, machine, constraints))
+    listing = list_model(store, ref.model, with_channels=False)
+    resolution = resolve(ref.model, listing.manifests, machine, constraints)
+    if resolution.chosen is None:
+        why = "; ".join(f"{c.key[:12]}: {c.status} ({'; '.join(c.reasons)})" for c in resolution.candidates[:3])
+        raise NotFoundError(
+            f"no artefact of {ref.model} can run on {machine.description}"
+            + (f": {why}" if why else f": none is published in {store.location}"),
+            where=str(ref),
+            hint=f"`enginesmith resolve {ref.model}` lists every candidate; name one with MODEL@KEY, "
+                 "or use --target / --allow-same-sm",
+        )
+    chosen_key = resolution.chosen.key
+    manifest = next(m for m in listing.manifests if m.key == chosen_key)
+    return Choice(manifest=manifest, candidate=resolution.chosen)

@@ -1,0 +1,112 @@
+"""Garbage collection: old manifests by a retention rule, then blobs that no manifest references.
+
+Retention: per cell (model, recipe, kind, target, tp, pp) keep the newest ``keep_last`` manifests, and every
+manifest a ref points at. Manifests go before blobs, so no reader ever sees a manifest whose blobs are gone.
+An unreferenced blob younger than the grace period is kept: a publish may have uploaded it and not yet
+written its manifest.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Iterable
+
+from pydantic import BaseModel
+
+from registry.catalog import list_model
+from registry.errors import IntegrityError
+from registry.manifest import Manifest
+from registry.store import RegistryStore
+
+DEFAULT_KEEP_LAST = 3
+DEFAULT_GRACE_S = 3600.0
+
+
+class GcResult(BaseModel):
+    registry: str
+    dry_run: bool
+    keep_last: int
+    kept_manifests: int
+    deleted_manifests: list[str]  # model@key
+    deleted_blobs: int
+    deleted_bytes: int
+    referenced_blobs: int
+    young_unreferenced_blobs: int  # unreferenced, but within the grace period
+    stale_uploads_removed: int
+
+
+def manifests_to_delete(manifests: Iterable[Manifest], pinned: set[tuple[str, str]], keep_last: int) -> list[Manifest]:
+    """The manifests the retention rule drops: beyond the newest ``keep_last`` of their cell, and not pinned
+    (``(model, key)`` pairs a ref points at)."""
+    by_cell: dict[tuple[str, str, str, str, int, int], list[Manifest]] = defaultdict(list)
+    for manifest in manifests:
+        by_cell[manifest.cell].append(manifest)
+    doomed = []
+    for cell_manifests in by_cell.values():
+        newest_first = sorted(cell_manifests, key=lambda m: (m.published_at, m.key), reverse=True)
+        doomed += [m for m in newest_first[keep_last:] if (m.model, m.key) not in pinned]
+    return doomed
+
+
+def collect_garbage(
+    store: RegistryStore,
+    *,
+    keep_last: int = DEFAULT_KEEP_LAST,
+    grace_s: float = DEFAULT_GRACE_S,
+    dry_run: bool = False,
+    now: float | None = None,
+) -> GcResult:
+    """Apply the retention rule, then delete unreferenced blobs older than ``grace_s`` and stale uploads.
+
+    Raises ``IntegrityError`` (deleting nothing) if any manifest cannot be read: its blobs would look
+    unreferenced.
+    """
+    if keep_last < 1:
+        raise ValueError("keep_last must be at least 1")
+    now = time.time() if now is None else now
+    manifests: list[Manifest] = []
+    pinned: set[tuple[str, str]] = set()
+    for model in store.list_models():
+        listing = list_model(store, model)
+        if listing.unreadable:
+            first = listing.unreadable[0]
+            raise IntegrityError(
+                f"{len(listing.unreadable)} manifest(s) of {model} cannot be read, e.g. {first.key}: {first.problem}",
+                where=store.location, hint="gc must know every blob a manifest references; fix or delete them first",
+            )
+        manifests += listing.manifests
+        pinned |= {(model, key) for key in listing.channels.values()}
+    doomed = manifests_to_delete(manifests, pinned, keep_last)
+    doomed_refs = {m.ref for m in doomed}
+    referenced = {digest for m in manifests if m.ref not in doomed_refs for digest in m.files_by_digest()}
+    unreferenced = [b for b in store.list_blobs() if b.digest not in referenced]
+    expired = [b for b in unreferenced if b.modified < now - grace_s]
+    stale_uploads = 0
+    if not dry_run:
+        for manifest in doomed:
+            store.delete_manifest(manifest.model, manifest.key)
+        for blob in expired:
+            store.delete_blob(blob.digest)
+        stale_uploads = store.delete_stale_uploads(grace_s)
+    return GcResult(
+        registry=store.location, dry_run=dry_run, keep_last=keep_last, kept_manifests=len(manifests) - len(doomed),
+        deleted_manifests=sorted(doomed_refs), deleted_blobs=len(expired), deleted_bytes=sum(b.size for b in expired),
+        referenced_blobs=len(referenced), young_unreferenced_blobs=len(unreferenced) - len(expired),
+        stale_uploads_removed=stale_uploads,
+    )
+
+
+def parse_duration(text: str) -> float:
+    """``90``, ``90s``, ``30m``, ``1h``, ``2d`` → seconds; raises ``ValueError`` with what to write instead."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    cleaned = text.strip().lower()
+    unit = cleaned[-1:] if cleaned[-1:] in units else "s"
+    number = cleaned[:-1] if cleaned[-1:] in units else cleaned
+    try:
+        seconds = float(number) * units[unit]
+    except ValueError:
+        raise ValueError(f"{text!r} is not a duration; write e.g. 0, 90s, 30m, 1h or 2d") from None
+    if seconds < 0:
+        raise ValueError(f"{text!r}: a duration cannot be negative")
+    return seconds

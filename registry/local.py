@@ -1,0 +1,235 @@
+"""The local-directory backend (the embedded default): the registry layout as plain files.
+
+Atomicity comes from the filesystem: every file is written under ``tmp/`` in the same directory tree and
+then renamed (blobs, refs) or hard-linked (manifests: ``link`` fails if the name exists, which makes the
+create exclusive) into place. Refs are swapped under an advisory lock (``flock``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import time
+import uuid
+from collections.abc import Generator, Iterator
+from pathlib import Path
+
+from registry.errors import IntegrityError, NotFoundError
+from registry.manifest import utc_timestamp
+from registry.names import (
+    BLOBS_DIR,
+    MANIFEST_SUFFIX,
+    blob_path,
+    is_digest,
+    is_name,
+    manifest_dir,
+    manifest_path,
+    ref_path,
+    refs_dir,
+)
+from registry.store import BlobInfo, RefState
+from registry.transfer import RateLimiter, TransferProgress, file_chunks, owned_chunks, write_hashing
+
+TMP_DIR = "tmp"
+READ_ONLY = 0o444
+
+
+class LocalStore:
+    """A registry in a directory on this machine."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    @property
+    def location(self) -> str:
+        return str(self.root)
+
+    def __repr__(self) -> str:
+        return f"LocalStore({str(self.root)!r})"
+
+    # --- blobs ---------------------------------------------------------------------------------------
+
+    def blob_size(self, digest: str) -> int | None:
+        try:
+            return (self.root / blob_path(digest)).stat().st_size
+        except FileNotFoundError:
+            return None
+
+    def put_blob(self, digest: str, source: Path, *, limiter: RateLimiter | None = None,
+                 progress: TransferProgress | None = None, name: str = "") -> None:
+        final = self.root / blob_path(digest)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        size = source.stat().st_size
+        with self._temp_file(digest) as temp:
+            digest_of_copy = hashlib.sha256()
+            with source.open("rb", buffering=0) as reader, temp.open("wb", buffering=0) as writer:
+                write_hashing(file_chunks(reader), writer, digest_of_copy, limit_bytes=size, limiter=limiter,
+                              progress=progress, name=name)
+                os.fsync(writer.fileno())
+            if digest_of_copy.hexdigest() != digest:
+                raise IntegrityError(
+                    f"content has sha256 {digest_of_copy.hexdigest()}, not {digest}", where=name or str(source),
+                    hint="the file changed while it was being published; rebuild the artefact",
+                )
+            temp.chmod(READ_ONLY)
+            os.replace(temp, final)
+
+    def read_blob(self, digest: str, offset: int = 0) -> Generator[bytes, None, None]:
+        try:
+            handle = (self.root / blob_path(digest)).open("rb", buffering=0)
+        except FileNotFoundError:
+            raise NotFoundError(f"blob sha256:{digest} is missing from the registry", where=self.location,
+                                hint="re-publish the artefact that lists it") from None
+        with handle:
+            handle.seek(offset)
+            yield from owned_chunks(handle)
+
+    def list_blobs(self) -> Generator[BlobInfo, None, None]:
+        try:
+            entries = list(os.scandir(self.root / BLOBS_DIR))
+        except FileNotFoundError:
+            return
+        for entry in entries:
+            if is_digest(entry.name) and entry.is_file(follow_symlinks=False):
+                with contextlib.suppress(FileNotFoundError):
+                    stat = entry.stat(follow_symlinks=False)
+                    yield BlobInfo(digest=entry.name, size=stat.st_size, modified=stat.st_mtime)
+
+    def delete_blob(self, digest: str) -> None:
+        (self.root / blob_path(digest)).unlink(missing_ok=True)
+
+    # --- manifests -----------------------------------------------------------------------------------
+
+    def create_manifest(self, model: str, key: str, body: bytes) -> bool:
+        final = self.root / manifest_path(model, key)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        with self._temp_file(key) as temp:
+            self._write_durably(temp, body)
+            try:
+                os.link(temp, final)
+            except FileExistsError:
+                return False
+        _fsync_directory(final.parent)
+        return True
+
+    def read_manifest(self, model: str, key: str) -> bytes | None:
+        try:
+            return (self.root / manifest_path(model, key)).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def delete_manifest(self, model: str, key: str) -> None:
+        (self.root / manifest_path(model, key)).unlink(missing_ok=True)
+
+    def list_models(self) -> list[str]:
+        return sorted(p.name for p in _children(self.root / "manifests") if p.is_dir() and is_name(p.name))
+
+    def list_manifest_keys(self, model: str) -> list[str]:
+        directory = self.root / manifest_dir(model)
+        keys = [p.name.removesuffix(MANIFEST_SUFFIX) for p in _children(directory) if p.name.endswith(MANIFEST_SUFFIX)]
+        return sorted(k for k in keys if is_name(k))
+
+    # --- refs ----------------------------------------------------------------------------------------
+
+    def read_ref(self, model: str, channel: str) -> RefState | None:
+        path = self.root / ref_path(model, channel)
+        body = _read_or_none(path)
+        if body is None:
+            return None
+        try:
+            record = json.loads(body)
+            return RefState(key=str(record["key"]), version=_version(body), updated=str(record.get("updated", "")))
+        except (ValueError, KeyError, TypeError):
+            raise IntegrityError(
+                "ref file is damaged", where=str(path),
+                hint="delete the file, then point the channel again with `enginesmith promote`",
+            ) from None
+
+    def write_ref(self, model: str, channel: str, key: str, expected: RefState | None) -> bool:
+        path = self.root / ref_path(model, channel)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with _locked(path.parent / f".{channel}.lock"):
+            current = _read_or_none(path)
+            current_version = None if current is None else _version(current)
+            if current_version != (None if expected is None else expected.version):
+                return False
+            body = json.dumps({"key": key, "updated": utc_timestamp()}).encode() + b"\n"
+            with self._temp_file(channel) as temp:
+                self._write_durably(temp, body)
+                os.replace(temp, path)
+        return True
+
+    def list_channels(self, model: str) -> list[str]:
+        directory = self.root / refs_dir(model)
+        return sorted(p.name for p in _children(directory) if p.is_file() and is_name(p.name))
+
+    # --- housekeeping --------------------------------------------------------------------------------
+
+    def delete_stale_uploads(self, older_than_s: float) -> int:
+        cutoff = time.time() - older_than_s
+        removed = 0
+        for path in _children(self.root / TMP_DIR):
+            with contextlib.suppress(FileNotFoundError):
+                if path.stat().st_mtime < cutoff:
+                    path.unlink()
+                    removed += 1
+        return removed
+
+    @contextlib.contextmanager
+    def _temp_file(self, label: str) -> Iterator[Path]:
+        """A fresh path under ``tmp/`` (same filesystem as the final names, so a rename is atomic); removed
+        afterwards unless it was renamed away."""
+        directory = self.root / TMP_DIR
+        directory.mkdir(parents=True, exist_ok=True)
+        temp = directory / f"{label[:64]}.{os.getpid()}.{uuid.uuid4().hex[:12]}.tmp"
+        try:
+            yield temp
+        finally:
+            temp.unlink(missing_ok=True)
+
+    @staticmethod
+    def _write_durably(path: Path, body: bytes) -> None:
+        with path.open("xb") as handle:
+            handle.write(body)
+            handle.flush()
+            os.fsync(handle.fileno())
+
+
+def _read_or_none(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
+
+
+def _version(body: bytes) -> str:
+    return hashlib.sha256(body).hexdigest()
+
+
+def _children(directory: Path) -> list[Path]:
+    try:
+        return list(directory.iterdir())
+    except FileNotFoundError:
+        return []
+
+
+@contextlib.contextmanager
+def _locked(lock_path: Path) -> Iterator[None]:
+    with lock_path.open("a") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Make a new directory entry durable (a manifest must not vanish after a power cut once published)."""
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)

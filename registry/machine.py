@@ -1,0 +1,65 @@
+"""The machine to resolve against: detected GPUs (NVML), a named catalogue target, or the CPU.
+
+The adapter half of resolution (``registry.resolve`` is the pure half).
+"""
+
+from __future__ import annotations
+
+import os
+from importlib import metadata
+
+from enginesmith.config import Catalogue, default_catalogue
+from enginesmith.errors import UserError
+from enginesmith.gpus import GIB, detect
+from registry.resolve import CPU_TARGET, ENGINE_RUNTIME, GpuSlot, Machine, describe_gpus
+
+AUTO_TARGET = "auto"
+
+
+def describe_machine(target: str, catalogue: Catalogue | None = None, *,
+                     runtime_version: str | None = None) -> Machine:
+    """``auto``: the GPUs NVML sees (the CPU when there are none); ``cpu``; or a catalogue SKU, as a node of
+    ``gpus_per_node`` such GPUs. The catalogue defaults to ``default_catalogue()``, read only when the target
+    needs it. Raises ``UserError`` for an unknown target."""
+    runtimes = {ENGINE_RUNTIME: runtime_version} if runtime_version else _installed_runtimes()
+    host_memory = _host_memory_bytes()
+    if target == CPU_TARGET:
+        return Machine(source="cpu", description="cpu (--target cpu)", host_memory_bytes=host_memory,
+                       runtime_versions=runtimes)
+    catalogue = catalogue or default_catalogue()
+    if target == AUTO_TARGET:
+        gpus = [
+            GpuSlot(index=d.gpu.index, name=d.gpu.name, target_id=d.match.target_id, sm=d.gpu.sm,
+                    memory_bytes=d.gpu.memory_total_bytes)
+            for d in detect(catalogue.targets.values())
+        ]
+        if not gpus:
+            return Machine(source="detected", description="cpu (no NVIDIA GPU detected)",
+                           host_memory_bytes=host_memory, runtime_versions=runtimes)
+        return Machine(source="detected", description=describe_gpus(gpus) + " (detected)", gpus=gpus,
+                       host_memory_bytes=host_memory, runtime_versions=runtimes)
+    if target not in catalogue.targets:
+        raise UserError(f"unknown target {target!r}", where="--target",
+                        hint=f"use auto, cpu or one of: {', '.join(t for t in catalogue.targets if t != CPU_TARGET)}")
+    spec = catalogue.targets[target]
+    if spec.is_cpu:
+        return describe_machine(CPU_TARGET, catalogue, runtime_version=runtime_version)
+    gpus = [GpuSlot(index=i, name=spec.name, target_id=spec.id, sm=spec.sm, memory_bytes=int(spec.memory_gib * GIB))
+            for i in range(spec.gpus_per_node)]
+    return Machine(source="target", description=f"{describe_gpus(gpus)} (--target {target})", gpus=gpus,
+                   host_memory_bytes=host_memory, runtime_versions=runtimes)
+
+
+def _installed_runtimes() -> dict[str, str]:
+    """The TensorRT-LLM version installed here, read from package metadata (importing it would take seconds)."""
+    try:
+        return {ENGINE_RUNTIME: metadata.version("tensorrt_llm")}
+    except metadata.PackageNotFoundError:
+        return {}
+
+
+def _host_memory_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None

@@ -1,0 +1,221 @@
+"""The manifest: what the registry knows about one published artefact (schema version 1).
+
+A manifest is the artefact's own record (``artefact.json``: lineage, kind, target, tp/pp, versions, build
+GPU and config, every file with size and sha256) plus what publishing adds: the model id, the registry key,
+the validation report and the publication time. It is immutable once written.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic_core import PydanticCustomError
+
+from enginesmith.artefacts import ARTEFACT_FILE, Artefact
+from enginesmith.checkpoints.models import CheckpointFile
+from registry.errors import IntegrityError, UnsafePathError
+from registry.names import is_digest, is_name
+
+MANIFEST_SCHEMA_VERSION = 1
+# Written next to the files of a pulled artefact: which manifest they came from.
+PULL_RECORD_FILE = ".enginesmith-pull.json"
+RESERVED_TOP_LEVEL_NAMES = frozenset({ARTEFACT_FILE, PULL_RECORD_FILE})
+_MAX_PATH_BYTES = 1024
+_MAX_COMPONENT_BYTES = 255
+_DRIVE = re.compile(r"^[A-Za-z]:")
+
+Objective = Literal["throughput", "latency"]
+
+
+def unsafe_path_reason(path: str) -> str | None:
+    """Why ``path`` may not name a file inside an artefact directory, or ``None`` if it may.
+
+    A safe path is relative, ``/``-separated, and has no empty, ``.`` or ``..`` component: joined to any
+    directory it stays inside that directory.
+    """
+    if not path:
+        return "is empty"
+    if "\x00" in path:
+        return "contains a NUL byte"
+    if "\\" in path:
+        return "contains a backslash (paths in a manifest use '/')"
+    if path.startswith("/") or _DRIVE.match(path):
+        return "is absolute"
+    parts = path.split("/")
+    if ".." in parts:
+        return "has a '..' component, which escapes the directory"
+    if any(part in ("", ".") for part in parts):
+        return "has an empty or '.' component"
+    if len(path.encode()) > _MAX_PATH_BYTES or any(len(p.encode()) > _MAX_COMPONENT_BYTES for p in parts):
+        return "is too long"
+    return None
+
+
+@dataclass(frozen=True)
+class FileListProblem:
+    index: int
+    message: str
+    escapes: bool  # True: the path could land outside the directory; False: the entry is merely invalid
+
+
+def file_list_problem(files: Iterable[CheckpointFile]) -> FileListProblem | None:
+    """The first file entry that cannot be laid out safely and exactly; ``None`` if all can."""
+    seen: set[str] = set()
+    directories: set[str] = set()
+    for index, entry in enumerate(files):
+        reason = unsafe_path_reason(entry.path)
+        if reason:
+            return FileListProblem(index, f"path {entry.path!r} {reason}", escapes=True)
+        conflict = None
+        if entry.path in RESERVED_TOP_LEVEL_NAMES:
+            conflict = "is reserved for enginesmith's own record"
+        elif entry.path in seen:
+            conflict = "is listed twice"
+        elif entry.path in directories:
+            conflict = "is also a directory of another file"
+        parents = entry.path.split("/")[:-1]
+        for depth in range(1, len(parents) + 1):
+            parent = "/".join(parents[:depth])
+            if parent in seen and conflict is None:
+                conflict = f"lies under {parent!r}, which is a file"
+            directories.add(parent)
+        if conflict:
+            # Two entries for one place: one would overwrite or redirect the other.
+            return FileListProblem(index, f"path {entry.path!r} {conflict}", escapes=True)
+        seen.add(entry.path)
+        if entry.sha256 is None or not is_digest(entry.sha256):
+            return FileListProblem(index, f"file {entry.path!r} needs a sha256 of 64 lower-case hex digits",
+                                   escapes=False)
+        if entry.size < 0:
+            return FileListProblem(index, f"file {entry.path!r} has a negative size", escapes=False)
+    return None
+
+
+class Manifest(BaseModel):
+    """One published artefact. Stored at ``manifests/<model>/<key>.json``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: Literal[1] = 1
+    model: str
+    key: str
+    published: str  # ISO 8601, UTC
+    artefact: Artefact
+    # The validation report (its model belongs to validation/); the resolver reads one number from it.
+    validation: dict[str, Any] | None = None
+
+    @field_validator("model", "key")
+    @classmethod
+    def _safe_name(cls, value: str) -> str:
+        if not is_name(value):
+            raise ValueError(f"{value!r} is not a safe name (letters, digits, '.', '_', '-')")
+        return value
+
+    @field_validator("artefact")
+    @classmethod
+    def _safe_files(cls, artefact: Artefact) -> Artefact:
+        problem = file_list_problem(artefact.files)
+        if problem:
+            raise PydanticCustomError("unsafe_file" if problem.escapes else "invalid_file", "files[{index}]: {message}",
+                                      {"index": problem.index, "message": problem.message})
+        return artefact
+
+    @property
+    def ref(self) -> str:
+        return f"{self.model}@{self.key}"
+
+    @property
+    def recipe(self) -> str:
+        return self.artefact.lineage.recipe
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.artefact.files)
+
+    @property
+    def published_at(self) -> datetime:
+        return parse_timestamp(self.published)
+
+    @property
+    def cell(self) -> tuple[str, str, str, str, int, int]:
+        """What a rebuild replaces: the same model, recipe, kind, target and parallelism."""
+        a = self.artefact
+        return (self.model, self.recipe, a.kind, a.target, a.tp, a.pp)
+
+    def files_by_digest(self) -> dict[str, list[CheckpointFile]]:
+        """Every distinct blob of this manifest and the files that hold it (identical files share a blob)."""
+        by_digest: dict[str, list[CheckpointFile]] = {}
+        for entry in self.artefact.files:
+            assert entry.sha256 is not None  # the validator refuses manifests without one
+            by_digest.setdefault(entry.sha256, []).append(entry)
+        return by_digest
+
+    def to_bytes(self) -> bytes:
+        return (self.model_dump_json(indent=2, exclude_none=False) + "\n").encode()
+
+
+def utc_timestamp(moment: datetime | None = None) -> str:
+    return (moment or datetime.now(timezone.utc)).astimezone(timezone.utc).isoformat()
+
+
+def parse_timestamp(text: str) -> datetime:
+    moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
+def parse_manifest(body: bytes, where: str) -> Manifest:
+    """Parse and check a stored manifest.
+
+    Raises ``UnsafePathError`` for a file path that would escape the artefact directory and
+    ``IntegrityError`` for anything else that is not a valid manifest; both name ``where`` and the field.
+    """
+    try:
+        raw = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise IntegrityError(f"not valid JSON ({exc})", where=where,
+                             hint="the manifest is damaged; re-publish the artefact under a new key") from None
+    version = raw.get("schema_version") if isinstance(raw, dict) else None
+    if isinstance(version, int) and version > MANIFEST_SCHEMA_VERSION:
+        raise IntegrityError(
+            f"manifest schema {version} is newer than this enginesmith reads ({MANIFEST_SCHEMA_VERSION})",
+            where=where, hint="upgrade enginesmith",
+        )
+    try:
+        return Manifest.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(part) for part in first["loc"])
+        if first["type"] == "unsafe_file":
+            raise UnsafePathError(
+                f"{field}.{first['msg']}", where=where,
+                hint="refused: this manifest could write outside the destination; do not pull it",
+            ) from None
+        if first["type"] == "invalid_file":
+            raise IntegrityError(f"{field}.{first['msg']}", where=where,
+                                 hint="the manifest is damaged; re-publish the artefact") from None
+        raise IntegrityError(f"{field}: {first['msg']}", where=where,
+                             hint="the manifest does not match schema 1; re-publish the artefact") from None
+
+
+def validation_metric(validation: Mapping[str, Any] | None, objective: Objective) -> float | None:
+    """The number the resolver ranks artefacts by, from a validation report; ``None`` when it is missing.
+
+    throughput: ``comparison.candidate.max_output_throughput`` (output tokens/s, higher is better).
+    latency: ``comparison.candidate.tpot_c1_median_ms`` (median TPOT at concurrency 1, lower is better).
+    """
+    name = "max_output_throughput" if objective == "throughput" else "tpot_c1_median_ms"
+    try:
+        value = validation["comparison"]["candidate"][name]  # type: ignore[index]
+    except (KeyError, TypeError):
+        return None
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def higher_is_better(objective: Objective) -> bool:
+    return objective == "throughput"

@@ -1,0 +1,113 @@
+"""Names in the registry and where they live.
+
+Every backend stores the same layout (design.md §5), as ``/``-separated paths under its root:
+
+```
+blobs/sha256/<hex>                every file, once
+manifests/<model>/<key>.json      immutable
+refs/<model>/<channel>            mutable aliases (latest, stable), compare-and-swap
+```
+
+A reference (``REF``) names one manifest: ``MODEL@KEY`` (a key or a unique prefix of one) or
+``MODEL:CHANNEL``. A bare ``MODEL`` names no manifest; the resolver picks one.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from enginesmith.errors import UserError
+
+# Model ids, keys and channels become path components on disk and in object keys: one safe component each.
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_DIGEST = re.compile(r"^[0-9a-f]{64}$")
+MIN_KEY_PREFIX = 6
+
+BLOBS_DIR = "blobs/sha256"
+MANIFESTS_DIR = "manifests"
+REFS_DIR = "refs"
+MANIFEST_SUFFIX = ".json"
+
+
+def is_name(value: str) -> bool:
+    return bool(_NAME.match(value))
+
+
+def check_name(value: str, what: str) -> str:
+    """``value`` if it is a valid model id, key or channel; raises ``UserError`` naming ``what`` otherwise."""
+    if not is_name(value):
+        raise UserError(
+            f"{value!r} is not a valid {what}",
+            where=what,
+            hint="use letters, digits, '.', '_' and '-' (at most 128, starting with a letter or digit)",
+        )
+    return value
+
+
+def is_digest(value: str) -> bool:
+    """A sha256 digest as the registry writes it: 64 lower-case hex digits."""
+    return bool(_DIGEST.match(value))
+
+
+def blob_path(digest: str) -> str:
+    if not is_digest(digest):
+        raise ValueError(f"not a sha256 hex digest: {digest!r}")
+    return f"{BLOBS_DIR}/{digest}"
+
+
+def manifest_dir(model: str) -> str:
+    return f"{MANIFESTS_DIR}/{check_name(model, 'model')}"
+
+
+def manifest_path(model: str, key: str) -> str:
+    return f"{manifest_dir(model)}/{check_name(key, 'key')}{MANIFEST_SUFFIX}"
+
+
+def refs_dir(model: str) -> str:
+    return f"{REFS_DIR}/{check_name(model, 'model')}"
+
+
+def ref_path(model: str, channel: str) -> str:
+    return f"{refs_dir(model)}/{check_name(channel, 'channel')}"
+
+
+@dataclass(frozen=True)
+class Ref:
+    """What a user typed to name artefacts: a model, optionally narrowed to one key (prefix) or one channel."""
+
+    model: str
+    key: str | None = None
+    channel: str | None = None
+
+    @property
+    def names_one_manifest(self) -> bool:
+        return self.key is not None or self.channel is not None
+
+    def __str__(self) -> str:
+        if self.key is not None:
+            return f"{self.model}@{self.key}"
+        if self.channel is not None:
+            return f"{self.model}:{self.channel}"
+        return self.model
+
+
+def parse_ref(text: str, *, where: str = "REF") -> Ref:
+    """``MODEL``, ``MODEL@KEY`` or ``MODEL:CHANNEL`` → ``Ref``; raises ``UserError`` naming ``where``."""
+    hint = "write MODEL, MODEL@KEY (a key or a unique prefix of one) or MODEL:CHANNEL, e.g. tiny-llama:stable"
+    if "@" in text:
+        model, _, key = text.partition("@")
+        if not is_name(model) or not is_name(key):
+            raise UserError(f"{text!r} is not a valid reference", where=where, hint=hint)
+        if len(key) < MIN_KEY_PREFIX:
+            raise UserError(f"key prefix {key!r} is too short", where=where,
+                            hint=f"give at least {MIN_KEY_PREFIX} characters of the key")
+        return Ref(model=model, key=key)
+    if ":" in text:
+        model, _, channel = text.partition(":")
+        if not is_name(model) or not is_name(channel):
+            raise UserError(f"{text!r} is not a valid reference", where=where, hint=hint)
+        return Ref(model=model, channel=channel)
+    if not is_name(text):
+        raise UserError(f"{text!r} is not a valid model id or reference", where=where, hint=hint)
+    return Ref(model=text)

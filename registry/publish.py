@@ -1,0 +1,177 @@
+"""Publish an artefact directory: blobs first, then the manifest (the commit point), then the refs.
+
+A crash before the manifest leaves only unreferenced blobs (invisible; ``gc`` removes them); a crash after it
+leaves a complete artefact whose channels the next publish of the same key moves. Publishing a key that is
+already there changes nothing but those channels: same key, same artefact.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from enginesmith.artefacts import ARTEFACT_FILE, Artefact
+from enginesmith.checkpoints.models import CheckpointFile
+from enginesmith.errors import UserError
+from registry.catalog import load_manifest
+from registry.errors import IntegrityError, UnsafePathError
+from registry.manifest import Manifest, file_list_problem, utc_timestamp
+from registry.names import check_name
+from registry.refs import RefChange, advance_channel
+from registry.store import RegistryStore
+from registry.transfer import RateLimiter, TransferProgress, file_chunks
+
+DEFAULT_CHANNELS = ("latest",)
+DEFAULT_JOBS = 4
+
+
+class PublishResult(BaseModel):
+    model: str
+    key: str
+    registry: str
+    created: bool  # False: this key was already published, and nothing but its channels changed
+    files: int
+    total_bytes: int
+    uploaded_blobs: int
+    uploaded_bytes: int
+    reused_blobs: int
+    channels: list[RefChange]
+    unlisted_files: list[str]  # in the directory but not in artefact.json, so not published
+
+
+def read_artefact_dir(artefact_dir: Path) -> Artefact:
+    """The ``artefact.json`` of a built artefact directory, with every listed path checked for safety.
+
+    Raises ``UserError`` naming the file and field when it is missing or invalid, ``UnsafePathError`` for a
+    path that leaves the directory.
+    """
+    if not artefact_dir.is_dir():
+        raise UserError(f"{artefact_dir} is not a directory", where="ARTEFACT_DIR",
+                        hint="give the directory the build stage wrote (it holds artefact.json)")
+    record_path = artefact_dir / ARTEFACT_FILE
+    try:
+        artefact = Artefact.model_validate_json(record_path.read_bytes())
+    except FileNotFoundError:
+        raise UserError(f"no {ARTEFACT_FILE} in {artefact_dir}", where=str(artefact_dir),
+                        hint="publish a directory written by `enginesmith build`") from None
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(part) for part in first["loc"]) or "(document)"
+        raise UserError(f"{field}: {first['msg']}", where=str(record_path),
+                        hint="artefact.json must match enginesmith.artefacts.Artefact; rebuild the artefact") from None
+    problem = file_list_problem(artefact.files)
+    if problem and problem.escapes:
+        raise UnsafePathError(problem.message, where=f"{record_path}: files[{problem.index}]",
+                              hint="list each regular file inside the artefact directory once, by relative path")
+    if problem:
+        raise IntegrityError(problem.message, where=f"{record_path}: files[{problem.index}]",
+                             hint="rebuild the artefact; the build stage records every file's size and sha256")
+    check_name(artefact.lineage.model_id, "lineage.model_id")
+    return artefact
+
+
+def check_artefact_files(artefact_dir: Path, artefact: Artefact, *, jobs: int = DEFAULT_JOBS) -> None:
+    """Every listed file is a regular file inside the directory with the listed size and sha256.
+
+    Raises ``UnsafePathError`` for a symbolic link on the way to a file (its target is not what
+    ``artefact.json`` describes) and ``IntegrityError`` naming the first file that differs.
+    """
+    def check(entry: CheckpointFile) -> None:
+        path = _regular_file_inside(artefact_dir, entry.path)
+        actual_size = path.stat().st_size
+        if actual_size != entry.size:
+            raise IntegrityError(f"{entry.path} has {actual_size} bytes; artefact.json says {entry.size}",
+                                 where=str(path), hint="the directory changed after the build; rebuild the artefact")
+        digest = hashlib.sha256()
+        with path.open("rb", buffering=0) as handle:
+            for chunk in file_chunks(handle):
+                digest.update(chunk)
+        if digest.hexdigest() != entry.sha256:
+            raise IntegrityError(f"{entry.path} has sha256 {digest.hexdigest()}; artefact.json says {entry.sha256}",
+                                 where=str(path), hint="the directory changed after the build; rebuild the artefact")
+
+    with ThreadPoolExecutor(max(1, jobs)) as pool:
+        list(pool.map(check, artefact.files))
+
+
+def publish_artefact(
+    store: RegistryStore,
+    artefact_dir: Path,
+    *,
+    key: str | None = None,
+    validation: dict[str, Any] | None = None,
+    channels: Sequence[str] = DEFAULT_CHANNELS,
+    jobs: int = DEFAULT_JOBS,
+    limiter: RateLimiter | None = None,
+    progress: TransferProgress | None = None,
+) -> PublishResult:
+    """Publish ``artefact_dir`` under ``key`` (default: the artefact's own key) and move ``channels`` to it.
+
+    Uploads only the blobs the registry lacks, ``jobs`` at a time. Raises ``UserError`` (and its
+    subclasses) for a directory that does not match its ``artefact.json``.
+    """
+    artefact = read_artefact_dir(artefact_dir)
+    model = artefact.lineage.model_id
+    key = check_name(key or artefact.key, "--key")
+    for channel in channels:
+        check_name(channel, "--channel")
+    unlisted = _unlisted_files(artefact_dir, artefact)
+    result = PublishResult(model=model, key=key, registry=store.location, created=False,
+                           files=len(artefact.files), total_bytes=sum(f.size for f in artefact.files),
+                           uploaded_blobs=0, uploaded_bytes=0, reused_blobs=0, channels=[], unlisted_files=unlisted)
+
+    if store.read_manifest(model, key) is None:
+        check_artefact_files(artefact_dir, artefact, jobs=jobs)
+        first_file_of: dict[str, CheckpointFile] = {}
+        for entry in artefact.files:
+            first_file_of.setdefault(entry.sha256 or "", entry)
+        with ThreadPoolExecutor(max(1, jobs)) as pool:
+            present = dict(zip(first_file_of, pool.map(store.blob_size, first_file_of), strict=True))
+            missing = [entry for digest, entry in first_file_of.items() if present[digest] != entry.size]
+
+            def upload(entry: CheckpointFile) -> None:
+                assert entry.sha256 is not None
+                if progress is not None:
+                    progress.started(entry.path, entry.size, 0)
+                try:
+                    store.put_blob(entry.sha256, artefact_dir / entry.path, limiter=limiter, progress=progress,
+                                   name=entry.path)
+                finally:
+                    if progress is not None:
+                        progress.finished(entry.path)
+
+            list(pool.map(upload, missing))
+        manifest = Manifest(model=model, key=key, published=utc_timestamp(), artefact=artefact, validation=validation)
+        result.created = store.create_manifest(model, key, manifest.to_bytes())
+        result.uploaded_blobs = len(missing)
+        result.uploaded_bytes = sum(entry.size for entry in missing)
+        result.reused_blobs = len(first_file_of) - len(missing)
+    # Whoever created it (this call, an earlier one, a concurrent one), the stored manifest is the truth.
+    stored = load_manifest(store, model, key)
+    result.channels = [advance_channel(store, stored, channel) for channel in channels]
+    return result
+
+
+def _regular_file_inside(artefact_dir: Path, relative: str) -> Path:
+    path = artefact_dir
+    for part in relative.split("/"):
+        path = path / part
+        if path.is_symlink():
+            raise UnsafePathError(f"{relative} is (or lies under) a symbolic link: {path} → {path.readlink()}",
+                                  where=str(artefact_dir / ARTEFACT_FILE),
+                                  hint="artefacts hold regular files only; copy the target into the directory")
+    if not path.is_file():
+        raise IntegrityError(f"{relative} is listed in artefact.json but is not a file in the directory",
+                             where=str(path), hint="the directory is incomplete; rebuild the artefact")
+    return path
+
+
+def _unlisted_files(artefact_dir: Path, artefact: Artefact) -> list[str]:
+    listed = {f.path for f in artefact.files} | {ARTEFACT_FILE}
+    found = (str(p.relative_to(artefact_dir)) for p in artefact_dir.rglob("*") if p.is_file() or p.is_symlink())
+    return sorted(p for p in found if p not in listed)

@@ -1,0 +1,274 @@
+"""Pull one artefact: fetch the blobs the cache lacks, verify each, lay the files out under a destination.
+
+Each blob is fetched in one pass that hashes and writes (``registry.transfer.write_hashing``), continuing a
+partial download with a range request from where it stopped. A blob whose bytes do not match its sha256 is
+deleted and fetched once more; a second mismatch fails the pull, naming the file. The destination is built
+next to its final name from hard links into the cache and renamed into place, so it is never half there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import threading
+import uuid
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, computed_field
+
+from enginesmith.artefacts import ARTEFACT_FILE
+from enginesmith.errors import UserError
+from registry.cache import BlobCache
+from registry.errors import IntegrityError, UnsafePathError
+from registry.manifest import PULL_RECORD_FILE, Manifest, unsafe_path_reason, utc_timestamp
+from registry.store import RegistryStore
+from registry.transfer import (
+    RateLimiter,
+    TransferCancelled,
+    TransferProgress,
+    read_ahead,
+    sha256_file,
+    write_hashing,
+)
+
+DEFAULT_PULL_JOBS = 8
+FETCH_ATTEMPTS = 2
+READ_AHEAD_CHUNKS = 4
+
+
+class PlannedBlob(BaseModel):
+    sha256: str
+    size: int
+    paths: list[str]
+    state: Literal["cached", "partial", "missing"]
+    partial_bytes: int  # already on disk from an earlier, interrupted pull
+
+    @property
+    def label(self) -> str:
+        return self.paths[0] if len(self.paths) == 1 else f"{self.paths[0]} (+{len(self.paths) - 1} identical)"
+
+
+class PullPlan(BaseModel):
+    model: str
+    key: str
+    registry: str
+    dest: str
+    files: int
+    total_bytes: int
+    blobs: list[PlannedBlob]
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def bytes_to_fetch(self) -> int:
+        return sum(b.size - b.partial_bytes for b in self.blobs if b.state != "cached")
+
+
+class PullResult(BaseModel):
+    model: str
+    key: str
+    registry: str
+    dest: str
+    dry_run: bool
+    files: int
+    total_bytes: int
+    cached_bytes: int  # already verified in the cache: not fetched
+    resumed_bytes: int  # kept from interrupted downloads: not fetched again
+    downloaded_bytes: int
+    refetched: list[str]  # files whose first download did not match its sha256
+    linked_files: int
+    copied_files: int  # where the cache and the destination are on different filesystems
+    plan: PullPlan
+
+
+class PullRecord(BaseModel):
+    """``.enginesmith-pull.json`` in a pulled directory: where its files came from."""
+
+    registry: str
+    model: str
+    key: str
+    pulled: str
+    manifest: Manifest
+
+
+@dataclass
+class _FetchStats:
+    resumed_bytes: int = 0
+    downloaded_bytes: int = 0
+    refetched: bool = False
+
+
+def plan_pull(manifest: Manifest, cache: BlobCache, dest: Path, registry: str) -> PullPlan:
+    """What a pull of ``manifest`` would fetch with this cache (what ``--dry-run`` prints)."""
+    blobs = []
+    for digest, entries in manifest.files_by_digest().items():
+        size = entries[0].size
+        partial = cache.partial_bytes(digest)
+        state: Literal["cached", "partial", "missing"] = (
+            "cached" if cache.has(digest, size) else "partial" if 0 < partial <= size else "missing"
+        )
+        blobs.append(PlannedBlob(sha256=digest, size=size, paths=[e.path for e in entries], state=state,
+                                 partial_bytes=partial if state == "partial" else 0))
+    return PullPlan(model=manifest.model, key=manifest.key, registry=registry, dest=str(dest),
+                    files=len(manifest.artefact.files), total_bytes=manifest.total_bytes, blobs=blobs)
+
+
+def pull_artefact(
+    store: RegistryStore,
+    manifest: Manifest,
+    *,
+    dest: Path,
+    cache: BlobCache,
+    jobs: int = DEFAULT_PULL_JOBS,
+    limiter: RateLimiter | None = None,
+    progress: TransferProgress | None = None,
+    dry_run: bool = False,
+) -> PullResult:
+    """Fetch what the cache lacks (``jobs`` blobs at a time) and lay the artefact out at ``dest``.
+
+    Raises ``IntegrityError`` naming the file whose bytes failed their sha256 twice, ``NotFoundError`` for a
+    blob the registry lacks, ``RegistryUnavailableError`` when the storage stops answering (a later pull
+    resumes), ``UserError`` for a destination it may not replace.
+    """
+    for entry in manifest.artefact.files:
+        reason = unsafe_path_reason(entry.path)
+        if reason:  # Manifest refuses these already; a manifest built in code must not bypass that
+            raise UnsafePathError(f"path {entry.path!r} {reason}", where=manifest.ref)
+    _check_dest(dest)
+    plan = plan_pull(manifest, cache, dest, store.location)
+    result = PullResult(
+        model=manifest.model, key=manifest.key, registry=store.location, dest=str(dest), dry_run=dry_run,
+        files=plan.files, total_bytes=plan.total_bytes,
+        cached_bytes=sum(b.size for b in plan.blobs if b.state == "cached"),
+        resumed_bytes=0, downloaded_bytes=0, refetched=[], linked_files=0, copied_files=0, plan=plan,
+    )
+    if dry_run:
+        return result
+    to_fetch = [b for b in plan.blobs if b.state != "cached"]
+    stats = _fetch_all(store, cache, to_fetch, jobs, limiter, progress)
+    result.resumed_bytes = sum(s.resumed_bytes for s in stats)
+    result.downloaded_bytes = sum(s.downloaded_bytes for s in stats)
+    result.refetched = [blob.label for blob, s in zip(to_fetch, stats, strict=True) if s.refetched]
+    result.linked_files, result.copied_files = _lay_out(store.location, manifest, cache, dest)
+    return result
+
+
+def _fetch_all(store: RegistryStore, cache: BlobCache, blobs: list[PlannedBlob], jobs: int,
+               limiter: RateLimiter | None, progress: TransferProgress | None) -> list[_FetchStats]:
+    """Fetch ``blobs``, ``jobs`` at a time. The first failure (or Ctrl-C) stops the others at their next chunk,
+    keeping their partial files for the next pull, and is raised."""
+    cancel = threading.Event()
+    with ThreadPoolExecutor(max(1, jobs)) as pool:
+        futures = [pool.submit(_fetch_blob, store, cache, blob, limiter, progress, cancel) for blob in blobs]
+        try:
+            done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+        except BaseException:
+            cancel.set()
+            raise
+        failures = [f.exception() for f in futures if f in done and f.exception() is not None]
+        if failures:
+            cancel.set()
+    first_failure = next((e for e in failures if not isinstance(e, TransferCancelled)), None)
+    if first_failure is not None:
+        raise first_failure
+    return [f.result() for f in futures]
+
+
+def _fetch_blob(store: RegistryStore, cache: BlobCache, blob: PlannedBlob, limiter: RateLimiter | None,
+                progress: TransferProgress | None, cancel: threading.Event) -> _FetchStats:
+    stats = _FetchStats()
+    with cache.locked(blob.sha256):
+        if cache.has(blob.sha256, blob.size):  # another pull sharing this cache fetched it meanwhile
+            return stats
+        part = cache.part(blob.sha256)
+        part.parent.mkdir(parents=True, exist_ok=True)
+        for attempt in range(1, FETCH_ATTEMPTS + 1):
+            offset = cache.partial_bytes(blob.sha256)
+            if offset > blob.size:
+                part.unlink()
+                offset = 0
+            digest = hashlib.sha256()
+            if offset:
+                with part.open("rb", buffering=0) as kept:
+                    digest = sha256_file(kept, offset)
+            if attempt == 1:
+                stats.resumed_bytes = offset
+            if progress is not None:
+                progress.started(blob.label, blob.size, offset)
+            written = 0
+            part.touch(exist_ok=True)
+            try:
+                if offset < blob.size:
+                    with part.open("ab", buffering=0) as writer, contextlib.closing(
+                        read_ahead(store.read_blob(blob.sha256, offset), READ_AHEAD_CHUNKS)
+                    ) as chunks:
+                        written = write_hashing(chunks, writer, digest, limit_bytes=blob.size - offset,
+                                                limiter=limiter, progress=progress, name=blob.label, cancel=cancel)
+            finally:
+                if progress is not None:
+                    progress.finished(blob.label)
+            stats.downloaded_bytes += written
+            if offset + written == blob.size and digest.hexdigest() == blob.sha256:
+                cache.commit(blob.sha256)
+                return stats
+            part.unlink(missing_ok=True)
+            stats.refetched = True
+            if attempt == FETCH_ATTEMPTS:
+                raise IntegrityError(
+                    f"{', '.join(blob.paths)}: fetched twice, and the bytes ({offset + written} of {blob.size}) "
+                    f"do not match sha256 {blob.sha256}",
+                    where=store.location, hint="the blob in the registry is damaged; re-publish the artefact",
+                )
+    return stats
+
+
+def _check_dest(dest: Path) -> None:
+    """Pull replaces only a directory it wrote itself (or an empty one): never a user's files."""
+    if dest.is_symlink():
+        raise UserError(f"{dest} is a symbolic link", where="--dest",
+                        hint="give the real directory; pull replaces its destination and would drop the link")
+    if dest.exists() and not dest.is_dir():
+        raise UserError(f"{dest} exists and is not a directory", where="--dest", hint="choose another --dest")
+    if dest.is_dir() and any(dest.iterdir()) and not (dest / PULL_RECORD_FILE).is_file():
+        raise UserError(f"{dest} is not empty and was not written by enginesmith pull", where="--dest",
+                        hint="choose a new or empty directory; pull replaces a directory only if it wrote it")
+
+
+def _lay_out(registry: str, manifest: Manifest, cache: BlobCache, dest: Path) -> tuple[int, int]:
+    """Build the artefact directory next to ``dest`` and rename it into place; returns (linked, copied) files."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staging = dest.parent / f".{dest.name}.{uuid.uuid4().hex[:12]}.partial"
+    staging.mkdir()
+    linked = copied = 0
+    try:
+        for entry in manifest.artefact.files:
+            assert entry.sha256 is not None
+            target = staging / entry.path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            source = cache.blob(entry.sha256)
+            try:
+                os.link(source, target)
+                linked += 1
+            except OSError:  # another filesystem, or one without hard links
+                shutil.copyfile(source, target)
+                copied += 1
+        (staging / ARTEFACT_FILE).write_text(manifest.artefact.model_dump_json(indent=2) + "\n")
+        record = PullRecord(registry=registry, model=manifest.model, key=manifest.key, pulled=utc_timestamp(),
+                            manifest=manifest)
+        (staging / PULL_RECORD_FILE).write_text(record.model_dump_json(indent=2) + "\n")
+        _check_dest(dest)
+        if dest.exists():
+            retired = dest.parent / f".{dest.name}.{uuid.uuid4().hex[:12]}.old"
+            os.rename(dest, retired)
+            os.rename(staging, dest)
+            shutil.rmtree(retired, ignore_errors=True)
+        else:
+            os.rename(staging, dest)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return linked, copied

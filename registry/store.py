@@ -1,0 +1,118 @@
+"""The storage interface every backend implements, and ``open_store`` to pick one from a registry URL.
+
+The interface speaks the registry's own terms (blobs by digest, immutable manifests, refs with
+compare-and-swap) rather than generic objects, so that an OCI registry can implement it later with its own
+primitives (blob uploads, manifest PUT, tags).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from enginesmith.errors import UserError
+from registry.transfer import RateLimiter, TransferProgress
+
+DEFAULT_REGISTRY = ".enginesmith/registry"
+
+
+@dataclass(frozen=True)
+class BlobInfo:
+    digest: str
+    size: int
+    modified: float  # seconds since the epoch
+
+
+@dataclass(frozen=True)
+class RefState:
+    """A ref as read: the manifest key it points to, and an opaque version for compare-and-swap."""
+
+    key: str
+    version: str
+    updated: str = ""
+
+
+class RegistryStore(Protocol):
+    """One registry's storage. Paths and names are checked by the caller (``registry.names``)."""
+
+    @property
+    def location(self) -> str:
+        """Where the registry is, for messages (never with credentials)."""
+        ...
+
+    def blob_size(self, digest: str) -> int | None:
+        """The stored size of a blob, or ``None`` if it is absent."""
+        ...
+
+    def put_blob(self, digest: str, source: Path, *, limiter: RateLimiter | None = None,
+                 progress: TransferProgress | None = None, name: str = "") -> None:
+        """Store ``source`` as blob ``digest``; it becomes visible only when complete.
+
+        Raises ``IntegrityError`` if the bytes do not hash to ``digest`` (where the backend hashes as it
+        copies; the publisher checks beforehand in any case).
+        """
+        ...
+
+    def read_blob(self, digest: str, offset: int = 0) -> Generator[bytes, None, None]:
+        """The bytes of a blob from ``offset`` to its end, in chunks the caller may keep; close the generator
+        when done.
+
+        Raises ``NotFoundError`` for an absent blob and ``RegistryUnavailableError`` when the storage stops
+        answering mid-way.
+        """
+        ...
+
+    def list_blobs(self) -> Generator[BlobInfo, None, None]: ...
+
+    def delete_blob(self, digest: str) -> None: ...
+
+    def create_manifest(self, model: str, key: str, body: bytes) -> bool:
+        """Create a manifest unless one exists under that key: ``True`` if this call created it.
+
+        Exclusive and atomic: readers see no manifest or the whole of one, and of two concurrent calls
+        exactly one returns ``True``.
+        """
+        ...
+
+    def read_manifest(self, model: str, key: str) -> bytes | None: ...
+
+    def delete_manifest(self, model: str, key: str) -> None: ...
+
+    def list_models(self) -> list[str]: ...
+
+    def list_manifest_keys(self, model: str) -> list[str]: ...
+
+    def read_ref(self, model: str, channel: str) -> RefState | None: ...
+
+    def write_ref(self, model: str, channel: str, key: str, expected: RefState | None) -> bool:
+        """Point ``model:channel`` at ``key`` if the ref is still ``expected`` (``None``: still absent).
+
+        Returns ``False``, changing nothing, when someone else moved it first.
+        """
+        ...
+
+    def list_channels(self, model: str) -> list[str]: ...
+
+    def delete_stale_uploads(self, older_than_s: float) -> int:
+        """Remove uploads that never completed (temp files, multipart uploads) older than this; returns how many."""
+        ...
+
+
+def open_store(url: str, *, s3_endpoint: str | None = None) -> RegistryStore:
+    """The store for a registry URL: ``s3://bucket[/prefix]`` or a local directory (``file://`` optional).
+
+    Raises ``UserError`` for a URL it cannot use.
+    """
+    if url.startswith("s3://"):
+        from registry.s3 import S3Store
+
+        return S3Store.from_url(url, endpoint_url=s3_endpoint)
+    if "://" in url and not url.startswith("file://"):
+        scheme = url.split("://", 1)[0]
+        raise UserError(f"unsupported registry scheme {scheme!r}", where="--registry",
+                        hint="use a local directory or s3://bucket/prefix")
+    from registry.local import LocalStore
+
+    return LocalStore(Path(url.removeprefix("file://")))

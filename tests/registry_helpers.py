@@ -1,0 +1,137 @@
+"""Builders for registry tests: artefact directories as the build stage writes them, and CLI runs against a
+given registry and cache."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from enginesmith.artefacts import ARTEFACT_FILE, Artefact, Lineage
+from enginesmith.checkpoints.models import CheckpointFile
+from tests.conftest import REPO_ROOT, run_cli
+
+MIB = 1024 * 1024
+
+
+def deterministic_bytes(size: int, seed: int) -> bytes:
+    return random.Random(seed).randbytes(size)
+
+
+def tiny_files(seed: int = 0) -> dict[str, bytes]:
+    """A few small files shaped like an HF-quantised checkpoint, one of them twice (same content)."""
+    tokenizer = json.dumps({"version": "1.0", "seed": seed}).encode()
+    return {
+        "config.json": json.dumps({"model_type": "llama", "hidden_size": 64, "seed": seed}).encode(),
+        "model.safetensors": deterministic_bytes(96 * 1024, seed),
+        "tokenizer.json": tokenizer,
+        "extra/tokenizer.json": tokenizer,
+    }
+
+
+def big_files(total_bytes: int, seed: int = 0, parts: int = 2) -> dict[str, bytes]:
+    """``parts`` weight files adding up to ``total_bytes`` plus a small config."""
+    size = total_bytes // parts
+    files = {f"rank{i}.safetensors": deterministic_bytes(size, seed * 100 + i) for i in range(parts)}
+    files["config.json"] = json.dumps({"seed": seed}).encode()
+    return files
+
+
+def write_artefact(
+    root: Path,
+    *,
+    model: str = "tiny-llama",
+    files: dict[str, bytes] | None = None,
+    key: str | None = None,
+    recipe: str = "fp8",
+    kind: str = "hf-quantized",
+    target: str = "cpu",
+    target_sm: int | None = None,
+    tp: int = 1,
+    pp: int = 1,
+    versions: dict[str, str] | None = None,
+    created: str = "2026-01-01T00:00:00+00:00",
+) -> Path:
+    """Write an artefact directory (``artefact.json`` plus its files) under ``root``; returns the directory."""
+    files = tiny_files() if files is None else files
+    records = [CheckpointFile(path=path, size=len(body), sha256=hashlib.sha256(body).hexdigest())
+               for path, body in sorted(files.items())]
+    key = key or hashlib.sha256(
+        json.dumps([model, recipe, kind, target, tp, pp, [r.sha256 for r in records]]).encode()
+    ).hexdigest()
+    artefact = Artefact(
+        key=key, kind=kind, target=target, target_sm=target_sm, tp=tp, pp=pp,
+        lineage=Lineage(model_id=model, repo_id=f"enginesmith/{model}", commit_sha="a" * 40,
+                        checkpoint_key="c" * 64, recipe=recipe, calibration_dataset="builtin:addition",
+                        calibration_sha256="d" * 64),
+        versions=versions or {"modelopt": "0.37.0", "torch": "2.13.0"},
+        files=records, created=created,
+    )
+    directory = root / f"{model}-{key[:8]}"
+    for path, body in files.items():
+        (directory / path).parent.mkdir(parents=True, exist_ok=True)
+        (directory / path).write_bytes(body)
+    (directory / ARTEFACT_FILE).write_text(artefact.model_dump_json(indent=2))
+    return directory
+
+
+def read_artefact(directory: Path) -> Artefact:
+    return Artefact.model_validate_json((directory / ARTEFACT_FILE).read_bytes())
+
+
+def file_digests(directory: Path, paths: list[str]) -> dict[str, str]:
+    return {p: hashlib.sha256((directory / p).read_bytes()).hexdigest() for p in paths}
+
+
+def registry_env(registry: str, cache: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
+    return {"ENGINESMITH_REGISTRY": registry, "ENGINESMITH_CACHE_DIR": str(cache), **(extra or {})}
+
+
+def cli_json(*args: str, env: dict[str, str]) -> dict:
+    """Run ``enginesmith ARGS --json``; returns the parsed output, failing the test with stderr otherwise."""
+    result = run_cli(*args, "--json", env=env)
+    assert result.returncode == 0, f"enginesmith {' '.join(args)} failed:\n{result.stderr}"
+    return json.loads(result.stdout)
+
+
+def start_cli(*args: str, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    """Start ``enginesmith ARGS`` as a background process (to be killed), output to ``log``."""
+    with log.open("wb") as handle:
+        return subprocess.Popen([sys.executable, "-m", "enginesmith", *args], cwd=REPO_ROOT,
+                                env={**os.environ, **env}, stdout=handle, stderr=subprocess.STDOUT)
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float, interval_s: float = 0.02) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(interval_s)
+    return condition()
+
+
+def size_or_zero(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def manifest_for(directory: Path, *, validation: dict | None = None, published: str | None = None,
+                 key: str | None = None):  # -> registry.manifest.Manifest
+    """The manifest publishing ``directory`` would write (without a registry)."""
+    from registry.manifest import Manifest, utc_timestamp
+
+    artefact = read_artefact(directory)
+    return Manifest(model=artefact.lineage.model_id, key=key or artefact.key, published=published or utc_timestamp(),
+                    artefact=artefact, validation=validation)
+
+
+def throughput_report(tokens_per_s: float, tpot_ms: float) -> dict:
+    return {"comparison": {"candidate": {"max_output_throughput": tokens_per_s, "tpot_c1_median_ms": tpot_ms}}}

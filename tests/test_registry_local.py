@@ -1,0 +1,284 @@
+"""The registry on its embedded backend (a local directory): publish, list, resolve, pull, channels, gc, bundles."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from registry.bundle import BundleStore, write_bundle
+from registry.cache import BlobCache
+from registry.catalog import find_manifest, list_model, load_manifest
+from registry.errors import IntegrityError, NotFoundError
+from registry.gc import collect_garbage
+from registry.local import LocalStore
+from registry.names import Ref, manifest_path
+from registry.publish import publish_artefact
+from registry.pull import pull_artefact
+from registry.refs import promote
+from tests.conftest import run_cli
+from tests.registry_helpers import (
+    cli_json,
+    file_digests,
+    read_artefact,
+    registry_env,
+    tiny_files,
+    write_artefact,
+)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> LocalStore:
+    return LocalStore(tmp_path / "registry")
+
+
+@pytest.fixture
+def cache(tmp_path: Path) -> BlobCache:
+    return BlobCache(tmp_path / "cache")
+
+
+def test_round_trip_through_the_cli(tmp_path: Path) -> None:
+    source = write_artefact(tmp_path / "build")
+    artefact = read_artefact(source)
+    env = registry_env(str(tmp_path / "registry"), tmp_path / "cache")
+
+    published = cli_json("publish", str(source), env=env)
+    assert published["created"] and published["uploaded_blobs"] == 3  # 4 files, two of them identical
+    assert [(c["channel"], c["moved"]) for c in published["channels"]] == [("latest", True)]
+
+    resolution = cli_json("resolve", "tiny-llama", "--target", "cpu", env=env)
+    assert [(c["key"], c["status"]) for c in resolution["candidates"]] == [(artefact.key, "runnable")]
+    assert resolution["chosen"]["key"] == artefact.key
+
+    dest = tmp_path / "served"
+    pulled = cli_json("pull", "tiny-llama", "--target", "cpu", "--dest", str(dest), env=env)
+    paths = [f.path for f in artefact.files]
+    assert file_digests(dest, paths) == {f.path: f.sha256 for f in artefact.files} == file_digests(source, paths)
+    assert read_artefact(dest) == artefact
+    assert pulled["downloaded_bytes"] == sum(f.size for f in artefact.files) - len(tiny_files()["tokenizer.json"])
+    assert pulled["linked_files"] == 4
+    weights = next(f for f in artefact.files if f.path == "model.safetensors")
+    cached = tmp_path / "cache" / "blobs" / "sha256" / str(weights.sha256)
+    assert (dest / "model.safetensors").stat().st_ino == cached.stat().st_ino  # a hard link, not a copy
+
+    assert cli_json("ls", env=env) == [{"model": "tiny-llama", "artefacts": 1, "channels": {"latest": artefact.key}}]
+    shown = cli_json("show", f"tiny-llama@{artefact.key[:8]}", env=env)
+    assert shown["key"] == artefact.key and shown["artefact"]["files"] == [f.model_dump() for f in artefact.files]
+
+    table = run_cli("resolve", "tiny-llama", "--target", "cpu", env=env)
+    assert table.returncode == 0 and "runnable" in table.stdout and "chosen: tiny-llama@" in table.stdout
+
+
+def test_publishing_a_key_again_is_a_no_op(store: LocalStore, tmp_path: Path) -> None:
+    source = write_artefact(tmp_path / "build")
+    first = publish_artefact(store, source)
+    manifest_file = store.root / manifest_path(first.model, first.key)
+    before = manifest_file.read_bytes()
+
+    again = publish_artefact(store, source)
+
+    assert first.created and not again.created
+    assert again.uploaded_blobs == 0 and again.uploaded_bytes == 0
+    assert manifest_file.read_bytes() == before
+    assert not again.channels[0].moved
+
+
+def test_publish_uploads_only_the_blobs_the_registry_lacks(store: LocalStore, tmp_path: Path) -> None:
+    publish_artefact(store, write_artefact(tmp_path / "a"))
+    files = {**tiny_files(), "model.safetensors": b"other weights"}
+    second = publish_artefact(store, write_artefact(tmp_path / "b", files=files, recipe="int4-awq"))
+    assert second.uploaded_blobs == 1 and second.uploaded_bytes == len(b"other weights")
+    assert second.reused_blobs == 2
+
+
+def test_publish_keeps_the_validation_report(store: LocalStore, tmp_path: Path) -> None:
+    report = {"comparison": {"candidate": {"max_output_throughput": 321.0}}, "gate": {"passed": True}}
+    result = publish_artefact(store, write_artefact(tmp_path / "a"), validation=report, key="nightly-1")
+    assert load_manifest(store, "tiny-llama", "nightly-1").validation == report
+    assert result.key == "nightly-1"
+
+
+def test_latest_follows_the_newest_and_promote_moves_a_channel(store: LocalStore, tmp_path: Path) -> None:
+    older = publish_artefact(store, write_artefact(tmp_path / "a"))
+    newer = publish_artefact(store, write_artefact(tmp_path / "b", files=tiny_files(seed=1)))
+    assert find_manifest(store, Ref("tiny-llama", channel="latest")).key == newer.key
+
+    publish_artefact(store, write_artefact(tmp_path / "a"))  # a re-publish of the older one
+    assert find_manifest(store, Ref("tiny-llama", channel="latest")).key == newer.key
+
+    change = promote(store, load_manifest(store, "tiny-llama", older.key), "stable")
+    assert change.moved and change.previous is None
+    assert find_manifest(store, Ref("tiny-llama", channel="stable")).key == older.key
+
+
+def test_a_ref_moves_only_from_the_state_the_writer_saw(store: LocalStore, tmp_path: Path) -> None:
+    result = publish_artefact(store, write_artefact(tmp_path / "a"))
+    seen = store.read_ref("tiny-llama", "latest")
+    assert seen is not None
+    assert store.write_ref("tiny-llama", "latest", "someone-else", expected=seen)
+    assert not store.write_ref("tiny-llama", "latest", result.key, expected=seen)  # stale: refused
+    assert not store.write_ref("tiny-llama", "latest", result.key, expected=None)  # exists: refused
+    current = store.read_ref("tiny-llama", "latest")
+    assert current is not None and current.key == "someone-else"
+
+
+def test_a_key_prefix_must_be_unambiguous(store: LocalStore, tmp_path: Path) -> None:
+    publish_artefact(store, write_artefact(tmp_path / "a"), key="abcdef01")
+    publish_artefact(store, write_artefact(tmp_path / "b", files=tiny_files(seed=2)), key="abcdef02")
+    assert find_manifest(store, Ref("tiny-llama", key="abcdef02")).key == "abcdef02"
+    with pytest.raises(Exception, match="matches 2 artefacts"):
+        find_manifest(store, Ref("tiny-llama", key="abcdef"))
+    with pytest.raises(NotFoundError, match="no artefact"):
+        find_manifest(store, Ref("tiny-llama", key="ffffff"))
+
+
+def test_a_second_pull_comes_from_the_cache(store: LocalStore, cache: BlobCache, tmp_path: Path) -> None:
+    publish_artefact(store, write_artefact(tmp_path / "a"))
+    manifest = find_manifest(store, Ref("tiny-llama", channel="latest"))
+    pull_artefact(store, manifest, dest=tmp_path / "one", cache=cache)
+
+    dry = pull_artefact(store, manifest, dest=tmp_path / "two", cache=cache, dry_run=True)
+    assert dry.plan.bytes_to_fetch == 0 and not (tmp_path / "two").exists()
+
+    second = pull_artefact(store, manifest, dest=tmp_path / "two", cache=cache)
+    assert second.downloaded_bytes == 0 and second.cached_bytes == sum(b.size for b in second.plan.blobs)
+
+
+def test_a_dry_run_fetches_and_writes_nothing(store: LocalStore, cache: BlobCache, tmp_path: Path) -> None:
+    publish_artefact(store, write_artefact(tmp_path / "a"))
+    manifest = find_manifest(store, Ref("tiny-llama", channel="latest"))
+    result = pull_artefact(store, manifest, dest=tmp_path / "dest", cache=cache, dry_run=True)
+    assert result.plan.bytes_to_fetch == manifest.total_bytes - len(tiny_files()["tokenizer.json"])
+    assert {b.state for b in result.plan.blobs} == {"missing"}
+    assert not (tmp_path / "dest").exists() and not cache.root.exists()
+
+
+def test_pull_replaces_only_a_directory_it_wrote(store: LocalStore, cache: BlobCache, tmp_path: Path) -> None:
+    publish_artefact(store, write_artefact(tmp_path / "a"))
+    manifest = find_manifest(store, Ref("tiny-llama", channel="latest"))
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    with pytest.raises(Exception, match="not written by enginesmith pull"):
+        pull_artefact(store, manifest, dest=foreign, cache=cache)
+    assert (foreign / "notes.txt").read_text() == "mine"
+
+    ours = tmp_path / "ours"
+    pull_artefact(store, manifest, dest=ours, cache=cache)
+    (ours / "stray.txt").write_text("left over")
+    pull_artefact(store, manifest, dest=ours, cache=cache)
+    assert not (ours / "stray.txt").exists() and (ours / "config.json").is_file()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".ours")] == []  # no staging left behind
+
+
+def test_gc_keeps_the_newest_per_cell_and_everything_a_channel_names(store: LocalStore, tmp_path: Path) -> None:
+    shared_config = tiny_files()["config.json"]
+    keys = []
+    for version in range(4):
+        files = {"config.json": shared_config, "model.safetensors": f"weights v{version}".encode()}
+        keys.append(publish_artefact(store, write_artefact(tmp_path / f"v{version}", files=files)).key)
+    other_cell = publish_artefact(store, write_artefact(tmp_path / "awq", recipe="int4-awq")).key
+    promote(store, load_manifest(store, "tiny-llama", keys[0]), "stable")
+    orphan = hashlib.sha256(b"left by a killed publish").hexdigest()
+    (tmp_path / "orphan").write_bytes(b"left by a killed publish")
+    store.put_blob(orphan, tmp_path / "orphan")
+
+    dry = collect_garbage(store, keep_last=2, grace_s=0, dry_run=True)
+    assert dry.deleted_manifests == [f"tiny-llama@{keys[1]}"]
+    assert len(store.list_manifest_keys("tiny-llama")) == 5  # nothing deleted yet
+
+    within_grace = collect_garbage(store, keep_last=2, grace_s=3600)
+    assert within_grace.deleted_manifests == [f"tiny-llama@{keys[1]}"]
+    assert within_grace.deleted_blobs == 0 and within_grace.young_unreferenced_blobs == 2  # v1's weights, orphan
+
+    after_grace = collect_garbage(store, keep_last=2, grace_s=0)
+    assert after_grace.deleted_manifests == [] and after_grace.deleted_blobs == 2
+    assert sorted(store.list_manifest_keys("tiny-llama")) == sorted([keys[0], keys[2], keys[3], other_cell])
+    remaining = {b.digest for b in store.list_blobs()}
+    assert orphan not in remaining
+    assert hashlib.sha256(b"weights v1").hexdigest() not in remaining
+    assert hashlib.sha256(shared_config).hexdigest() in remaining  # still used by the survivors
+    for key in (keys[0], keys[2], keys[3], other_cell):
+        manifest = load_manifest(store, "tiny-llama", key)
+        assert set(manifest.files_by_digest()) <= remaining
+
+
+def test_gc_refuses_to_run_beside_an_unreadable_manifest(store: LocalStore, tmp_path: Path) -> None:
+    source = write_artefact(tmp_path / "a")
+    publish_artefact(store, source)
+    (store.root / manifest_path("tiny-llama", "damaged")).write_text("{not json")
+    blobs_before = sorted(b.digest for b in store.list_blobs())
+    with pytest.raises(IntegrityError, match="cannot be read"):
+        collect_garbage(store, grace_s=0)
+    assert sorted(b.digest for b in store.list_blobs()) == blobs_before
+
+
+def test_a_bundle_carries_artefacts_to_an_air_gapped_pull(tmp_path: Path) -> None:
+    source = write_artefact(tmp_path / "build")
+    artefact = read_artefact(source)
+    env = registry_env(str(tmp_path / "registry"), tmp_path / "cache")
+    published = run_cli("publish", str(source), env=env)  # the human output, progress bars included
+    assert published.returncode == 0 and f"published tiny-llama@{artefact.key[:12]}" in published.stdout
+    bundle_file = tmp_path / "carry" / "tiny.tar"
+    bundled = cli_json("bundle", "tiny-llama:latest", "--out", str(bundle_file), env=env)
+    assert bundled["blobs"] == 3 and bundled["refs"] == {"tiny-llama:latest": artefact.key}
+    with tarfile.open(bundle_file) as tar:
+        blob_members = [n for n in tar.getnames() if n.startswith("blobs/")]
+    assert len(blob_members) == len(set(blob_members)) == 3
+
+    air_gapped = registry_env(str(tmp_path / "no-registry"), tmp_path / "other-cache")
+    dest = tmp_path / "served"
+    pulled = run_cli("pull", "tiny-llama:latest", "--from-bundle", str(bundle_file), "--dest", str(dest),
+                     env=air_gapped)
+    assert pulled.returncode == 0 and f"pulled tiny-llama@{artefact.key[:12]} → {dest}" in pulled.stdout
+    paths = [f.path for f in artefact.files]
+    assert file_digests(dest, paths) == file_digests(source, paths)
+    assert not (tmp_path / "no-registry").exists()
+
+
+def test_a_damaged_bundle_fails_the_pull_naming_the_file(store: LocalStore, tmp_path: Path) -> None:
+    publish_artefact(store, write_artefact(tmp_path / "a"))
+    manifest = find_manifest(store, Ref("tiny-llama", channel="latest"))
+    bundle_file = tmp_path / "tiny.tar"
+    write_bundle(store, [manifest], bundle_file)
+    weights = next(f for f in manifest.artefact.files if f.path == "model.safetensors")
+    offset = BundleStore(bundle_file)._members[f"blobs/sha256/{weights.sha256}"][0] + 1000
+    with bundle_file.open("r+b") as handle:
+        handle.seek(offset)
+        original = handle.read(1)
+        handle.seek(offset)
+        handle.write(bytes([original[0] ^ 0xFF]))
+
+    with pytest.raises(IntegrityError, match=r"model\.safetensors"):
+        pull_artefact(BundleStore(bundle_file), manifest, dest=tmp_path / "dest", cache=BlobCache(tmp_path / "c"))
+    assert not (tmp_path / "dest").exists()
+
+
+def test_user_errors_say_what_to_do(tmp_path: Path) -> None:
+    env = registry_env(str(tmp_path / "registry"), tmp_path / "cache")
+    missing = run_cli("pull", "no-such-model", env=env)
+    assert missing.returncode == 2 and "no artefact of no-such-model" in missing.stderr
+    bad_ref = run_cli("show", "tiny-llama@../x", env=env)
+    assert bad_ref.returncode == 2 and "MODEL@KEY" in bad_ref.stderr
+    bad_scheme = run_cli("ls", "--registry", "ftp://example/registry", env=env)
+    assert bad_scheme.returncode == 2 and "s3://bucket/prefix" in bad_scheme.stderr
+    not_an_artefact = run_cli("publish", str(tmp_path), env=env)
+    assert not_an_artefact.returncode == 2 and "artefact.json" in not_an_artefact.stderr
+    assert "Traceback" not in missing.stderr + bad_ref.stderr + bad_scheme.stderr + not_an_artefact.stderr
+
+
+def test_listing_reports_an_unreadable_manifest_and_resolve_skips_it(store: LocalStore, tmp_path: Path) -> None:
+    good = publish_artefact(store, write_artefact(tmp_path / "a"))
+    document = json.loads(load_manifest(store, "tiny-llama", good.key).to_bytes())
+    document["key"] = "evil"
+    document["artefact"]["files"][0]["path"] = "../../outside.txt"
+    (store.root / manifest_path("tiny-llama", "evil")).write_text(json.dumps(document))
+
+    listing = list_model(store, "tiny-llama")
+    assert [m.key for m in listing.manifests] == [good.key]
+    assert [u.key for u in listing.unreadable] == ["evil"] and "'..'" in listing.unreadable[0].problem
+    assert os.listdir(store.root / "manifests" / "tiny-llama")  # nothing was deleted or rewritten

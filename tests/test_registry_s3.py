@@ -1,0 +1,194 @@
+"""The registry on S3, against a real SeaweedFS server on loopback (started and stopped by the tests)."""
+
+from __future__ import annotations
+
+import hashlib
+import signal
+import threading
+import uuid
+from pathlib import Path
+
+import pytest
+
+from registry.cache import BlobCache
+from registry.catalog import find_manifest
+from registry.gc import collect_garbage
+from registry.names import Ref
+from registry.publish import publish_artefact
+from registry.pull import pull_artefact
+from registry.s3 import S3Store
+from tests.conftest import run_cli
+from tests.registry_helpers import (
+    MIB,
+    big_files,
+    cli_json,
+    file_digests,
+    read_artefact,
+    registry_env,
+    size_or_zero,
+    start_cli,
+    tiny_files,
+    wait_until,
+    write_artefact,
+)
+from tests.seaweedfs import BUCKET, SeaweedServer, requires_weed, running_seaweedfs
+from tests.seaweedfs import seaweedfs_fixture as seaweedfs_fixture  # provides the `seaweedfs` fixture
+
+pytestmark = [requires_weed, pytest.mark.slow]
+
+
+@pytest.fixture
+def prefix() -> str:
+    return f"test-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def s3_env(seaweedfs: SeaweedServer, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """The server's credentials and endpoint in this process's environment (boto3 reads them from there)."""
+    for name, value in seaweedfs.env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    return seaweedfs.env
+
+
+def s3_client(server: SeaweedServer):  # -> botocore S3 client
+    import boto3
+
+    env = server.env
+    return boto3.client("s3", endpoint_url=server.endpoint, aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+                        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"], region_name="us-east-1")
+
+
+def test_round_trip_on_s3(seaweedfs: SeaweedServer, s3_env: dict[str, str], prefix: str, tmp_path: Path) -> None:
+    source = write_artefact(tmp_path / "build")
+    artefact = read_artefact(source)
+    env = registry_env(seaweedfs.registry_url(prefix), tmp_path / "cache", s3_env)
+
+    published = cli_json("publish", str(source), env=env)
+    assert published["created"] and published["uploaded_blobs"] == 3
+    resolution = cli_json("resolve", "tiny-llama", "--target", "cpu", env=env)
+    assert [(c["key"], c["status"]) for c in resolution["candidates"]] == [(artefact.key, "runnable")]
+    dest = tmp_path / "served"
+    cli_json("pull", "tiny-llama", "--target", "cpu", "--dest", str(dest), env=env)
+
+    paths = [f.path for f in artefact.files]
+    assert file_digests(dest, paths) == {f.path: f.sha256 for f in artefact.files} == file_digests(source, paths)
+    listed = s3_client(seaweedfs).list_objects_v2(Bucket=BUCKET, Prefix=prefix + "/")
+    keys = sorted(item["Key"].removeprefix(prefix + "/") for item in listed["Contents"])
+    assert keys == sorted([*(f"blobs/sha256/{d}" for d in {f.sha256 for f in artefact.files}),
+                           f"manifests/tiny-llama/{artefact.key}.json", "refs/tiny-llama/latest"])
+
+
+def test_republishing_is_a_no_op_and_creates_are_exclusive(
+    seaweedfs: SeaweedServer, s3_env: dict[str, str], prefix: str, tmp_path: Path
+) -> None:
+    store = S3Store(BUCKET, prefix, endpoint_url=seaweedfs.endpoint)
+    source = write_artefact(tmp_path / "build")
+    first = publish_artefact(store, source)
+    again = publish_artefact(store, source)
+    assert first.created and not again.created and again.uploaded_blobs == 0
+
+    barrier = threading.Barrier(6)
+    outcomes: list[bool] = []
+
+    def create(index: int) -> None:
+        barrier.wait()
+        outcomes.append(store.create_manifest("tiny-llama", "raced", f'{{"writer": {index}}}'.encode()))
+
+    threads = [threading.Thread(target=create, args=(i,)) for i in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(outcomes) == [False] * 5 + [True]
+
+    seen = store.read_ref("tiny-llama", "latest")
+    assert seen is not None and seen.key == first.key
+    assert store.write_ref("tiny-llama", "latest", "moved-by-someone", expected=seen)
+    assert not store.write_ref("tiny-llama", "latest", first.key, expected=seen)
+    assert not store.write_ref("tiny-llama", "latest", first.key, expected=None)
+
+
+def test_big_blobs_go_up_in_parts_and_come_back_verified(
+    seaweedfs: SeaweedServer, s3_env: dict[str, str], prefix: str, tmp_path: Path
+) -> None:
+    store = S3Store(BUCKET, prefix, endpoint_url=seaweedfs.endpoint, multipart_part_bytes=5 * MIB)
+    source = write_artefact(tmp_path / "build", files=big_files(12 * MIB, parts=1))
+    artefact = read_artefact(source)
+    publish_artefact(store, source)
+    weights = next(f for f in artefact.files if f.path == "rank0.safetensors")
+    head = s3_client(seaweedfs).head_object(Bucket=BUCKET, Key=f"{prefix}/blobs/sha256/{weights.sha256}")
+    assert head["ETag"].strip('"').endswith("-3")  # three parts
+    assert head["Metadata"]["sha256"] == weights.sha256
+
+    manifest = find_manifest(store, Ref("tiny-llama", channel="latest"))
+    pull_artefact(store, manifest, dest=tmp_path / "dest", cache=BlobCache(tmp_path / "cache"))
+    assert file_digests(tmp_path / "dest", ["rank0.safetensors"]) == {"rank0.safetensors": weights.sha256}
+
+
+def test_gc_on_s3_removes_orphans_and_abandoned_multipart_uploads(
+    seaweedfs: SeaweedServer, s3_env: dict[str, str], prefix: str, tmp_path: Path
+) -> None:
+    store = S3Store(BUCKET, prefix, endpoint_url=seaweedfs.endpoint)
+    publish_artefact(store, write_artefact(tmp_path / "build"))
+    orphan = hashlib.sha256(b"orphan").hexdigest()
+    (tmp_path / "orphan").write_bytes(b"orphan")
+    store.put_blob(orphan, tmp_path / "orphan")
+    client = s3_client(seaweedfs)
+    client.create_multipart_upload(Bucket=BUCKET, Key=f"{prefix}/blobs/sha256/{'e' * 64}")
+
+    result = collect_garbage(store, grace_s=0)
+
+    assert result.deleted_blobs == 1 and result.stale_uploads_removed == 1
+    assert orphan not in {b.digest for b in store.list_blobs()}
+    assert len(list(store.list_blobs())) == 3  # the artefact's own blobs
+    assert client.list_multipart_uploads(Bucket=BUCKET, Prefix=prefix).get("Uploads", []) == []
+
+
+def test_bad_credentials_give_a_clear_error_that_does_not_show_the_secret(
+    seaweedfs: SeaweedServer, prefix: str, tmp_path: Path
+) -> None:
+    secret = "not-the-right-secret-4711"
+    env = registry_env(seaweedfs.registry_url(prefix), tmp_path / "cache",
+                       {**seaweedfs.env, "AWS_SECRET_ACCESS_KEY": secret})
+    result = run_cli("ls", env=env)
+    assert result.returncode == 2
+    assert "access denied" in result.stderr and "AWS_SECRET_ACCESS_KEY" in result.stderr
+    assert secret not in result.stderr + result.stdout and "Traceback" not in result.stderr
+
+
+def test_a_server_stopped_mid_pull_is_a_clear_error_and_the_next_pull_resumes(tmp_path: Path) -> None:
+    with running_seaweedfs(tmp_path / "own-server") as server:
+        # Big enough that socket buffers and the puller's read-ahead cannot hold the rest when the server stops.
+        files = {"weights.safetensors": big_files(40 * MIB, parts=1)["rank0.safetensors"], **tiny_files()}
+        source = write_artefact(tmp_path / "build", files=files)
+        artefact = read_artefact(source)
+        cache_dir = tmp_path / "cache"
+        env = registry_env(server.registry_url("stopped"), cache_dir, server.env)
+        cli_json("publish", str(source), env=env)
+        weights = next(f for f in artefact.files if f.path == "weights.safetensors")
+        part = BlobCache(cache_dir).part(str(weights.sha256))
+        dest = tmp_path / "served"
+        puller = start_cli("pull", "tiny-llama", "--dest", str(dest), "--jobs", "1", "--limit-rate", "8M", env=env,
+                           log=tmp_path / "pull.log")
+        try:
+            assert wait_until(lambda: size_or_zero(part) >= 4 * MIB, 30), (tmp_path / "pull.log").read_text()
+            server.stop(kill=True)
+            code = puller.wait(timeout=90)
+        finally:
+            if puller.poll() is None:
+                puller.send_signal(signal.SIGKILL)
+                puller.wait()
+        message = (tmp_path / "pull.log").read_text()
+        assert code == 1, message
+        assert "stopped answering" in message and "run the same command again" in message
+        assert "Traceback" not in message
+        kept = size_or_zero(part)
+        assert 4 * MIB <= kept < weights.size and not dest.exists()
+
+        server.start()
+        resumed = cli_json("pull", "tiny-llama", "--dest", str(dest), env=env)
+
+        assert resumed["resumed_bytes"] == kept
+        assert resumed["downloaded_bytes"] == weights.size - kept
+        assert file_digests(dest, [f.path for f in artefact.files]) == {f.path: f.sha256 for f in artefact.files}

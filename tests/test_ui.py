@@ -1,0 +1,130 @@
+"""The Prefect UI in a real browser: Debian's chromium driven by Playwright's Python API (no browser
+download) starts build-cell from the deployment's custom-run form with a changed parameter; the API then
+shows the run got that parameter and finished. Needs the nightly test's published registry (same module
+fixtures) so the run completes in seconds."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from tests.conftest import REPO_ROOT
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"]
+
+
+@pytest.fixture(scope="module")
+def ui_server(tmp_path_factory):
+    """A real `prefect server start` (the harness runs without the UI) and a cpu worker against it."""
+    if shutil.which("chromium") is None:
+        pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
+    pytest.importorskip("playwright")
+    from validation.server import free_port
+
+    home = tmp_path_factory.mktemp("prefect-ui-home")
+    port = free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_API_HOST": "127.0.0.1",
+           "PREFECT_SERVER_API_PORT": str(port), "PREFECT_API_URL": api, "PREFECT_UI_API_URL": api}
+    server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start"], env=env, cwd=REPO_ROOT,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    processes = [server]
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{api}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(1)
+        deploy = subprocess.run([sys.executable, "-c", "from flows.deploy import deploy_all; "
+                                 "deploy_all(targets=['cpu'], nightly_config='configs/examples/tiny-cpu.yaml')"],
+                                env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+        assert deploy.returncode == 0, deploy.stderr[-2000:]
+        processes.append(subprocess.Popen(
+            [sys.executable, "-m", "prefect", "worker", "start", "--pool", "cpu", "--type", "process"], env=env,
+            cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
+        yield f"http://127.0.0.1:{port}", api
+    finally:
+        for process in reversed(processes):
+            for _ in range(2):  # Prefect processes ignore the first SIGINT
+                try:
+                    os.killpg(process.pid, signal.SIGINT)
+                except ProcessLookupError:
+                    break
+                time.sleep(1)
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+
+
+def _submit_with_retry(page, click) -> dict:  # type: ignore[no-untyped-def]
+    """SQLite can answer a 503 under load; the UI then shows an error: click again (reference/prefect.md §10.3)."""
+    status = 0
+    for attempt in range(1, 5):
+        with page.expect_response(lambda r: r.request.method == "POST" and "create_flow_run" in r.url) as info:
+            click()
+        status = info.value.status
+        if status < 300:
+            return dict(info.value.json())
+        time.sleep(attempt)
+    raise AssertionError(f"create_flow_run kept failing (last status {status})")
+
+
+def test_custom_run_from_the_ui_reaches_the_flow(ui_server, published_tiny_config):
+    from playwright.sync_api import expect, sync_playwright
+
+    base, api = ui_server
+    deployment = httpx.post(f"{api}/deployments/filter", json={}, timeout=10).json()
+    cell_deployment = next(d for d in deployment if d["name"] == "cpu")
+    defaults = {"params": {"config": str(published_tiny_config), "model": "tiny-llama", "recipe": "int4-awq",
+                           "target": "cpu"}}
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=shutil.which("chromium"), args=CHROMIUM_ARGS)
+        context = browser.new_context(viewport={"width": 1400, "height": 1000})
+        blocked: list[str] = []
+
+        def guard(route):  # type: ignore[no-untyped-def]
+            url = route.request.url
+            if url.startswith(base) or url.startswith(("data:", "blob:")):
+                route.continue_()
+            else:
+                blocked.append(url)
+                route.abort()
+
+        context.route("**/*", guard)
+        page = context.new_page()
+        import json
+        from urllib.parse import quote
+
+        page.goto(f"{base}/v2/deployments/deployment/{cell_deployment['id']}/run?parameters="
+                  + quote(json.dumps(defaults)))
+        run_name = page.get_by_label("Run Name")
+        expect(run_name).not_to_have_value("", timeout=60_000)
+        run_name.fill("ui-custom-run")
+        page.get_by_role("button", name="Select RecipeName").click()
+        page.get_by_role("option", name="fp8", exact=True).click()
+        created = _submit_with_retry(page, lambda: page.get_by_role("button", name="Submit").click())
+        context.unroute_all(behavior="ignoreErrors")
+        browser.close()
+    flow_run_id = created["id"]
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        flow_run = httpx.get(f"{api}/flow_runs/{flow_run_id}", timeout=10).json()
+        if flow_run["state"]["type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
+            break
+        time.sleep(2)
+    assert flow_run["parameters"]["params"]["recipe"] == "fp8"  # the changed parameter reached the run
+    assert flow_run["state"]["type"] == "COMPLETED", flow_run["state"]
