@@ -60,7 +60,8 @@ def _quantize_key(context: TaskRunContext, parameters: dict[str, Any]) -> str | 
 
 def _build_key(context: TaskRunContext, parameters: dict[str, Any]) -> str | None:
     cell: Cell = parameters["cell"]
-    return _key_if(parameters["work"] / steps.ARTEFACTS_DIR / cell.stage_keys.build[:16] / "artefact.json", cell.stage_keys.build)
+    artefact_json = parameters["work"] / steps.ARTEFACTS_DIR / cell.stage_keys.build[:16] / "artefact.json"
+    return _key_if(artefact_json, cell.stage_keys.build)
 
 
 @task(name="pull", retries=len(RETRY_DELAYS_S), retry_delay_seconds=RETRY_DELAYS_S,
