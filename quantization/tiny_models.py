@@ -1,8 +1,8 @@
 """The project's shared tiny Llama: a small model trained on multi-digit addition.
 
 The task has a checkable answer ("57+38=" -> "95"; operands of 1 to MAX_OPERAND_DIGITS digits), so
-greedy exact match is a real accuracy number and quantisation error shows up as a measurable drop. The trained model is committed under
-``enginesmith/assets/tiny-llama``; tests and demos copy it with :func:`copy_tiny_model` and nothing
+greedy exact match is a real accuracy number and quantisation error shows up as a measurable drop.
+The trained model is committed under ``enginesmith/assets/tiny-llama``; tests and demos copy it with :func:`copy_tiny_model` and nothing
 trains in CI. ``scripts/train_tiny_model.py`` regenerates the committed assets.
 
 torch, transformers and tokenizers are imported inside the functions that need them, so this
