@@ -2,8 +2,8 @@
 
 The task has a checkable answer ("57+38=" -> "95"; operands of 1 to MAX_OPERAND_DIGITS digits), so
 greedy exact match is a real accuracy number and quantisation error shows up as a measurable drop.
-The trained model is committed under ``enginesmith/assets/tiny-llama``; tests and demos copy it with :func:`copy_tiny_model` and nothing
-trains in CI. ``scripts/train_tiny_model.py`` regenerates the committed assets.
+The trained model is committed under ``enginesmith/assets/tiny-llama``; tests and demos copy it
+with :func:`copy_tiny_model` and nothing trains in CI. ``scripts/train_tiny_model.py`` regenerates the committed assets.
 
 torch, transformers and tokenizers are imported inside the functions that need them, so this
 module imports without them.
