@@ -21,7 +21,7 @@ os.environ.update({
     "PREFECT_HOME": tempfile.mkdtemp(prefix="prefect-test-home-"),
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     "DO_NOT_TRACK": "1",
-    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "600",
     "PREFECT_LOGGING_LEVEL": "WARNING",
     "PREFECT_WORKER_QUERY_SECONDS": "1",
     "PREFECT_WORKER_PREFETCH_SECONDS": "5",
@@ -119,7 +119,7 @@ def prefect_server():
     """One temporary Prefect server (SQLite, no UI) for every test that runs flows."""
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=120):
+    with prefect_test_harness(server_startup_timeout=600):
         yield
 
 
