@@ -38,7 +38,7 @@ from registry.transfer import (
 
 DEFAULT_PULL_JOBS = 8
 FETCH_ATTEMPTS = 2
-READ_AHEAD_CHUNKS = 4
+READ_AHEAD_CHUNKS = 16  # 4 MiB of network chunks, 64 MiB of local ones, per blob in flight
 
 
 class PlannedBlob(BaseModel):

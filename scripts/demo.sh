@@ -10,6 +10,7 @@ cd "$(dirname "$0")/.."
 
 export PREFECT_HOME="${PREFECT_HOME:-$PWD/.enginesmith/prefect}"
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=600 PREFECT_SERVER_ANALYTICS_ENABLED=false DO_NOT_TRACK=1
+mkdir -p "$PREFECT_HOME"
 export ENGINESMITH_REGISTRY="${ENGINESMITH_REGISTRY:-$PWD/.enginesmith/registry}"
 E=.venv/bin/enginesmith
 DEST=.enginesmith/deploy/tiny-llama

@@ -187,8 +187,20 @@ def test_a_server_stopped_mid_pull_is_a_clear_error_and_the_next_pull_resumes(tm
         assert 4 * MIB <= kept < weights.size and not dest.exists()
 
         server.start()
+        # After a crash the S3 port answers before the volumes holding old data are back (500 until then).
+        client = s3_client(server)
+        manifest_key = f"stopped/manifests/tiny-llama/{artefact.key}.json"
+        assert wait_until(lambda: _readable(client, manifest_key), 60), "the restarted server never served old data"
         resumed = cli_json("pull", "tiny-llama", "--dest", str(dest), env=env)
 
         assert resumed["resumed_bytes"] == kept
         assert resumed["downloaded_bytes"] == weights.size - kept
         assert file_digests(dest, [f.path for f in artefact.files]) == {f.path: f.sha256 for f in artefact.files}
+
+
+def _readable(client, key: str) -> bool:  # client: a botocore S3 client
+    try:
+        client.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+    except Exception:
+        return False
+    return True
