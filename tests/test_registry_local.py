@@ -167,6 +167,14 @@ def test_pull_replaces_only_a_directory_it_wrote(store: LocalStore, cache: BlobC
         pull_artefact(store, manifest, dest=foreign, cache=cache)
     assert (foreign / "notes.txt").read_text() == "mine"
 
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    linked = tmp_path / "linked"
+    linked.symlink_to(elsewhere)
+    with pytest.raises(Exception, match="symbolic link"):
+        pull_artefact(store, manifest, dest=linked, cache=cache)
+    assert list(elsewhere.iterdir()) == []
+
     ours = tmp_path / "ours"
     pull_artefact(store, manifest, dest=ours, cache=cache)
     (ours / "stray.txt").write_text("left over")
