@@ -513,7 +513,7 @@ def tiny_model(
     hf_cache: Annotated[Path | None, typer.Option(help="Also write it into this Hugging Face cache dir.")] = None,
     repo_id: Annotated[str, typer.Option(help="Repo id to give it in the cache.")] = "enginesmith/tiny-llama-addition",
 ) -> None:
-    """The shipped tiny model (a 4-layer Llama trained on 1–3-digit addition): where it is, or a copy / a Hub-cache entry."""
+    """The shipped tiny model (a 4-layer Llama trained on addition): its path, a copy, or a Hub-cache entry."""
     from enginesmith.checkpoints.hf_cache import write_hf_cache
     from quantization.tiny_models import copy_tiny_model, tiny_model_dir
 
