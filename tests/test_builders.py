@@ -4,7 +4,6 @@ and HF-quantised artefacts for GPU SKUs and for the cpu target, for real."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -199,11 +198,9 @@ def test_serve_starts_vllm_cpu_and_answers_a_completion(int4_cpu_quantized, tmp_
     import httpx
 
     from builders.process import stop_group
-    from tests.conftest import REPO_ROOT
+    from tests.conftest import REPO_ROOT, needs_vllm_cpu
 
-    has_venv = (REPO_ROOT / ".venv-vllm-cpu" / "bin" / "python").exists()
-    if not has_venv and "ENGINESMITH_VLLM_CPU_PYTHON" not in os.environ:
-        pytest.skip("no vllm-cpu environment (./scripts/setup-vllm-cpu.sh)")
+    needs_vllm_cpu()
     assert _build(int4_cpu_quantized, tmp_path / "cpu", "--target", "cpu").returncode == 0
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
