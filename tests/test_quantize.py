@@ -53,7 +53,7 @@ def test_fp8_exports_both_formats_with_quality_report(fp8_output):
     assert (out / "COMPLETE").read_text().strip() == fp8_output["key"]
     assert {"modelopt", "torch", "transformers"} <= set(fp8_output["versions"])
     assert fp8_output["versions"]["modelopt"] == "0.47.0"
-    assert {"load_s", "calibrate_s", "export_s"} <= set(fp8_output["timings_s"])
+    assert {"load_s", "reference_s", "calibrate_s", "quality_s", "export_s"} <= set(fp8_output["timings_s"])
 
 
 def test_int4_awq_exports_true_head_size_and_group_size(int4_output, tiny_model_dir):
