@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -10,7 +14,7 @@ from enginesmith.errors import UserError
 from enginesmith.specs import WorkloadSpec
 from tests.strict_server import StrictServer
 from validation.loadgen import ServerCapabilities, probe_capabilities, run_level
-from validation.server import external_endpoint, free_port, running_server
+from validation.server import Endpoint, external_endpoint, free_port, running_server
 from validation.workloads import build_prompts
 
 
@@ -63,3 +67,51 @@ def test_random_prompts_have_exact_token_lengths(tiny_model_dir):
     tokenizer = load_tokenizer(tiny_model_dir)
     assert [len(tokenizer.encode(p.text, add_special_tokens=False).ids) for p in prompts] == [24] * 6
     assert len({p.text for p in prompts}) > 1
+
+
+class _ChoppedStreamHandler(BaseHTTPRequestHandler):
+    """TEST DOUBLE at the socket: streams three SSE token events cut mid-line across writes; a prompt of "cut"
+    gets a stream that stops half-way although its Content-Length promised more."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        events = [{"choices": [{"text": t, "index": 0}]} for t in "abc"]
+        events.append({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 3}})
+        body = "".join(f"data: {json.dumps(e)}\n\n" for e in events).encode() + b"data: [DONE]\n\n"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        cut = len(body) // 2 if payload["prompt"] == "cut" else len(body)
+        for start in range(0, cut, 7):  # 7-byte writes: every line arrives in pieces
+            self.wfile.write(body[start:min(start + 7, cut)])
+            self.wfile.flush()
+            time.sleep(0.002)
+        if cut < len(body):
+            self.close_connection = True
+
+
+@pytest.fixture
+def chopped_endpoint():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _ChoppedStreamHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield Endpoint(base_url=f"http://127.0.0.1:{server.server_address[1]}", model="m")
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_sse_lines_split_across_reads_are_reassembled_and_a_cut_stream_counts_as_failed(chopped_endpoint):
+    capabilities = ServerCapabilities(vllm_extensions=False, prompt_logprobs=False)
+    whole = run_level(chopped_endpoint, [("x", 5, 3)] * 3, concurrency=2, capabilities=capabilities)
+    assert whole.completed == 3 and whole.failed == 0 and whole.total_output_tokens == 9
+    assert whole.median_tpot_ms > 0  # three token events: two inter-token gaps each
+    mixed = run_level(chopped_endpoint, [("x", 5, 3), ("cut", 5, 3)], concurrency=2, capabilities=capabilities)
+    assert mixed.completed == 1 and mixed.failed == 1
+    assert any("Payload" in e or "not completed" in e for e in mixed.errors), mixed.errors
