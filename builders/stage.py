@@ -29,6 +29,7 @@ from enginesmith.checkpoints.models import CheckpointFile
 from enginesmith.compat import CellRequest, violations
 from enginesmith.errors import IncompatibleError, UserError
 from enginesmith.gpus import DetectedGpu, detect
+from enginesmith.locks import output_lock
 from enginesmith.specs import ArtefactKind, BuildProfile, ModelSpec, RecipeSpec, TargetSpec, Toolchains
 
 
@@ -53,6 +54,11 @@ def read_artefact(artefact_dir: Path) -> Artefact | None:
 
 def build_artefact(request: BuildRequest, *, gpus: list[DetectedGpu] | None = None) -> Artefact:
     """Build (or find already built) the artefact; ``gpus`` defaults to what NVML sees here."""
+    with output_lock(Path(request.out_dir), "build"):
+        return _build_once(request, gpus)
+
+
+def _build_once(request: BuildRequest, gpus: list[DetectedGpu] | None) -> Artefact:
     out_dir = Path(request.out_dir)
     existing = read_artefact(out_dir)
     if existing is not None:

@@ -31,6 +31,7 @@ from enginesmith.checkpoints.digest import file_sha256
 from enginesmith.checkpoints.inspect import read_config
 from enginesmith.checkpoints.models import Checkpoint, CheckpointFile
 from enginesmith.errors import UserError
+from enginesmith.locks import output_lock
 from enginesmith.specs import RecipeSpec
 from quantization.export import (
     ExportCheckError,
@@ -81,6 +82,11 @@ def installed_versions() -> dict[str, str]:
 
 
 def quantize_checkpoint(request: QuantizeRequest) -> QuantizedCheckpoint:
+    with output_lock(Path(request.out_dir), "quantize"):
+        return _quantize_once(request)
+
+
+def _quantize_once(request: QuantizeRequest) -> QuantizedCheckpoint:
     out_dir = Path(request.out_dir)
     done = read_completed(out_dir)
     if done is not None:

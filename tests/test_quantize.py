@@ -159,6 +159,23 @@ def test_interrupted_run_leaves_no_marker_and_rerun_starts_clean(tiny_model_dir,
     assert (out / "COMPLETE").is_file() and not staging.exists()
 
 
+def test_two_processes_on_one_output_do_not_clash_the_second_waits_and_reuses(tiny_model_dir, tmp_path):
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "enginesmith", "quantize", str(tiny_model_dir), "--recipe", "int4-awq",
+               "--out", str(out), *SMALL, "--json"]
+    first = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not out.with_name("out.partial").exists() and time.monotonic() < deadline and first.poll() is None:
+        time.sleep(0.05)
+    second = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    first_stdout, first_stderr = first.communicate(timeout=600)
+    assert first.returncode == 0, first_stderr[-2000:]
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert "another process is producing" in second.stderr
+    assert json.loads(second.stdout) == json.loads(first_stdout)
+    assert (out / "COMPLETE").is_file() and not out.with_name("out.partial").exists()
+
+
 def test_memory_estimate_refuses_with_the_numbers(tiny_model_dir):
     from quantization.stage import _check_memory
 
