@@ -108,14 +108,16 @@ def test_gates_list_every_gate_with_its_measured_value():
     assert not verdict["accuracy_drop:addition"] and not verdict["failed_requests"]
 
 
-def test_streams_sent_as_one_message_are_counted_and_the_latency_gate_falls_back_to_e2el():
+def test_streams_whose_tokens_arrive_at_once_are_counted_and_the_latency_gate_falls_back_to_e2el():
     coalesced = RequestRecord(success=True, prompt_len=5, output_tokens=8, ttft_s=0.09, itl_s=[], latency_s=0.09)
     streamed = RequestRecord(success=True, prompt_len=5, output_tokens=8, ttft_s=0.04, itl_s=[0.01] * 7,
                              latency_s=0.11)
     one_token = RequestRecord(success=True, prompt_len=5, output_tokens=1, ttft_s=0.05, latency_s=0.05)
-    level = summarize([coalesced, coalesced, streamed, one_token], duration_s=1.0, concurrency=1)
-    assert level.single_chunk_requests == 2  # a 1-token answer is one message by nature, not merged
-    assert level.median_tpot_ms == pytest.approx(0.0)  # vLLM's definition: the two merged streams read 0
+    one_read = RequestRecord(success=True, prompt_len=5, output_tokens=8, ttft_s=0.08, itl_s=[0.0] * 7,
+                             latency_s=0.08)  # eight messages, read together: the same instant
+    level = summarize([coalesced, coalesced, one_read, streamed, one_token], duration_s=1.0, concurrency=1)
+    assert level.all_at_once_requests == 3  # a 1-token answer arrives at once by nature and is not counted
+    assert level.median_tpot_ms == pytest.approx(0.0)  # vLLM's definition: the three read 0
 
     gates = GateSpec(min_throughput_ratio=0.5, max_tpot_ratio=1.5)
     fallback = evaluate_gates(gates, "fp8", throughput_ratio=1.0, tpot_ratio=None, accuracy_drops_points={},

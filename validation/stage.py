@@ -145,8 +145,8 @@ def validate(candidate: ServerSide, reference: ServerSide, *, workload: Workload
             reports.append(side_report)
             completions.append(side_completions)
     cand, ref = reports[0], reports[1]
-    unobservable = [f"{r.role}: {r.level_c1.single_chunk_requests} of {r.level_c1.completed} streams came as one "
-                    "message" for r in (cand, ref) if r.level_c1 is not None and not r.tpot_c1_observable]
+    unobservable = [f"{r.role}: {r.level_c1.all_at_once_requests} of {r.level_c1.completed} requests got all "
+                    "their tokens at once" for r in (cand, ref) if r.level_c1 is not None and not r.tpot_c1_observable]
     comparison = Comparison(
         candidate=cand, reference=ref, baselines=reports[2:],
         throughput_ratio=_ratio(cand.max_output_throughput, ref.max_output_throughput),
@@ -165,8 +165,8 @@ def validate(candidate: ServerSide, reference: ServerSide, *, workload: Workload
                                   tpot_unobservable="; ".join(unobservable) or None)
     notes = [note for side in sides for note in side.notes]
     if unobservable:
-        notes.append(f"TPOT at concurrency 1 is not observable ({'; '.join(unobservable)}: the server merged the "
-                     "tokens it held into one message), so the latency gate compared median E2EL at concurrency 1.")
+        notes.append(f"TPOT at concurrency 1 is not observable ({'; '.join(unobservable)}: the server sent the tokens "
+                     "it held at once), so the latency gate compared median E2EL at concurrency 1.")
     for side_report in reports:
         if not side_report.capabilities.vllm_extensions:
             notes.append(f"{side_report.role} rejects vLLM's request extensions ({side_report.capabilities.detail}): "
