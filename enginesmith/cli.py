@@ -435,8 +435,8 @@ def print_validation(report: object) -> None:
         stdout.print(f"greedy agreement (first {report.comparison.greedy_agreement_tokens} tokens): "
                      f"{report.comparison.greedy_agreement:.1%}")
     rows = [[g.name, "—" if g.measured is None else f"{g.measured:.3f}", f"{g.limit:g}",
-             "[green]pass[/]" if g.passed else "[red]FAIL[/]"] for g in report.gates]
-    stdout.print(table("Gates", ["gate", "measured", "limit", "verdict"], rows))
+             "[green]pass[/]" if g.passed else "[red]FAIL[/]", g.detail] for g in report.gates]
+    stdout.print(table("Gates", ["gate", "measured", "limit", "verdict", "what is measured"], rows))
     for note in report.notes:
         stdout.print(f"note: {escape(note)}")
     stdout.print("[bold green]PASSED[/]" if report.passed else "[bold red]FAILED[/]")

@@ -127,10 +127,10 @@ def to_markdown(report: ValidationReport) -> str:
     if report.comparison.greedy_agreement is not None:
         lines += ["", f"Greedy agreement (first {report.comparison.greedy_agreement_tokens} tokens): "
                       f"{report.comparison.greedy_agreement:.1%}"]
-    lines += ["", "| gate | measured | limit | verdict |", "|---|---|---|---|"]
+    lines += ["", "| gate | measured | limit | verdict | what is measured |", "|---|---|---|---|---|"]
     for gate in report.gates:
         lines.append(f"| {gate.name} | {_fmt(gate.measured, '.3f')} | {gate.limit:g} | "
-                     f"{'pass' if gate.passed else '**FAIL**'} |")
+                     f"{'pass' if gate.passed else '**FAIL**'} | {gate.detail} |")
     if report.notes:
         lines += ["", *(f"- {note}" for note in report.notes)]
     return "\n".join(lines) + "\n"

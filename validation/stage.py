@@ -164,9 +164,6 @@ def validate(candidate: ServerSide, reference: ServerSide, *, workload: Workload
                                   e2el_ratio=comparison.e2el_ratio,
                                   tpot_unobservable="; ".join(unobservable) or None)
     notes = [note for side in sides for note in side.notes]
-    if unobservable:
-        notes.append(f"TPOT at concurrency 1 is not observable ({'; '.join(unobservable)}: the server sent the tokens "
-                     "it held at once), so the latency gate compared median E2EL at concurrency 1.")
     for side_report in reports:
         if not side_report.capabilities.vllm_extensions:
             notes.append(f"{side_report.role} rejects vLLM's request extensions ({side_report.capabilities.detail}): "
