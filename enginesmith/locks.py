@@ -1,32 +1,38 @@
-"""One writer per stage output: a lock file beside the output directory, held while the output is produced.
+"""Advisory file locks (flock) shared by the registry and the stages: one writer at a time per path.
 
-Two processes asked for the same output (two nightly runs, a retry next to a still-running attempt) would
-otherwise share one ``<out>.partial`` staging directory. The second waits, then finds the output finished.
+``output_lock`` guards a stage output: two processes asked for the same output (two nightly runs, a retry next
+to a still-running attempt) would otherwise share one ``<out>.partial`` staging directory. The second waits,
+then finds the output finished.
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 
 
 @contextmanager
-def output_lock(out_dir: Path, stage: str) -> Iterator[None]:
-    from filelock import FileLock, Timeout
-
-    lock_path = out_dir.with_name(out_dir.name + ".lock")
+def exclusive(lock_path: Path, *, waiting_message: str | None = None) -> Iterator[None]:
+    """Hold an exclusive lock on ``lock_path`` (created with its folder); log ``waiting_message`` if it is held."""
     lock_path.parent.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(lock_path))
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        log.warning("another process is producing %s (%s); waiting for it to finish", out_dir, stage)
-        lock.acquire()
-    try:
-        yield
-    finally:
-        lock.release()
+    with lock_path.open("a") as handle:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if waiting_message:
+                log.warning("%s", waiting_message)
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def output_lock(out_dir: Path, stage: str) -> AbstractContextManager[None]:
+    return exclusive(out_dir.with_name(out_dir.name + ".lock"),
+                     waiting_message=f"another process is producing {out_dir} ({stage}); waiting for it to finish")

@@ -10,11 +10,11 @@
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
-from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
+
+from enginesmith.locks import exclusive
 
 CACHE_ENV = "ENGINESMITH_CACHE_DIR"
 DEFAULT_CACHE_DIR = ".enginesmith/cache"
@@ -60,14 +60,6 @@ class BlobCache:
         os.replace(part, final)
         return final
 
-    @contextlib.contextmanager
-    def locked(self, digest: str) -> Iterator[None]:
+    def locked(self, digest: str) -> AbstractContextManager[None]:
         """Hold the download of one blob, so two pulls sharing this cache never append to the same partial file."""
-        lock_path = self.root / "partial" / f"{digest}.lock"
-        lock_path.parent.mkdir(parents=True, exist_ok=True)
-        with lock_path.open("a") as handle:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+        return exclusive(self.root / "partial" / f"{digest}.lock")

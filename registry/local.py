@@ -8,7 +8,6 @@ create exclusive) into place. Refs are swapped under an advisory lock (``flock``
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -17,6 +16,7 @@ import uuid
 from collections.abc import Generator, Iterator
 from pathlib import Path
 
+from enginesmith.locks import exclusive
 from registry.errors import IntegrityError, NotFoundError
 from registry.manifest import utc_timestamp
 from registry.names import (
@@ -151,7 +151,7 @@ class LocalStore:
     def write_ref(self, model: str, channel: str, key: str, expected: RefState | None) -> bool:
         path = self.root / ref_path(model, channel)
         path.parent.mkdir(parents=True, exist_ok=True)
-        with _locked(path.parent / f".{channel}.lock"):
+        with exclusive(path.parent / f".{channel}.lock"):
             current = _read_or_none(path)
             current_version = None if current is None else _version(current)
             if current_version != (None if expected is None else expected.version):
@@ -214,16 +214,6 @@ def _children(directory: Path) -> list[Path]:
         return list(directory.iterdir())
     except FileNotFoundError:
         return []
-
-
-@contextlib.contextmanager
-def _locked(lock_path: Path) -> Iterator[None]:
-    with lock_path.open("a") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
 def _fsync_directory(directory: Path) -> None:
