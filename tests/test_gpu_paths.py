@@ -44,23 +44,38 @@ def test_nvml_agrees_with_cuda_on_every_gpu_and_matches_a_target():
         assert record.name in target.nvml_names
 
 
-@pytest.mark.parametrize("recipe", ["fp8", "int4-awq"])
-def test_modelopt_quantises_on_cuda_with_the_quality_report(recipe, tiny_model_dir, tmp_path):
+@pytest.fixture(scope="module")
+def quantized_on_cuda(tiny_model_dir, tmp_path_factory):
+    """``enginesmith quantize --device cuda`` once per recipe for the whole module; returns its JSON output."""
     pytest.importorskip("modelopt")
-    started = time.monotonic()
-    result = run_cli("quantize", str(tiny_model_dir), "--recipe", recipe, "--out", str(tmp_path / recipe),
-                     "--device", "cuda", "--formats", "hf,trtllm", "--task", "addition", *CALIBRATION, "--json")
-    assert result.returncode == 0, result.stderr[-3000:]
-    output = json.loads(result.stdout)
+    outputs: dict[str, dict] = {}
+
+    def quantize(recipe: str) -> dict:
+        if recipe not in outputs:
+            started = time.monotonic()
+            out = tmp_path_factory.mktemp("q") / recipe
+            result = run_cli("quantize", str(tiny_model_dir), "--recipe", recipe, "--out", str(out), "--device",
+                             "cuda", "--formats", "hf,trtllm", "--task", "addition", *CALIBRATION, "--json")
+            assert result.returncode == 0, result.stderr[-3000:]
+            outputs[recipe] = json.loads(result.stdout)
+            print(f"{recipe} on cuda: {time.monotonic() - started:.1f} s, {outputs[recipe]['timings_s']}, "
+                  f"{outputs[recipe]['quality']}")
+        return outputs[recipe]
+
+    return quantize
+
+
+@pytest.mark.parametrize("recipe", ["fp8", "int4-awq"])
+def test_modelopt_quantises_on_cuda_with_the_quality_report(recipe, quantized_on_cuda):
+    output = quantized_on_cuda(recipe)
     quality = output["quality"]
-    print(f"{recipe} on cuda: {time.monotonic() - started:.1f} s, timings {output['timings_s']}, quality {quality}")
     assert output["device"].startswith("cuda")
     assert 0 < quality["logits_rel_err"] < 0.5 and quality["top1_agreement"] > 0.5
     assert quality["export_dequant_rel_err"] is not None
     assert quality["export_dequant_rel_err"] <= quality["logits_rel_err"]
     # The tiny model's task accuracy survives quantisation on the GPU as it does on the CPU.
     assert quality["task_exact_match_quantized"] >= quality["task_exact_match_reference"] - 0.1
-    assert (tmp_path / recipe / "trtllm" / "rank0.safetensors").is_file()
+    assert (Path(output["out_dir"]) / "trtllm" / "rank0.safetensors").is_file()
 
 
 def test_usage_sampler_reads_gpu_memory_through_nvml():
@@ -82,18 +97,9 @@ def test_usage_sampler_reads_gpu_memory_through_nvml():
     assert sampler.peak_memory_bytes - baseline >= 3.5 * GIB
 
 
-@pytest.fixture(scope="module")
-def fp8_for_engine(tiny_model_dir, tmp_path_factory) -> Path:
-    pytest.importorskip("modelopt")
-    out = tmp_path_factory.mktemp("q") / "fp8"
-    result = run_cli("quantize", str(tiny_model_dir), "--recipe", "fp8", "--out", str(out), "--device", "cuda",
-                     "--formats", "hf,trtllm", *CALIBRATION)
-    assert result.returncode == 0, result.stderr[-2000:]
-    return out
-
-
 def test_engine_for_the_detected_gpu_passes_the_gpu_check_and_auto_pull_chooses_it(
-        fp8_for_engine, tmp_path, fake_trtllm_env):
+        quantized_on_cuda, tmp_path, fake_trtllm_env):
+    fp8_for_engine = Path(quantized_on_cuda("fp8")["out_dir"])
     here = _detected_target()
     other = "h100-sxm" if here != "h100-sxm" else "h200"  # same SM: only the GPU check can refuse it
     refused = run_cli("build", str(fp8_for_engine), "--out", str(tmp_path / "other"), "--target", other,
