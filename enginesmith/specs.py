@@ -228,9 +228,27 @@ class WorkloadSpec(StrictModel):
         None, gt=0, description="requests/s (Poisson when burstiness is 1); null = all at once"
     )
     burstiness: float = Field(1.0, gt=0)
-    warmup_requests: int = Field(2, ge=0)
+    warmup_requests: int = Field(
+        8, ge=0, description="warm-up batch size at each level's concurrency (at least 4 × concurrency is sent); "
+        "0 = no warm-up")
+    warmup_max_s: float = Field(60, gt=0, description="warm-up stops once steady, or after this long")
+    warmup_tolerance: float = Field(
+        0.1, gt=0, description="steady = two warm-up batches' output throughputs within this share of each other")
+    min_duration_s: float = Field(60, ge=0, description="each level measures for at least this long")
+    min_requests: int = Field(64, ge=1, description="each level completes at least this many requests")
+    level_timeout_s: float = Field(
+        900, gt=0, description="a level that has not sent its minimum requests by then is an error")
+    repeats: int = Field(3, ge=1, description="interleaved rounds (candidate, reference, …) measured per side")
+    max_repeats: int = Field(
+        6, ge=1, description="rounds allowed when a performance gate's margin is inside the measured spread")
     accuracy_tasks: list[str] = []
     greedy_agreement_tokens: int = Field(16, ge=1)
+
+    @model_validator(mode="after")
+    def _rounds_in_order(self) -> WorkloadSpec:
+        if self.max_repeats < self.repeats:
+            raise ValueError(f"max_repeats ({self.max_repeats}) must be at least repeats ({self.repeats})")
+        return self
 
 
 class GateSpec(StrictModel):

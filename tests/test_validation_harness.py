@@ -13,7 +13,7 @@ import pytest
 from enginesmith.errors import UserError
 from enginesmith.specs import WorkloadSpec
 from tests.strict_server import StrictServer
-from validation.loadgen import ServerCapabilities, probe_capabilities, run_level
+from validation.loadgen import LevelPlan, ServerCapabilities, probe_capabilities, run_level
 from validation.server import Endpoint, external_endpoint, free_port, running_server
 from validation.workloads import build_prompts
 
@@ -41,9 +41,9 @@ def test_strict_server_gets_standard_fields_only_and_its_rejection_is_named():
         assert not capabilities.vllm_extensions and "ignore_eos" in capabilities.detail
         assert not capabilities.prompt_logprobs
         prompts = [("1+1=", 3, 2)] * 4
-        polite = run_level(endpoint, prompts, concurrency=2, capabilities=capabilities)
+        polite = run_level(endpoint, prompts, LevelPlan(concurrency=2), capabilities=capabilities)
         assert polite.completed == 4 and polite.failed == 0 and polite.total_output_tokens == 8
-        forced = run_level(endpoint, prompts, concurrency=2,
+        forced = run_level(endpoint, prompts, LevelPlan(concurrency=2),
                            capabilities=ServerCapabilities(vllm_extensions=True, prompt_logprobs=False))
         assert forced.failed == 4 and forced.completed == 0  # counted as failed, never dropped
         assert any("422" in e and "ignore_eos" in e for e in forced.errors)
@@ -109,9 +109,10 @@ def chopped_endpoint():
 
 def test_sse_lines_split_across_reads_are_reassembled_and_a_cut_stream_counts_as_failed(chopped_endpoint):
     capabilities = ServerCapabilities(vllm_extensions=False, prompt_logprobs=False)
-    whole = run_level(chopped_endpoint, [("x", 5, 3)] * 3, concurrency=2, capabilities=capabilities)
+    whole = run_level(chopped_endpoint, [("x", 5, 3)] * 3, LevelPlan(concurrency=2), capabilities=capabilities)
     assert whole.completed == 3 and whole.failed == 0 and whole.total_output_tokens == 9
     assert whole.median_tpot_ms > 0  # three token events: two inter-token gaps each
-    mixed = run_level(chopped_endpoint, [("x", 5, 3), ("cut", 5, 3)], concurrency=2, capabilities=capabilities)
+    mixed = run_level(chopped_endpoint, [("x", 5, 3), ("cut", 5, 3)], LevelPlan(concurrency=2),
+                      capabilities=capabilities)
     assert mixed.completed == 1 and mixed.failed == 1
     assert any("Payload" in e or "not completed" in e for e in mixed.errors), mixed.errors

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from enginesmith.specs import GateSpec
-from validation.gates import evaluate_gates
+from validation.gates import evaluate_gates, judge, undecided
 from validation.loadgen import arrival_gaps
-from validation.metrics import SLO, RequestRecord, summarize
+from validation.metrics import SLO, RequestRecord, Spread, summarize
 from validation.sse import record_from_stream
 
 STREAM = Path(__file__).parent / "data" / "vllm_completion_stream.txt"
@@ -93,19 +93,58 @@ def test_poisson_arrivals_have_the_requested_mean_rate():
     assert arrival_gaps(3, request_rate=None, burstiness=1.0, seed=0) == [0.0, 0.0, 0.0]
 
 
-def test_gates_list_every_gate_with_its_measured_value():
+def _rounds(*values: float) -> Spread:
+    return Spread(values=list(values))
+
+
+def test_gates_list_every_gate_with_its_median_and_spread():
     gates = GateSpec(min_throughput_ratio=0.9, max_tpot_ratio=1.1)
-    results = evaluate_gates(gates, "int4-awq", throughput_ratio=0.95, tpot_ratio=1.2,
-                             accuracy_drops_points={"addition": 3.0}, failed_requests=0)
-    verdict = {g.name: (g.measured, g.passed) for g in results}
-    assert verdict["min_throughput_ratio"] == (0.95, True)
-    assert verdict["max_tpot_ratio"] == (1.2, False)
-    assert verdict["accuracy_drop:addition"] == (3.0, True)  # int4-awq allows 5 points by default
-    strict = evaluate_gates(gates, "fp8", throughput_ratio=None, tpot_ratio=1.0,
+    results = evaluate_gates(gates, "int4-awq", throughput_ratio=_rounds(0.96, 0.95, 0.97),
+                             tpot_ratio=_rounds(1.2, 1.25, 1.22), accuracy_drops_points={"addition": 3.0},
+                             failed_requests=0)
+    verdict = {g.name: (g.measured, g.passed, g.decision) for g in results}
+    assert verdict["min_throughput_ratio"] == (0.96, True, "clear")
+    assert verdict["max_tpot_ratio"] == (1.22, False, "clear")
+    assert verdict["accuracy_drop:addition"] == (3.0, True, "clear")  # int4-awq allows 5 points by default
+    throughput = next(g for g in results if g.name == "min_throughput_ratio")
+    assert (throughput.low, throughput.high, throughput.rounds) == (0.95, 0.97, 3)
+    strict = evaluate_gates(gates, "fp8", throughput_ratio=None, tpot_ratio=_rounds(1.0),
                             accuracy_drops_points={"addition": 3.0}, failed_requests=2)
-    verdict = {g.name: g.passed for g in strict}
-    assert not verdict["min_throughput_ratio"]  # a measure that could not be taken fails its gate
-    assert not verdict["accuracy_drop:addition"] and not verdict["failed_requests"]
+    verdict_passed = {g.name: g.passed for g in strict}
+    assert not verdict_passed["min_throughput_ratio"]  # a measure that could not be taken fails its gate
+    assert not verdict_passed["accuracy_drop:addition"] and not verdict_passed["failed_requests"]
+
+
+def test_a_margin_inside_the_spread_is_undecided_until_the_last_round_then_the_median_decides():
+    gates = GateSpec(min_throughput_ratio=0.9, max_tpot_ratio=1.1)
+    # Median 0.95 clears 0.9 by 0.05, but the rounds spread ±0.2: not a difference yet.
+    noisy = _rounds(0.75, 0.95, 1.15)
+    assert judge(noisy, 0.9, at_least=True) == "inside"
+    waiting = evaluate_gates(gates, "fp8", throughput_ratio=noisy, tpot_ratio=_rounds(1.0, 1.0, 1.0),
+                             accuracy_drops_points={}, failed_requests=0, final=False)
+    assert [g.name for g in undecided(waiting)] == ["min_throughput_ratio"]
+    assert not waiting[0].passed and "re-measuring" in waiting[0].decided_by
+    decided = evaluate_gates(gates, "fp8", throughput_ratio=noisy, tpot_ratio=_rounds(1.0, 1.0, 1.0),
+                             accuracy_drops_points={}, failed_requests=0, final=True)
+    assert not undecided(decided)
+    assert decided[0].passed and decided[0].decision == "median" and "after 3 rounds" in decided[0].decided_by
+    # A slow candidate with one lucky round is still a clear failure: the median misses by more than the spread.
+    lucky = _rounds(0.45, 1.0, 0.5)
+    assert judge(lucky, 0.9, at_least=True) == "fail"
+    # The same rule for an upper limit (latency): clear pass, clear fail, inside.
+    assert judge(_rounds(1.0, 1.02, 0.98), 1.1, at_least=False) == "pass"
+    assert judge(_rounds(1.3, 1.35, 1.32), 1.1, at_least=False) == "fail"
+    assert judge(_rounds(1.0, 1.2, 1.05), 1.1, at_least=False) == "inside"
+    assert judge(None, 1.1, at_least=False) == "fail"
+
+
+def test_spread_reports_median_range_and_relative_half_range():
+    spread = _rounds(1.1, 0.9, 1.0, 1.02)
+    assert spread.median == pytest.approx(1.01) and (spread.low, spread.high) == (0.9, 1.1)
+    assert spread.half_range == pytest.approx(0.1) and spread.relative_half_range == pytest.approx(0.1 / 1.01)
+    dumped = spread.model_dump()
+    assert dumped["median"] == pytest.approx(1.01) and dumped["values"] == [1.1, 0.9, 1.0, 1.02]
+    assert Spread.of([1.0, None]) is None and Spread.of([]) is None
 
 
 def test_streams_whose_tokens_arrive_at_once_are_counted_and_the_latency_gate_falls_back_to_e2el():
@@ -120,11 +159,12 @@ def test_streams_whose_tokens_arrive_at_once_are_counted_and_the_latency_gate_fa
     assert level.median_tpot_ms == pytest.approx(0.0)  # vLLM's definition: the three read 0
 
     gates = GateSpec(min_throughput_ratio=0.5, max_tpot_ratio=1.5)
-    fallback = evaluate_gates(gates, "fp8", throughput_ratio=1.0, tpot_ratio=None, accuracy_drops_points={},
-                              failed_requests=0, e2el_ratio=1.8, tpot_unobservable="candidate: 2 of 4 streams")
+    fallback = evaluate_gates(gates, "fp8", throughput_ratio=_rounds(1.0), tpot_ratio=None, accuracy_drops_points={},
+                              failed_requests=0, e2el_ratio=_rounds(1.8, 1.7, 1.9),
+                              tpot_unobservable="candidate: 2 of 4 streams")
     latency = next(g for g in fallback if g.name == "max_tpot_ratio")
     assert latency.measured == 1.8 and not latency.passed and "E2EL" in latency.detail
     assert "candidate: 2 of 4 streams" in latency.detail
-    unmeasured = evaluate_gates(gates, "fp8", throughput_ratio=1.0, tpot_ratio=None, accuracy_drops_points={},
+    unmeasured = evaluate_gates(gates, "fp8", throughput_ratio=_rounds(1.0), tpot_ratio=None, accuracy_drops_points={},
                                 failed_requests=0, e2el_ratio=None, tpot_unobservable="reference: 4 of 4 streams")
     assert not next(g for g in unmeasured if g.name == "max_tpot_ratio").passed

@@ -15,11 +15,14 @@ import asyncio
 import random
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import aiohttp
 import httpx
 from pydantic import BaseModel
 
+from enginesmith.errors import UserError
+from enginesmith.specs import WorkloadSpec
 from validation.metrics import SLO, BenchmarkResult, RequestRecord, summarize
 from validation.server import Endpoint
 from validation.sse import record_from_stream
@@ -52,13 +55,14 @@ def rejected_field_message(status: int, body: str) -> str:
 
 
 async def send_one(session: aiohttp.ClientSession, endpoint: Endpoint, payload: dict[str, object],
-                   prompt_len: int, bench_start: float) -> RequestRecord:
+                   prompt_len: int, bench_start: float, request_id: str | None = None) -> RequestRecord:
     """One streamed completion; each SSE line is stamped with the arrival time of the bytes that ended it."""
     start = time.perf_counter()
     lines: list[tuple[float, str]] = []
     pending = b""
+    headers = {"x-request-id": request_id} if request_id else None
     try:
-        async with session.post(f"{endpoint.base_url}/v1/completions", json=payload) as response:
+        async with session.post(f"{endpoint.base_url}/v1/completions", json=payload, headers=headers) as response:
             if response.status != 200:
                 body = (await response.read()).decode(errors="replace")
                 return RequestRecord(success=False, prompt_len=prompt_len, start_s=start - bench_start,
@@ -69,62 +73,171 @@ async def send_one(session: aiohttp.ClientSession, endpoint: Endpoint, payload: 
                 lines.extend((elapsed, line.decode(errors="replace")) for line in complete)
         if pending:
             lines.append((time.perf_counter() - start, pending.decode(errors="replace")))
+        # Parsed inside this request's own failure boundary: one malformed line fails this request, not the level.
+        return record_from_stream(lines, prompt_len=prompt_len, start_s=start - bench_start)
     except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+        prefix = f"[{request_id}] " if request_id else ""
         return RequestRecord(success=False, prompt_len=prompt_len, start_s=start - bench_start,
-                             error=f"{type(exc).__name__}: {exc}"[:300])
-    return record_from_stream(lines, prompt_len=prompt_len, start_s=start - bench_start)
+                             error=f"{prefix}{type(exc).__name__}: {exc}"[:300])
+
+
+@dataclass(frozen=True)
+class LevelPlan:
+    """One load level: how many requests in flight (and, optionally, at what rate), how long it measures, and
+    the warm-up before it. The defaults send each prompt once with no warm-up."""
+
+    concurrency: int
+    min_requests: int | None = None  # None: each prompt once
+    min_duration_s: float = 0.0
+    timeout_s: float = 900.0
+    request_rate: float | None = None
+    burstiness: float = 1.0
+    warmup_requests: int = 0
+    warmup_max_s: float = 60.0
+    warmup_tolerance: float = 0.1
+
+    @classmethod
+    def from_workload(cls, workload: WorkloadSpec, concurrency: int) -> LevelPlan:
+        return cls(concurrency=concurrency, min_requests=workload.min_requests,
+                   min_duration_s=workload.min_duration_s, timeout_s=workload.level_timeout_s,
+                   request_rate=workload.request_rate, burstiness=workload.burstiness,
+                   warmup_requests=workload.warmup_requests, warmup_max_s=workload.warmup_max_s,
+                   warmup_tolerance=workload.warmup_tolerance)
+
+
+class LevelIncompleteError(UserError):
+    """A level did not finish its minimum number of requests within its timeout."""
+
+
+class ArrivalSchedule:
+    """Send times (seconds after the level starts) computed from one seeded generator, so each request is sent
+    at its absolute time and sleep overshoots do not add up. All at once without a rate; Poisson (burstiness 1)
+    or gamma otherwise, with the mean gap 1/rate (shape = burstiness, scale = 1/(rate·burstiness)), as vLLM."""
+
+    def __init__(self, request_rate: float | None, burstiness: float, seed: int) -> None:
+        self.request_rate, self.burstiness = request_rate, burstiness
+        self._rng = random.Random(seed)
+        self._next_s = 0.0
+
+    def next_send_s(self) -> float:
+        if self.request_rate is None:
+            return 0.0
+        self._next_s += self._rng.gammavariate(self.burstiness, 1.0 / (self.request_rate * self.burstiness))
+        return self._next_s
 
 
 def arrival_gaps(count: int, request_rate: float | None, burstiness: float, seed: int) -> list[float]:
-    """Inter-arrival times: all at once without a rate; Poisson (burstiness 1) or gamma otherwise, with the
-    mean gap 1/rate (shape = burstiness, scale = 1/(rate·burstiness)), as vLLM does."""
-    if request_rate is None:
-        return [0.0] * count
-    rng = random.Random(seed)
-    return [rng.gammavariate(burstiness, 1.0 / (request_rate * burstiness)) for _ in range(count)]
+    """The first ``count`` inter-arrival gaps of an ``ArrivalSchedule``."""
+    schedule = ArrivalSchedule(request_rate, burstiness, seed)
+    times = [schedule.next_send_s() for _ in range(count)]
+    return [b - a for a, b in zip([0.0, *times], times, strict=False)]
 
 
-async def _run_level(endpoint: Endpoint, prompts: Sequence[tuple[str, int, int]], *, concurrency: int,
-                     request_rate: float | None, burstiness: float, capabilities: ServerCapabilities,
-                     warmup_requests: int, seed: int, slo: SLO | None,
+async def _send_for(client: aiohttp.ClientSession, endpoint: Endpoint, prompts: Sequence[tuple[str, int, int]],
+                    plan: LevelPlan, capabilities: ServerCapabilities, *, seed: int, label: str,
+                    on_done: Callable[[], None] | None) -> tuple[list[RequestRecord], float]:
+    """Send requests, cycling through ``prompts``, until at least ``plan.min_requests`` have been sent and
+    ``plan.min_duration_s`` has passed; then wait for those in flight. Returns the records and the duration
+    (first send to last completion)."""
+    target = plan.min_requests if plan.min_requests is not None else len(prompts)
+    semaphore = asyncio.Semaphore(plan.concurrency)
+    schedule = ArrivalSchedule(plan.request_rate, plan.burstiness, seed)
+    records: list[RequestRecord] = []
+    failed = 0
+    bench_start = time.perf_counter()
+
+    async def one(index: int) -> None:
+        nonlocal failed
+        text, prompt_len, output_len = prompts[index % len(prompts)]
+        try:
+            payload = completion_payload(endpoint, text, output_len, stream=True, capabilities=capabilities)
+            record = await send_one(client, endpoint, payload, prompt_len, bench_start,
+                                    request_id=f"{label}-{index}" if label else None)
+        finally:
+            semaphore.release()
+        records.append(record)
+        failed += not record.success
+        if on_done:
+            on_done()
+
+    def enough(sent: int) -> bool:
+        # Every request failing fast must not flood the server for the whole minimum duration.
+        return sent >= target and (time.perf_counter() - bench_start >= plan.min_duration_s or failed >= target)
+
+    tasks: list[asyncio.Task[None]] = []
+    while not enough(len(tasks)):
+        if time.perf_counter() - bench_start > plan.timeout_s:
+            break
+        send_at = bench_start + schedule.next_send_s()
+        await semaphore.acquire()
+        if enough(len(tasks)):
+            semaphore.release()
+            break
+        await asyncio.sleep(max(0.0, send_at - time.perf_counter()))
+        tasks.append(asyncio.create_task(one(len(tasks))))
+    remaining_s = max(1.0, plan.timeout_s - (time.perf_counter() - bench_start))
+    done, pending = await asyncio.wait(tasks, timeout=remaining_s) if tasks else (set(), set())
+    for task in pending:
+        task.cancel()
+    duration = time.perf_counter() - bench_start
+    if pending or len(tasks) < target:
+        completed = sum(r.success for r in records)
+        raise LevelIncompleteError(
+            f"{label or 'level'} at concurrency {plan.concurrency}: {len(records)} of {max(target, len(tasks))} "
+            f"requests finished ({completed} completed) in {duration:.0f} s",
+            where=f"workload.level_timeout_s ({plan.timeout_s:g} s)",
+            hint="raise level_timeout_s, or lower min_requests, min_duration_s or output_len")
+    for task in done:
+        task.result()
+    return records, duration
+
+
+async def _warm_up(client: aiohttp.ClientSession, endpoint: Endpoint, prompts: Sequence[tuple[str, int, int]],
+                   plan: LevelPlan, capabilities: ServerCapabilities, label: str) -> tuple[int, float, bool]:
+    """Batches at the level's concurrency until two batches' output throughputs agree within the tolerance (or
+    ``warmup_max_s`` has passed). Returns (requests sent, seconds, steady)."""
+    batch = LevelPlan(concurrency=plan.concurrency, min_requests=max(plan.warmup_requests, 4 * plan.concurrency),
+                      timeout_s=plan.timeout_s)
+    started = time.perf_counter()
+    previous: float | None = None
+    sent = 0
+    while True:
+        records, duration = await _send_for(client, endpoint, prompts, batch, capabilities, seed=0,
+                                            label=f"{label}-warmup" if label else "", on_done=None)
+        sent += len(records)
+        throughput = sum(r.output_tokens for r in records if r.success) / duration
+        if previous is not None and abs(throughput - previous) <= plan.warmup_tolerance * previous:
+            return sent, time.perf_counter() - started, True
+        if time.perf_counter() - started >= plan.warmup_max_s:
+            return sent, time.perf_counter() - started, False
+        previous = throughput
+
+
+async def _run_level(endpoint: Endpoint, prompts: Sequence[tuple[str, int, int]], plan: LevelPlan, *,
+                     capabilities: ServerCapabilities, seed: int, slo: SLO | None, label: str,
                      on_done: Callable[[], None] | None) -> BenchmarkResult:
-    connector = aiohttp.TCPConnector(limit=max(concurrency, 1) + 4)
+    connector = aiohttp.TCPConnector(limit=max(plan.concurrency, 1) + 4)
     timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as client:
-        for text, prompt_len, output_len in list(prompts)[:warmup_requests]:
-            await send_one(client, endpoint, completion_payload(endpoint, text, output_len, stream=True,
-                                                                capabilities=capabilities), prompt_len,
-                           time.perf_counter())
-        semaphore = asyncio.Semaphore(concurrency)
-        bench_start = time.perf_counter()
-
-        async def limited(text: str, prompt_len: int, output_len: int) -> RequestRecord:
-            async with semaphore:
-                record = await send_one(client, endpoint, completion_payload(
-                    endpoint, text, output_len, stream=True, capabilities=capabilities), prompt_len, bench_start)
-            if on_done:
-                on_done()
-            return record
-
-        tasks = []
-        for (text, prompt_len, output_len), gap in zip(prompts, arrival_gaps(len(prompts), request_rate, burstiness,
-                                                                             seed), strict=True):
-            if gap:
-                await asyncio.sleep(gap)
-            tasks.append(asyncio.create_task(limited(text, prompt_len, output_len)))
-        records = await asyncio.gather(*tasks)
-        duration = time.perf_counter() - bench_start
-    return summarize(records, duration, concurrency=concurrency, request_rate=request_rate, slo=slo)
+        warmup: tuple[int, float, bool | None] = (0, 0.0, None)
+        if plan.warmup_requests:
+            warmup = await _warm_up(client, endpoint, prompts, plan, capabilities, label)
+        records, duration = await _send_for(client, endpoint, prompts, plan, capabilities, seed=seed, label=label,
+                                            on_done=on_done)
+    result = summarize(records, duration, concurrency=plan.concurrency, request_rate=plan.request_rate, slo=slo)
+    return result.model_copy(update={"warmup_requests": warmup[0], "warmup_s": warmup[1],
+                                     "warmup_steady": warmup[2]})
 
 
-def run_level(endpoint: Endpoint, prompts: Sequence[tuple[str, int, int]], *, concurrency: int,
-              capabilities: ServerCapabilities, request_rate: float | None = None, burstiness: float = 1.0,
-              warmup_requests: int = 0, seed: int = 0, slo: SLO | None = None,
+def run_level(endpoint: Endpoint, prompts: Sequence[tuple[str, int, int]], plan: LevelPlan, *,
+              capabilities: ServerCapabilities, seed: int = 0, slo: SLO | None = None, label: str = "",
               on_done: Callable[[], None] | None = None) -> BenchmarkResult:
-    """One load level: every prompt ``(text, prompt_len, output_len)`` sent with at most ``concurrency`` in flight."""
-    return asyncio.run(_run_level(endpoint, prompts, concurrency=concurrency, request_rate=request_rate,
-                                  burstiness=burstiness, capabilities=capabilities, warmup_requests=warmup_requests,
-                                  seed=seed, slo=slo, on_done=on_done))
+    """One load level of ``prompts`` ``(text, prompt_len, output_len)``: the warm-up, then the measurement.
+
+    ``label`` prefixes each request's ``x-request-id`` (``<label>-<index>``), so a failure can be found in the
+    server's log."""
+    return asyncio.run(_run_level(endpoint, prompts, plan, capabilities=capabilities, seed=seed, slo=slo,
+                                  label=label, on_done=on_done))
 
 
 def probe_capabilities(endpoint: Endpoint, probe_prompt: str = "Hello") -> ServerCapabilities:

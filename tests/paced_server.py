@@ -1,0 +1,91 @@
+"""TEST DOUBLE: an OpenAI-compatible completions server on loopback whose decoding speed is set per measurement
+round, to inject what no real server does on demand: a machine that slows down in some rounds and not others.
+
+It streams ``max_tokens`` tokens, one SSE message each, ``seconds_per_token(round)`` apart; the round is read from
+the request's ``x-request-id`` (the load generator sends ``<run>-<role>-r<round>-c<concurrency>-<index>``). It
+records the order in which rounds reached it, so a test can check that sides were interleaved."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+ROUND = re.compile(r"-r(\d+)-c\d+-")
+
+
+class PacedServer:
+    def __init__(self, name: str, seconds_per_token: Callable[[int], float]) -> None:
+        self.name, self.seconds_per_token = name, seconds_per_token
+        self.rounds_seen: list[tuple[float, int]] = []  # (arrival time, round) of each measured request
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        double = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # small SSE writes go out at once, as a real server's do
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+            def _send(self, body: bytes, content_type: str = "application/json") -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self) -> None:
+                self._send(json.dumps({"data": [{"id": double.name}]}).encode())
+
+            def do_POST(self) -> None:
+                payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                tokens = int(payload.get("max_tokens", 1))
+                usage = {"prompt_tokens": 4, "completion_tokens": tokens}
+                if not payload.get("stream"):
+                    self._send(json.dumps({"choices": [{"text": " 7" * tokens, "index": 0}], "usage": usage}).encode())
+                    return
+                match = ROUND.search(self.headers.get("x-request-id", ""))
+                round_number = int(match.group(1)) if match else 0
+                if match and "warmup" not in self.headers.get("x-request-id", ""):
+                    double.rounds_seen.append((time.monotonic(), round_number))
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                events = [{"choices": [{"text": " 7", "index": 0}]} for _ in range(tokens)]
+                events.append({"choices": [], "usage": usage})
+                try:
+                    for index, event in enumerate(events):
+                        if 0 < index < tokens:
+                            time.sleep(double.seconds_per_token(round_number))
+                        self._chunk(f"data: {json.dumps(event)}\n\n".encode())
+                    self._chunk(b"data: [DONE]\n\n")
+                    self._chunk(b"")
+                except (BrokenPipeError, ConnectionResetError):  # the client gave up (a level's timeout)
+                    self.close_connection = True
+
+            def _chunk(self, data: bytes) -> None:
+                self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+                self.wfile.flush()
+
+        return Handler
+
+    def __enter__(self) -> PacedServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -1,0 +1,79 @@
+"""Interleaved measurement rounds and noise-aware gates, against loopback server doubles whose speed is set per
+round (tests/paced_server.py): the only way to make a machine "slow down mid-run" on demand."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from enginesmith.specs import GateSpec, WorkloadSpec
+from tests.paced_server import PacedServer
+from validation.loadgen import LevelIncompleteError, LevelPlan, ServerCapabilities, run_level
+from validation.server import external_endpoint
+from validation.stage import ServerSide, validate
+
+WORKLOAD = WorkloadSpec(name="paced", dataset="random", input_len=8, output_len=4, num_prompts=8, concurrency=[1, 2],
+                        warmup_requests=2, warmup_max_s=0.5, min_duration_s=0.4, min_requests=8, repeats=3,
+                        max_repeats=5, greedy_agreement_tokens=4)
+GATES = GateSpec(min_throughput_ratio=0.8, max_tpot_ratio=1.25)
+
+
+def _validate(candidate: PacedServer, reference: PacedServer, tiny_model_dir: Path, out: Path):  # type: ignore[no-untyped-def]
+    return validate(ServerSide(role="candidate", name="c", runtime="double", url=candidate.url),
+                    ServerSide(role="reference", name="r", runtime="double", url=reference.url),
+                    workload=WORKLOAD, gates=GATES, recipe_id="fp8", target_id="cpu", tokenizer_dir=tiny_model_dir,
+                    out_dir=out)
+
+
+def _gate(report, name: str):  # type: ignore[no-untyped-def]
+    return next(g for g in report.gates if g.name == name)
+
+
+def test_sides_are_measured_in_alternating_rounds_and_an_equal_pair_passes(tiny_model_dir, tmp_path):
+    with PacedServer("c", lambda r: 0.01) as candidate, PacedServer("r", lambda r: 0.01) as reference:
+        report = _validate(candidate, reference, tiny_model_dir, tmp_path)
+    assert report.passed, report.gates
+    assert report.comparison.rounds >= 3
+    assert [lv.round for lv in report.comparison.candidate.levels][:6] == [0, 0, 1, 1, 2, 2]
+    # Round order A B, B A, A B: the reference's round 2 starts before the candidate's, the others after.
+    first = {(name, r): min(t for t, seen in server.rounds_seen if seen == r)
+             for name, server in (("c", candidate), ("r", reference)) for r in (1, 2, 3)}
+    assert first["c", 1] < first["r", 1] < first["r", 2] < first["c", 2] < first["c", 3] < first["r", 3]
+    throughput = report.comparison.throughput_ratios
+    assert throughput is not None and len(throughput.values) == report.comparison.rounds
+    assert 0.8 < throughput.median < 1.25
+    assert any("check the harness" in note for note in report.notes)  # the cpu target says what it measures
+
+
+def test_a_machine_that_slows_in_some_rounds_shows_in_the_spread_and_is_re_measured(tiny_model_dir, tmp_path):
+    # The candidate's machine is busy in even rounds (half speed): no round-pair agrees with the next.
+    with PacedServer("c", lambda r: 0.02 if r % 2 == 0 else 0.01) as candidate, \
+            PacedServer("r", lambda r: 0.01) as reference:
+        report = _validate(candidate, reference, tiny_model_dir, tmp_path)
+    throughput = _gate(report, "min_throughput_ratio")
+    assert report.comparison.rounds == WORKLOAD.max_repeats  # re-measured to the limit, never decided on luck
+    assert throughput.decision == "median" and "decided on the median" in throughput.decided_by
+    assert throughput.low is not None and throughput.high is not None
+    assert throughput.low < 0.75 and throughput.high > 0.85  # both kinds of round are in the spread
+
+
+def test_a_slower_candidate_fails_clear_of_the_spread(tiny_model_dir, tmp_path):
+    with PacedServer("c", lambda r: 0.04) as candidate, PacedServer("r", lambda r: 0.01) as reference:
+        report = _validate(candidate, reference, tiny_model_dir, tmp_path)
+    throughput = _gate(report, "min_throughput_ratio")
+    assert not report.passed and not throughput.passed
+    assert throughput.decision == "clear" and report.comparison.rounds == WORKLOAD.repeats
+    assert throughput.measured is not None and throughput.measured < 0.5
+
+
+def test_a_level_that_cannot_reach_its_minimum_requests_names_the_level_and_what_it_reached():
+    with PacedServer("slow", lambda r: 0.5) as server:
+        endpoint = external_endpoint(server.url)
+        plan = LevelPlan(concurrency=2, min_requests=50, timeout_s=2.0)
+        with pytest.raises(LevelIncompleteError) as caught:
+            run_level(endpoint, [("1+1=", 4, 4)], plan, label="run-candidate-r1-c2",
+                      capabilities=ServerCapabilities(vllm_extensions=True, prompt_logprobs=False))
+    message = caught.value.message
+    assert "concurrency 2" in message and "of 50 requests finished" in message, message
+    assert "level_timeout_s" in (caught.value.where or "")
