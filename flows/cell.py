@@ -172,5 +172,6 @@ def _artifact_key(cell: Cell, what: str) -> str:
 
 
 def _gate_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
-    return [{"gate": g["name"], "measured": g["measured"], "limit": g["limit"],
-             "verdict": "pass" if g["passed"] else "FAIL"} for g in report["gates"]]
+    from validation.report import GATE_COLUMNS, ValidationReport, gate_rows
+
+    return [dict(zip(GATE_COLUMNS, row, strict=True)) for row in gate_rows(ValidationReport.model_validate(report))]

@@ -16,13 +16,16 @@ from validation.stage import ServerSide, validate
 WORKLOAD = WorkloadSpec(name="paced", dataset="random", input_len=8, output_len=4, num_prompts=8, concurrency=[1, 2],
                         warmup_requests=2, warmup_max_s=0.5, min_duration_s=0.4, min_requests=8, repeats=3,
                         max_repeats=5, greedy_agreement_tokens=4)
+# Margins far outside what machine load does to a 10 ms sleep: these tests must not depend on the load.
 GATES = GateSpec(min_throughput_ratio=0.8, max_tpot_ratio=1.25)
+WIDE_GATES = GateSpec(min_throughput_ratio=0.5, max_tpot_ratio=2.0)
 
 
-def _validate(candidate: PacedServer, reference: PacedServer, tiny_model_dir: Path, out: Path):  # type: ignore[no-untyped-def]
+def _validate(candidate: PacedServer, reference: PacedServer, tiny_model_dir: Path, out: Path,  # type: ignore[no-untyped-def]
+              gates: GateSpec = GATES):
     return validate(ServerSide(role="candidate", name="c", runtime="double", url=candidate.url),
                     ServerSide(role="reference", name="r", runtime="double", url=reference.url),
-                    workload=WORKLOAD, gates=GATES, recipe_id="fp8", target_id="cpu", tokenizer_dir=tiny_model_dir,
+                    workload=WORKLOAD, gates=gates, recipe_id="fp8", target_id="cpu", tokenizer_dir=tiny_model_dir,
                     out_dir=out)
 
 
@@ -32,7 +35,7 @@ def _gate(report, name: str):  # type: ignore[no-untyped-def]
 
 def test_sides_are_measured_in_alternating_rounds_and_an_equal_pair_passes(tiny_model_dir, tmp_path):
     with PacedServer("c", lambda r: 0.01) as candidate, PacedServer("r", lambda r: 0.01) as reference:
-        report = _validate(candidate, reference, tiny_model_dir, tmp_path)
+        report = _validate(candidate, reference, tiny_model_dir, tmp_path, WIDE_GATES)
     assert report.passed, report.gates
     assert report.comparison.rounds >= 3
     assert [lv.round for lv in report.comparison.candidate.levels][:6] == [0, 0, 1, 1, 2, 2]
@@ -42,20 +45,21 @@ def test_sides_are_measured_in_alternating_rounds_and_an_equal_pair_passes(tiny_
     assert first["c", 1] < first["r", 1] < first["r", 2] < first["c", 2] < first["c", 3] < first["r", 3]
     throughput = report.comparison.throughput_ratios
     assert throughput is not None and len(throughput.values) == report.comparison.rounds
-    assert 0.8 < throughput.median < 1.25
+    assert 0.5 < throughput.median < 2.0
     assert any("check the harness" in note for note in report.notes)  # the cpu target says what it measures
 
 
 def test_a_machine_that_slows_in_some_rounds_shows_in_the_spread_and_is_re_measured(tiny_model_dir, tmp_path):
-    # The candidate's machine is busy in even rounds (half speed): no round-pair agrees with the next.
-    with PacedServer("c", lambda r: 0.02 if r % 2 == 0 else 0.01) as candidate, \
+    # The candidate's machine is busy in even rounds (a quarter of the speed): the rounds disagree by far more than
+    # the margin, so the gate cannot be decided until the last round, and then the median decides.
+    with PacedServer("c", lambda r: 0.04 if r % 2 == 0 else 0.01) as candidate, \
             PacedServer("r", lambda r: 0.01) as reference:
         report = _validate(candidate, reference, tiny_model_dir, tmp_path)
     throughput = _gate(report, "min_throughput_ratio")
     assert report.comparison.rounds == WORKLOAD.max_repeats  # re-measured to the limit, never decided on luck
     assert throughput.decision == "median" and "decided on the median" in throughput.decided_by
     assert throughput.low is not None and throughput.high is not None
-    assert throughput.low < 0.75 and throughput.high > 0.85  # both kinds of round are in the spread
+    assert throughput.low < 0.5 and throughput.high > 0.8  # both kinds of round are in the spread
 
 
 def test_a_slower_candidate_fails_clear_of_the_spread(tiny_model_dir, tmp_path):
@@ -64,7 +68,7 @@ def test_a_slower_candidate_fails_clear_of_the_spread(tiny_model_dir, tmp_path):
     throughput = _gate(report, "min_throughput_ratio")
     assert not report.passed and not throughput.passed
     assert throughput.decision == "clear" and report.comparison.rounds == WORKLOAD.repeats
-    assert throughput.measured is not None and throughput.measured < 0.5
+    assert throughput.measured is not None and throughput.high is not None and throughput.high < 0.8
 
 
 def test_a_level_that_cannot_reach_its_minimum_requests_names_the_level_and_what_it_reached():

@@ -12,7 +12,8 @@ decides.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -83,9 +84,32 @@ class _Servers:
         self.logs_dir, self.health_timeout_s = logs_dir, health_timeout_s
         self.kept: dict[str, Endpoint] = {}
         if keep_up:
-            for side in sides:
-                self.kept[side.role] = stack.enter_context(
-                    _serving(side, logs_dir / f"{side.role}.log", health_timeout_s))
+            self._start_all(stack, sides)
+
+    def _start_all(self, stack: ExitStack, sides: list[ServerSide]) -> None:
+        """Start every side at once (a server's start is mostly its own imports and loading, on one core) and
+        wait until all are healthy; any that started are stopped with the stack, also when another failed."""
+        def start(side: ServerSide) -> tuple[AbstractContextManager[Endpoint], Endpoint]:
+            manager = _serving(side, self.logs_dir / f"{side.role}.log", self.health_timeout_s)
+            return manager, manager.__enter__()
+
+        pool = ThreadPoolExecutor(max_workers=len(sides))
+        futures = [(side, pool.submit(start, side)) for side in sides]
+        try:
+            wait([future for _, future in futures])
+        finally:
+            # Even when interrupted: every server that started is stopped with the stack, or as soon as it starts.
+            for side, future in futures:
+                if not future.done():
+                    future.add_done_callback(_stop_when_started)
+                elif future.exception() is None:
+                    manager, endpoint = future.result()
+                    stack.push(manager.__exit__)
+                    self.kept[side.role] = endpoint
+            pool.shutdown(wait=False)
+        failures = [future.exception() for _, future in futures if future.exception() is not None]
+        if failures:
+            raise failures[0]  # type: ignore[misc]
 
     @contextmanager
     def up(self, side: ServerSide, round_index: int) -> Iterator[Endpoint]:
@@ -95,6 +119,11 @@ class _Servers:
         with _serving(side, self.logs_dir / f"{side.role}-round{round_index + 1}.log",
                       self.health_timeout_s) as endpoint:
             yield endpoint
+
+
+def _stop_when_started(future: Future[tuple[AbstractContextManager[Endpoint], Endpoint]]) -> None:
+    if future.exception() is None:
+        future.result()[0].__exit__(None, None, None)
 
 
 class SideAccuracy(BaseModel):

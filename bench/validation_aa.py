@@ -1,0 +1,75 @@
+"""A/A benchmark: the same model served twice with the same flags, as candidate and as reference, through
+validation's own code path (interleaved rounds, warm-up, minimum durations, noise-aware gates).
+
+Every ratio should read 1.00; how far it strays is the harness's error on this machine. The last line printed is
+one JSON object: {"throughput_ratio", "tpot_ratio", "e2el_ratio", "spread", "rounds", "verdict"}.
+
+Usage: python bench/validation_aa.py [--model DIR] [--repeats 3] [--min-duration 5] [--tolerance 0.05]
+(the tiny model by default; a real checkpoint directory with --model, e.g. SmolLM2 once converted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+
+def main() -> None:
+    from builders.serve import reference_recipe
+    from enginesmith.console import stdout
+    from enginesmith.specs import BuildProfile, GateSpec, WorkloadSpec
+    from quantization.tiny_models import tiny_model_dir
+    from validation.report import comparison_rows, fmt_ratio, gate_rows, side_names
+    from validation.stage import ServerSide, validate
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path, default=tiny_model_dir())
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--max-repeats", type=int, default=6)
+    parser.add_argument("--min-duration", type=float, default=5.0, help="seconds per level and round")
+    parser.add_argument("--input-len", type=int, default=16)
+    parser.add_argument("--output-len", type=int, default=16)
+    parser.add_argument("--tolerance", type=float, default=0.05, help="the A/A target: every ratio within 1 ± this")
+    args = parser.parse_args()
+
+    model_dir = args.model.resolve()
+    workload = WorkloadSpec(name="aa", dataset="random", input_len=args.input_len, output_len=args.output_len,
+                            num_prompts=64, concurrency=[1, 4], warmup_requests=8, warmup_max_s=10,
+                            min_duration_s=args.min_duration, min_requests=32, repeats=args.repeats,
+                            max_repeats=args.max_repeats, greedy_agreement_tokens=8)
+    # Gates at the A/A target: a ratio whose margin is inside the spread makes validation measure more rounds.
+    gates = GateSpec(min_throughput_ratio=1 - args.tolerance, max_tpot_ratio=1 + args.tolerance)
+    recipe = reference_recipe(model_dir, on_cpu=True, profile=BuildProfile(max_batch_size=16))
+    sides = [ServerSide(role=role, name=model_dir.name, runtime="vllm-cpu", recipe=recipe, root=model_dir)
+             for role in ("candidate", "reference")]
+    with tempfile.TemporaryDirectory(prefix="validation-aa-") as out:
+        report = validate(sides[0], sides[1], workload=workload, gates=gates, recipe_id="bf16", target_id="cpu",
+                          tokenizer_dir=model_dir, out_dir=Path(out))
+    comparison = report.comparison
+    from enginesmith.console import table
+
+    stdout.print(table(f"A/A on {model_dir.name}: {comparison.rounds} interleaved rounds",
+                       ["metric", *side_names(report), "candidate / reference"], comparison_rows(report)))
+    stdout.print(table("gates at the A/A target", ["gate", "measured", "spread", "limit", "verdict", "decided",
+                                                   "what"], gate_rows(report)))
+    latency = comparison.tpot_ratios or comparison.e2el_ratios
+    latency_name = "tpot_ratio" if comparison.tpot_ratios else "e2el_ratio"
+    off = [f"{name} {fmt_ratio(spread)}" for name, spread in (("throughput_ratio", comparison.throughput_ratios),
+                                                             (latency_name, latency))
+           if spread is None or abs(spread.median - 1) > args.tolerance]
+    verdict = (f"A/A holds: throughput and {latency_name} within 1.00 ± {args.tolerance:g}" if not off
+               else "A/A off: " + ", ".join(off))
+    print(json.dumps({
+        "throughput_ratio": comparison.throughput_ratio, "tpot_ratio": comparison.tpot_ratio,
+        "e2el_ratio": comparison.e2el_ratio,
+        "spread": {name: spread.relative_half_range if spread else None
+                   for name, spread in (("throughput", comparison.throughput_ratios), ("tpot", comparison.tpot_ratios),
+                                        ("e2el", comparison.e2el_ratios))},
+        "rounds": comparison.rounds, "verdict": verdict,
+    }))
+
+
+if __name__ == "__main__":
+    main()
