@@ -6,7 +6,7 @@ import hashlib
 import queue
 import threading
 import time
-from collections.abc import Generator, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import BinaryIO, Protocol, cast
 
 # Big enough that per-chunk Python overhead vanishes next to hashing and I/O; small enough to stay in cache.
@@ -14,6 +14,11 @@ LOCAL_CHUNK_BYTES = 4 * 1024 * 1024
 # Network reads as small as boto3's own: with a deep read-ahead queue the socket never waits on the disk.
 NETWORK_CHUNK_BYTES = 256 * 1024
 READER_JOIN_S = 5.0
+# A rate-limited transfer passes this many seconds' worth of bytes at a time (at least MIN_SLICE_BYTES): the limit
+# then holds smoothly instead of sleeping for a whole chunk and writing it at once, and a partial file grows
+# steadily while the transfer runs.
+RATE_SLICE_S = 0.05
+MIN_SLICE_BYTES = 4 * 1024
 
 
 class TransferProgress(Protocol):
@@ -44,26 +49,33 @@ class NoProgress:
 class RateLimiter:
     """A token bucket shared by all threads of one transfer: at most ``bytes_per_second`` on average."""
 
-    def __init__(self, bytes_per_second: int) -> None:
+    def __init__(self, bytes_per_second: int, *, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
         if bytes_per_second <= 0:
             raise ValueError("the rate limit must be positive")
         self.bytes_per_second = bytes_per_second
+        self._clock, self._sleep = clock, sleep
         # A burst of a quarter second keeps the average honest without stalling on every chunk.
         self._capacity = max(bytes_per_second / 4, 64 * 1024)
         self._tokens = self._capacity
-        self._last = time.monotonic()
+        self._last = clock()
         self._lock = threading.Lock()
+
+    @property
+    def slice_bytes(self) -> int:
+        """The most bytes a transfer should pass in one ``consume`` (``RATE_SLICE_S`` worth)."""
+        return max(MIN_SLICE_BYTES, int(self.bytes_per_second * RATE_SLICE_S))
 
     def consume(self, bytes_count: int) -> None:
         """Block until ``bytes_count`` bytes may pass."""
         with self._lock:
-            now = time.monotonic()
+            now = self._clock()
             self._tokens = min(self._capacity, self._tokens + (now - self._last) * self.bytes_per_second)
             self._last = now
             self._tokens -= bytes_count
             deficit = -self._tokens
         if deficit > 0:
-            time.sleep(deficit / self.bytes_per_second)
+            self._sleep(deficit / self.bytes_per_second)
 
 
 def parse_rate(text: str) -> int:
@@ -95,22 +107,35 @@ def write_hashing(
     """Write ``chunks`` to ``destination`` and feed them to ``digest`` in the same pass; returns bytes written.
 
     Stops early (returning more than ``limit_bytes``) once the source has sent more than expected, so a wrong
-    or hostile source cannot fill the disk. Raises ``TransferCancelled`` soon after ``cancel`` is set.
+    or hostile source cannot fill the disk. Raises ``TransferCancelled`` soon after ``cancel`` is set. With a
+    ``limiter``, chunks are written in slices of ``limiter.slice_bytes``, each let through by the limiter.
     """
     written = 0
+    slice_bytes = None if limiter is None else limiter.slice_bytes
     for chunk in chunks:
-        if cancel is not None and cancel.is_set():
-            raise TransferCancelled(name)
-        if limiter is not None:
-            limiter.consume(len(chunk))
-        digest.update(chunk)
-        destination.write(chunk)
-        written += len(chunk)
-        if progress is not None:
-            progress.advanced(name, len(chunk))
-        if written > limit_bytes:
-            break
+        for piece in _slices(chunk, slice_bytes):
+            if cancel is not None and cancel.is_set():
+                raise TransferCancelled(name)
+            if limiter is not None:
+                limiter.consume(len(piece))
+            digest.update(piece)
+            destination.write(piece)
+            written += len(piece)
+            if progress is not None:
+                progress.advanced(name, len(piece))
+            if written > limit_bytes:
+                return written
     return written
+
+
+def _slices(chunk: bytes | memoryview, slice_bytes: int | None) -> Iterator[bytes | memoryview]:
+    """``chunk`` in views of at most ``slice_bytes`` (no copies); the whole chunk when ``None``."""
+    if slice_bytes is None or len(chunk) <= slice_bytes:
+        yield chunk
+        return
+    view = memoryview(chunk)
+    for start in range(0, len(view), slice_bytes):
+        yield view[start:start + slice_bytes]
 
 
 def file_chunks(handle: BinaryIO, chunk_bytes: int = LOCAL_CHUNK_BYTES,

@@ -9,8 +9,6 @@ import os
 import random
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 from enginesmith.artefacts import ARTEFACT_FILE, Artefact, Lineage
@@ -105,15 +103,6 @@ def start_cli(*args: str, env: dict[str, str], log: Path) -> subprocess.Popen[by
     with log.open("wb") as handle:
         return subprocess.Popen([sys.executable, "-m", "enginesmith", *args], cwd=REPO_ROOT,
                                 env={**os.environ, **env}, stdout=handle, stderr=subprocess.STDOUT)
-
-
-def wait_until(condition: Callable[[], bool], timeout_s: float, interval_s: float = 0.02) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(interval_s)
-    return condition()
 
 
 def size_or_zero(path: Path) -> int:

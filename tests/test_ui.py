@@ -5,6 +5,7 @@ fixtures) so the run completes in seconds."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -16,6 +17,7 @@ import httpx
 import pytest
 
 from tests.conftest import REPO_ROOT
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -41,13 +43,13 @@ def ui_server(tmp_path_factory):
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     processes = [server]
     try:
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
+        def healthy() -> bool:
             try:
-                if httpx.get(f"{api}/health", timeout=2).status_code == 200:
-                    break
+                return httpx.get(f"{api}/health", timeout=2).status_code == 200
             except httpx.HTTPError:
-                time.sleep(1)
+                return False
+
+        wait_for(healthy, "the Prefect server to answer /health", timeout_s=300, process=server, interval_s=1)
         deploy = subprocess.run([sys.executable, "-c", "from flows.deploy import deploy_all; "
                                  "deploy_all(targets=['cpu'], nightly_config='configs/examples/tiny-cpu.yaml')"],
                                 env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
@@ -58,16 +60,24 @@ def ui_server(tmp_path_factory):
         yield f"http://127.0.0.1:{port}", api
     finally:
         for process in reversed(processes):
-            for _ in range(2):  # Prefect processes ignore the first SIGINT
-                try:
-                    os.killpg(process.pid, signal.SIGINT)
-                except ProcessLookupError:
-                    break
-                time.sleep(1)
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
+            _stop(process)
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    """SIGINT the process group until the process exits (Prefect processes may ignore the first), then SIGKILL."""
+    for wait_s in (3, 10):
+        try:
+            os.killpg(process.pid, signal.SIGINT)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(timeout=wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
 
 
 def _submit_with_retry(page, click) -> dict:  # type: ignore[no-untyped-def]
@@ -120,11 +130,15 @@ def test_custom_run_from_the_ui_reaches_the_flow(ui_server, published_tiny_confi
         context.unroute_all(behavior="ignoreErrors")
         browser.close()
     flow_run_id = created["id"]
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        flow_run = httpx.get(f"{api}/flow_runs/{flow_run_id}", timeout=10).json()
-        if flow_run["state"]["type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
-            break
-        time.sleep(2)
+    flow_run: dict = {}
+
+    def finished() -> bool:
+        response = httpx.get(f"{api}/flow_runs/{flow_run_id}", timeout=10)
+        if response.status_code != 200:  # SQLite under load: ask again
+            return False
+        flow_run.update(response.json())
+        return flow_run["state"]["type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
+
+    wait_for(finished, f"flow run {flow_run_id} to finish", timeout_s=600, interval_s=2)
     assert flow_run["parameters"]["params"]["recipe"] == "fp8"  # the changed parameter reached the run
     assert flow_run["state"]["type"] == "COMPLETED", flow_run["state"]
