@@ -211,8 +211,9 @@ def side_names(report: ValidationReport) -> list[str]:
 
 def measurement_summary(report: ValidationReport) -> str:
     w = report.workload
-    return (f"{report.comparison.rounds} interleaved rounds (order alternating each round); each level warmed up "
-            f"at its concurrency, then measured for at least {w.min_duration_s:g} s and {w.min_requests} requests.")
+    return (f"{report.comparison.rounds} interleaved rounds (the sides take turns level by level, the order "
+            f"alternating); each level warmed up at its concurrency, then measured for at least "
+            f"{w.min_duration_s:g} s and {w.min_requests} requests.")
 
 
 def to_markdown(report: ValidationReport) -> str:

@@ -1,8 +1,9 @@
 """The validate stage: the candidate and the reference (and any baselines) measured in interleaved rounds on the
 same device and workload, then the comparison, the gates and the report.
 
-Each round measures every side once, the order alternating from round to round (A B, B A, A B …), so a
-change in the machine's load hits both sides alike. A side's performance is never taken from another run:
+Each round measures every side once at every level, the sides taking turns level by level and the order
+alternating (A B, B A, …), so the two measurements a ratio pairs are seconds apart and a change in the
+machine's load hits both sides alike. A side's performance is never taken from another run:
 only its deterministic results (greedy accuracy, greedy completions) may be cached by the caller's key.
 After ``workload.repeats`` rounds the gates are judged against the rounds' spread; a performance gate whose
 margin is inside the spread asks for another round, up to ``workload.max_repeats``, and then the median
@@ -244,11 +245,10 @@ def validate(candidate: ServerSide, reference: ServerSide, *, workload: Workload
         tasks = {run.side.role: progress.add_task(f"{run.side.role}: waiting", total=None) for run in runs}
         round_index = 0
         while True:
-            order = runs if round_index % 2 == 0 else runs[::-1]
-            for run in order:
-                _measure_round(run, round_index, servers, workload, requests, prompts=[p.text for p in prompts],
-                               tokenizer_dir=tokenizer_dir, progress=progress, task=tasks[run.side.role],
-                               run_id=run_id)
+            for run, concurrencies in _turns(runs, workload.concurrency, round_index, per_level=bool(servers.kept)):
+                _measure_turn(run, concurrencies, round_index, servers, workload, requests,
+                              prompts=[p.text for p in prompts], tokenizer_dir=tokenizer_dir, progress=progress,
+                              task=tasks[run.side.role], run_id=run_id)
                 if run is runs[1] and reference_accuracy_cache is not None and run.results is not None:
                     _write_cached(reference_accuracy_cache, run.results)
             round_index += 1
@@ -287,9 +287,22 @@ def validate(candidate: ServerSide, reference: ServerSide, *, workload: Workload
     )
 
 
-def _measure_round(run: _SideRun, round_index: int, servers: _Servers, workload: WorkloadSpec,
-                   requests: list[tuple[str, int, int]], *, prompts: list[str], tokenizer_dir: Path,
-                   progress: Progress, task: TaskID, run_id: str) -> None:
+def _turns(runs: list[_SideRun], concurrencies: list[int], round_index: int, *,
+           per_level: bool) -> list[tuple[_SideRun, list[int]]]:
+    """The order of one round. With every server up, the sides take turns level by level (A B at the first
+    level, B A at the next, and the other way round in the next round), so the two measurements a ratio pairs
+    are seconds apart; servers started per round take whole-round turns (A B, then B A)."""
+    def order(index: int) -> list[_SideRun]:
+        return runs if index % 2 == 0 else runs[::-1]
+
+    if per_level:
+        return [(run, [c]) for k, c in enumerate(concurrencies) for run in order(round_index + k)]
+    return [(run, list(concurrencies)) for run in order(round_index)]
+
+
+def _measure_turn(run: _SideRun, concurrencies: list[int], round_index: int, servers: _Servers,
+                  workload: WorkloadSpec, requests: list[tuple[str, int, int]], *, prompts: list[str],
+                  tokenizer_dir: Path, progress: Progress, task: TaskID, run_id: str) -> None:
     role = run.side.role
     with servers.up(run.side, round_index) as endpoint:
         run.log_path = str(endpoint.log_path) if endpoint.log_path else None
@@ -299,7 +312,7 @@ def _measure_round(run: _SideRun, round_index: int, servers: _Servers, workload:
             progress.update(task, description=f"{role}: accuracy")
             run.results = _measure_accuracy(endpoint, workload, prompts, tokenizer_dir)
         with UsageSampler(endpoint.base_url, endpoint.pid) as sampler:
-            for concurrency in workload.concurrency:
+            for concurrency in concurrencies:
                 progress.update(task, description=f"{role}: round {round_index + 1}, concurrency {concurrency}")
                 level = run_level(endpoint, requests, LevelPlan.from_workload(workload, concurrency),
                                   capabilities=run.capabilities, seed=round_index,
@@ -307,4 +320,4 @@ def _measure_round(run: _SideRun, round_index: int, servers: _Servers, workload:
                                   on_done=lambda: progress.advance(task))
                 run.levels.append(level.model_copy(update={"round": round_index}))
         run.absorb(sampler)
-        progress.update(task, description=f"{role}: {round_index + 1} rounds")
+        progress.update(task, description=f"{role}: round {round_index + 1} done")
