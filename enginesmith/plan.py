@@ -14,6 +14,7 @@ from enginesmith.compat import CellRequest, Violation, violations
 from enginesmith.config import Catalogue
 from enginesmith.errors import ConfigError
 from enginesmith.keys import stage_key
+from enginesmith.shapes import BlockSizeChoice, ModelShape, choose_awq_block_size
 from enginesmith.specs import (
     ArtefactKind,
     BuildProfile,
@@ -25,6 +26,9 @@ from enginesmith.specs import (
     Toolchains,
     is_commit_sha,
 )
+
+LOCAL_MODEL_HINT = ("fix the path (it is relative to the config file), or fetch the model first: "
+                    "enginesmith models fetch <id> writes a shipped model under .enginesmith/models/")
 
 
 class StageKeys(BaseModel):
@@ -58,6 +62,7 @@ class Cell(BaseModel):
     pp: int
     profile: BuildProfile
     calibration: CalibrationPlan | None
+    awq_block: BlockSizeChoice | None = None  # the AWQ block size this cell quantises with, and why
     status: Literal["build", "invalid"]
     violations: list[Violation]
     stage_keys: StageKeys
@@ -92,15 +97,18 @@ def plan_matrix(
     *,
     calibration_fingerprint: str,
     source_revisions: Mapping[str, str] | None = None,
+    model_shapes: Mapping[str, ModelShape] | None = None,
 ) -> Plan:
     """Expand every matrix block into cells.
 
     ``source_revisions`` maps a model id to what its source resolved to (a Hub commit sha, or the content
     digest of a local directory). A model whose revision is a branch or tag and that is not in the map is
     keyed by that name and marked ``revision_pinned=False``: its key holds only until the branch moves.
-    A cell listed by two blocks is an error.
+    ``model_shapes`` maps a model id to its layer widths (from its config.json), for the shape rules; a model
+    without one is planned with the recipe's defaults. A cell listed by two blocks is an error.
     """
     source_revisions = source_revisions or {}
+    model_shapes = model_shapes or {}
     cells: list[Cell] = []
     origin: dict[str, int] = {}
     for block_index, block in enumerate(config.matrix):
@@ -119,7 +127,7 @@ def plan_matrix(
             cells.append(
                 _plan_cell(
                     config, this_id, model, revision, catalogue.recipes[recipe_id], catalogue.targets[target_id],
-                    kind, tp, pp, config.profile(block.profile), calibration_fingerprint,
+                    kind, tp, pp, config.profile(block.profile), calibration_fingerprint, model_shapes.get(model_id),
                 )
             )
     return Plan(config_name=config.name, cells=cells)
@@ -137,18 +145,23 @@ def _plan_cell(
     pp: int,
     profile: BuildProfile,
     calibration_fingerprint: str,
+    shape: ModelShape | None,
 ) -> Cell:
     request = CellRequest(model=model, recipe=recipe, target=target, kind=kind, tp=tp, pp=pp,
-                          toolchains=config.toolchains)
+                          toolchains=config.toolchains, shape=shape)
     found = violations(request)
     resolved_profile = profile.merged_over(target.build_defaults)
     calibration = None if recipe.is_passthrough else _calibration_plan(config, recipe, calibration_fingerprint)
-    keys = stage_keys(config, model, revision, recipe, target, kind, tp, pp, resolved_profile, calibration)
+    awq_block = choose_awq_block_size(recipe, shape, tp=tp)
+    keyed_recipe = recipe if awq_block is None or awq_block.size is None else recipe.model_copy(
+        update={"awq_block_size": awq_block.size})
+    keys = stage_keys(config, model, revision, keyed_recipe, target, kind, tp, pp, resolved_profile, calibration)
     return Cell(
         id=this_id, model=model, source_revision=revision,
         revision_pinned=is_commit_sha(revision) or revision.startswith("sha256:"),
         recipe=recipe, target=target, kind=kind, tp=tp, pp=pp, profile=resolved_profile,
-        calibration=calibration, status="invalid" if found else "build", violations=found, stage_keys=keys,
+        calibration=calibration, awq_block=awq_block, status="invalid" if found else "build", violations=found,
+        stage_keys=keys,
     )
 
 
@@ -259,17 +272,24 @@ def plan_config_file(path: str, catalogue: Catalogue) -> Plan:
 
     from enginesmith.calibration import calibration_fingerprint
     from enginesmith.checkpoints.digest import directory_digest
+    from enginesmith.checkpoints.inspect import model_shape
     from enginesmith.config import load_pipeline_config
 
     config = load_pipeline_config(path, catalogue)
     revisions = {}
+    shapes = {}
     for model in config.models:
+        source = model.repo
         if model.is_local:
-            source = Path(model.repo.removeprefix("file://")).expanduser()
-            if not source.is_absolute():
-                source = Path(path).parent / source
-            if not source.is_dir():
-                raise ConfigError("local model directory not found", path=source, field=f"models.{model.id}.repo")
-            revisions[model.id] = directory_digest(source)
+            local = Path(model.repo.removeprefix("file://")).expanduser()
+            local = local if local.is_absolute() else Path(path).parent / local
+            if not local.is_dir():
+                raise ConfigError("local model directory not found", path=local, field=f"models.{model.id}.repo",
+                                  hint=LOCAL_MODEL_HINT)
+            revisions[model.id] = directory_digest(local)
+            source = str(local)
+        shape = model_shape(source, model.revision)
+        if shape is not None:
+            shapes[model.id] = shape
     return plan_matrix(config, catalogue, calibration_fingerprint=calibration_fingerprint(config.calibration.dataset),
-                       source_revisions=revisions)
+                       source_revisions=revisions, model_shapes=shapes)

@@ -133,7 +133,10 @@ class RecipeSpec(StrictModel):
     kv_cache: Literal["fp8"] | None = None
     quant_algo: str | None = Field(description="TensorRT-LLM QuantAlgo that the export carries")
     kv_cache_quant_algo: str | None = None
-    awq_block_size: int | None = Field(None, ge=32)
+    awq_block_size: int | None = Field(None, ge=32, description="the preferred AWQ block (group) size")
+    awq_block_size_fallbacks: list[int] = Field(
+        default_factory=list, description="block sizes the runtimes also accept, tried in order when a model's "
+                                          "input widths do not divide by awq_block_size")
     weight_bytes_per_param: float = Field(gt=0)
     calibration: CalibrationDefaults | None = None
     support: dict[ArtefactKind, KindSupport]
@@ -220,6 +223,9 @@ class WorkloadSpec(StrictModel):
     name: str = "default"
     dataset: Literal["random", "sharegpt", "task"] = "random"
     dataset_path: str | None = None
+    api: Literal["completions", "chat"] = Field(
+        "completions", description="the endpoint the load and the accuracy checks use: /v1/completions (prompts as "
+        "text) or /v1/chat/completions (each prompt one user message; the server applies the model's chat template)")
     input_len: int = Field(128, ge=1)
     output_len: int = Field(128, ge=1)
     num_prompts: int = Field(64, ge=1)
@@ -243,6 +249,12 @@ class WorkloadSpec(StrictModel):
         6, ge=1, description="rounds allowed when a performance gate's margin is inside the measured spread")
     accuracy_tasks: list[str] = []
     greedy_agreement_tokens: int = Field(16, ge=1)
+    baselines: list[Literal["transformers-serve"]] = Field(
+        default_factory=list, description="more servers measured on the reference checkpoint beside the candidate "
+        "and the reference, in the same rounds (reported, never gated)")
+    perplexity_text: str | None = Field(
+        None, description="held-out text whose perplexity both servers compute from prompt logprobs: "
+        "'builtin:<name>' or a text file (one paragraph a line)")
 
     @model_validator(mode="after")
     def _rounds_in_order(self) -> WorkloadSpec:
@@ -261,9 +273,17 @@ class GateSpec(StrictModel):
                                  "nvfp4": 3.0, "int8-sq": 3.0}
     )
     default_max_accuracy_drop_points: float = 2.0
+    max_perplexity_increase: dict[str, float] = Field(
+        default_factory=lambda: {"bf16": 0.005, "fp8": 0.03, "fp8-kv": 0.05, "int4-awq": 0.15, "w4a8-awq": 0.15,
+                                 "nvfp4": 0.10, "int8-sq": 0.05},
+        description="candidate perplexity / reference's − 1, per recipe")
+    default_max_perplexity_increase: float = 0.05
 
     def max_drop_for(self, recipe_id: str) -> float:
         return self.max_accuracy_drop_points.get(recipe_id, self.default_max_accuracy_drop_points)
+
+    def max_perplexity_increase_for(self, recipe_id: str) -> float:
+        return self.max_perplexity_increase.get(recipe_id, self.default_max_perplexity_increase)
 
 
 class QuantizeToolchain(StrictModel):

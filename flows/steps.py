@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from builders.stage import BuildRequest, build_artefact, read_artefact
 from enginesmith.artefacts import ExportFormat, QuantizedCheckpoint
 from enginesmith.calibration import calibration_fingerprint
+from enginesmith.checkpoints.inspect import model_shape
 from enginesmith.checkpoints.models import Checkpoint
 from enginesmith.checkpoints.pull import pull_checkpoint, resolve_revision
 from enginesmith.config import Catalogue, load_pipeline_config
@@ -41,12 +42,16 @@ def plan_config(config_path: Path, catalogue: Catalogue, *, resolve: bool = True
 def plan_config_object(config: PipelineConfig, config_dir: Path, catalogue: Catalogue, *,
                        resolve: bool = True) -> tuple[PipelineConfig, Plan]:
     revisions = {}
-    if resolve:
-        for model in config.models:
-            repo = resolve_local_repo(config_dir / "_", model.repo) if model.is_local else model.repo
+    shapes = {}
+    for model in config.models:
+        repo = resolve_local_repo(config_dir / "_", model.repo) if model.is_local else model.repo
+        if resolve:
             revisions[model.id] = resolve_revision(repo, model.revision)
+        shape = model_shape(repo, model.revision)
+        if shape is not None:
+            shapes[model.id] = shape
     plan = plan_matrix(config, catalogue, calibration_fingerprint=calibration_fingerprint(config.calibration.dataset),
-                       source_revisions=revisions)
+                       source_revisions=revisions, model_shapes=shapes)
     return config, plan
 
 
@@ -92,6 +97,7 @@ def quantize(cell: Cell, checkpoint: Checkpoint, work: Path) -> QuantizedCheckpo
         calibration_dataset=calibration.dataset if calibration else "builtin:addition",
         samples=calibration.samples if calibration else 1, seq_len=calibration.seq_len if calibration else 8,
         batch_size=calibration.batch_size if calibration else 1, task=cell.model.task,
+        awq_block_size=cell.awq_block.size if cell.awq_block else None,
     )
     return quantize_checkpoint(request)
 
@@ -107,7 +113,7 @@ def build(cell: Cell, quantized: QuantizedCheckpoint, work: Path, config: Pipeli
 
 def validate(cell: Cell, artefact_dir: Path, checkpoint: Checkpoint, config: PipelineConfig,
              work: Path) -> ValidationReport:
-    from builders.serve import reference_recipe
+    from builders.serve import baseline_recipe, reference_recipe
     from enginesmith.gpus import read_gpus
     from validation.placement import place_sides
     from validation.report import write_report
@@ -123,6 +129,8 @@ def validate(cell: Cell, artefact_dir: Path, checkpoint: Checkpoint, config: Pip
     reference = ServerSide(role="reference", name=cell.model.id, runtime="vllm-cpu" if cell.target.is_cpu else "vllm",
                            recipe=reference_recipe(source, on_cpu=cell.target.is_cpu, profile=cell.profile),
                            root=source)
+    baselines = [ServerSide(role="baseline", name=name, runtime=name, recipe=baseline_recipe(name, source), root=source)
+                 for name in config.workload.baselines]
     placement = place_sides(on_cpu=cell.target.is_cpu, visible_gpus=0 if cell.target.is_cpu else len(read_gpus()),
                             gpus_per_side=cell.tp * cell.pp)
     candidate.env.update(placement.candidate_env)
@@ -137,7 +145,7 @@ def validate(cell: Cell, artefact_dir: Path, checkpoint: Checkpoint, config: Pip
         candidate, reference, workload=config.workload, gates=config.gates, recipe_id=cell.recipe.id,
         target_id=cell.target.id, tokenizer_dir=tokenizer_dir, out_dir=out_dir,
         reference_accuracy_cache=work / REFERENCE_DIR / f"{accuracy_key[:16]}.json",
-        keep_servers_up=placement.keep_servers_up)
+        keep_servers_up=placement.keep_servers_up, baselines=baselines)
     report.notes.extend(placement.notes)
     write_report(report, out_dir)
     return report

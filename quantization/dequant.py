@@ -67,10 +67,14 @@ def load_dequantized_model(export_dir: Path, source_dir: Path) -> torch.nn.Modul
     config = AutoConfig.from_pretrained(source_dir)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     missing, unexpected = model.load_state_dict(dequantize_state_dict(export_dir), strict=False)
-    missing = [k for k in missing if not k.endswith("rotary_emb.inv_freq")]
+    # A model with tied embeddings exports only embed_tokens; its lm_head is that same tensor.
+    tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
+    missing = [k for k in missing if not k.endswith("rotary_emb.inv_freq") and k not in tied]
     if missing or unexpected:
         raise ValueError(f"dequantised export does not match the model: missing {missing[:5]}, "
                          f"unexpected {unexpected[:5]}")
+    if tied:
+        model.tie_weights()
     return model.eval()
 
 

@@ -131,6 +131,8 @@ def _run(request: QuantizeRequest, staging: Path) -> QuantizedCheckpoint:
 
     source = Path(request.checkpoint.local_path)
     hf_config = read_config(source)
+    group_size = request.awq_block_size or request.recipe.awq_block_size
+    _check_block_size(hf_config, request.recipe, group_size, tp=request.tp, where=str(source / "config.json"))
     device = _pick_device(request.device)
     if device == "cpu":
         torch.set_num_threads(int(os.environ.get("ENGINESMITH_CPU_THREADS", "1")))
@@ -140,14 +142,16 @@ def _run(request: QuantizeRequest, staging: Path) -> QuantizedCheckpoint:
     versions = installed_versions()
     hf_dir, trtllm_dir = staging / "hf", staging / "trtllm"
 
-    with _timed(timings, "load_s"):
+    model_name = request.checkpoint.repo_id
+    with _timed(timings, "load_s"), _upstream_errors("load", model_name, "transformers",
+                                                     "check that the checkpoint loads with transformers "
+                                                     f"{installed_versions()['transformers']} (config.json, weights)"):
         tokenizer = AutoTokenizer.from_pretrained(source)
         # Calibrate in fp32: bf16 matmuls are far slower on CPUs without AVX-512-BF16.
         model: Any = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
         model = model.to(device).eval()
 
     calibration = quality = None
-    group_size: int | None = None
     if recipe.is_passthrough:
         if "hf" in request.formats:
             hf_dir.mkdir()
@@ -173,9 +177,10 @@ def _run(request: QuantizeRequest, staging: Path) -> QuantizedCheckpoint:
                 for batch in data.batches:
                     calibrated(input_ids=batch.to(device))
 
-        config = modelopt_config(recipe, awq_block_size=request.awq_block_size)
-        group_size = request.awq_block_size or recipe.awq_block_size
-        with _timed(timings, "calibrate_s"):
+        config = modelopt_config(recipe, awq_block_size=group_size)
+        with _timed(timings, "calibrate_s"), _upstream_errors(
+                "calibrate", model_name, "ModelOpt", f"recipe {recipe.id} may not support this architecture "
+                f"({hf_config.get('model_type')}); try fp8, or report it with the traceback (--debug)"):
             model = mtq.quantize(model, config, forward_loop)
             # What the export does first: layers that share an input (q/k/v, gate/up) get one input scale and
             # AWQ pre-quant scale, and are re-quantised. Doing it here makes the quality report describe the
@@ -200,7 +205,9 @@ def _run(request: QuantizeRequest, staging: Path) -> QuantizedCheckpoint:
         # Export casts only the quantised layers; cast the rest so the export is BF16 throughout.
         model = model.to(torch.bfloat16)
 
-    with _timed(timings, "export_s"):
+    with _timed(timings, "export_s"), _upstream_errors(
+            "export", model_name, "ModelOpt", f"the {recipe.id} export does not support this model's layers; "
+            "run with --debug for the traceback"):
         try:
             if "hf" in request.formats and not recipe.is_passthrough:
                 hf_dir.mkdir()
@@ -242,6 +249,39 @@ def _run(request: QuantizeRequest, staging: Path) -> QuantizedCheckpoint:
         kv_cache_quant_algo=recipe.kv_cache_quant_algo, group_size=group_size, calibration=calibration,
         quality=quality, versions=versions, timings_s=timings, files=files,
     )
+
+
+@contextmanager
+def _upstream_errors(stage: str, model: str, library: str, hint: str) -> Iterator[None]:
+    """An exception from transformers or ModelOpt inside a stage step, re-raised as a UserError that names the
+    step, the model and what to do (the original stays chained for --debug)."""
+    try:
+        yield
+    except UserError:
+        raise
+    except (NotImplementedError, ValueError, RuntimeError, AssertionError, KeyError, TypeError, OSError) as exc:
+        raise UserError(f"quantize/{stage} of {model} failed in {library}: {type(exc).__name__}: {exc}",
+                        where=f"quantize/{stage}", hint=hint) from exc
+
+
+def _check_block_size(hf_config: dict[str, Any], recipe: RecipeSpec, group_size: int | None, *, tp: int,
+                      where: str) -> None:
+    """Refuse, before any weights are loaded, a block size that some quantised linear's input width does not
+    divide by (ModelOpt would find out only at export, after calibration)."""
+    if group_size is None or recipe.is_passthrough:
+        return
+    from enginesmith.shapes import ModelShape
+
+    try:
+        widths = ModelShape.from_config(hf_config).quantized_input_widths(tp)
+    except (KeyError, ValueError, TypeError):
+        return  # not a Llama-style config: ModelOpt's export is the check
+    misfits = {name: width for name, width in widths.items() if width % group_size}
+    if misfits:
+        listed = ", ".join(f"{name} {width}" for name, width in misfits.items())
+        raise UserError(f"{recipe.id} with block size {group_size}: input widths {listed} do not divide by it",
+                        where=where, hint="plan the cell with enginesmith (it picks a block size that divides them, "
+                                          "e.g. 64), or pass --awq-block-size with one that divides every width")
 
 
 def _task_exact_match(model: Any, tokenizer: Any, task: str | None) -> float | None:

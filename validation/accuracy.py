@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import httpx
 from pydantic import BaseModel
 
 from enginesmith.assets import task_eval_path
+from validation.loadgen import API_PATHS, Api, completion_payload
 from validation.server import Endpoint
 
 GENERATION_TOKENS = 8
@@ -31,40 +34,85 @@ class TaskScore(BaseModel):
 
 
 async def _greedy_completions(endpoint: Endpoint, prompts: Sequence[str], max_tokens: int, *,
-                              stop: list[str] | None, concurrency: int = 8) -> list[str]:
+                              stop: list[str] | None, api: Api, concurrency: int = 8) -> list[str]:
     semaphore = asyncio.Semaphore(concurrency)
     async with httpx.AsyncClient(timeout=300) as client:
 
         async def one(prompt: str) -> str:
-            payload: dict[str, object] = {"model": endpoint.model, "prompt": prompt, "max_tokens": max_tokens,
-                                          "temperature": 0.0}
+            payload = completion_payload(endpoint, prompt, max_tokens, stream=False, capabilities=None, api=api)
             if stop:
                 payload["stop"] = stop
             async with semaphore:
-                response = await client.post(f"{endpoint.base_url}/v1/completions", json=payload)
+                response = await client.post(f"{endpoint.base_url}{API_PATHS[api]}", json=payload)
             response.raise_for_status()
-            return str(response.json()["choices"][0]["text"])
+            choice = response.json()["choices"][0]
+            return str(choice["message"]["content"] or "" if api == "chat" else choice["text"])
 
         return list(await asyncio.gather(*(one(p) for p in prompts)))
 
 
 def greedy_completions(endpoint: Endpoint, prompts: Sequence[str], max_tokens: int,
-                       stop: list[str] | None = None) -> list[str]:
-    return asyncio.run(_greedy_completions(endpoint, prompts, max_tokens, stop=stop))
+                       stop: list[str] | None = None, api: Api = "completions") -> list[str]:
+    """Greedy completions of ``prompts`` (texts, or user messages with ``api="chat"``)."""
+    return asyncio.run(_greedy_completions(endpoint, prompts, max_tokens, stop=stop, api=api))
 
 
-def read_task(task: str, limit: int | None = None) -> list[dict[str, str]]:
+def read_task(task: str, limit: int | None = None) -> list[dict[str, Any]]:
     rows = [json.loads(line) for line in task_eval_path(task).read_text().splitlines() if line.strip()]
     return rows[:limit] if limit else rows
 
 
-def task_exact_match(endpoint: Endpoint, task: str, limit: int | None = None) -> tuple[TaskScore, list[str]]:
-    """Greedy completions of the task's prompts (stopped at a newline) compared, stripped, with the answers."""
+def task_exact_match(endpoint: Endpoint, task: str, limit: int | None = None,
+                     api: Api = "completions") -> tuple[TaskScore, list[str]]:
+    """Greedy completions of the task's prompts (stopped at a newline) compared with the answers by the task's
+    own rule (``validation.tasks``)."""
+    from validation.tasks import answer_matches, task_spec
+
+    spec = task_spec(task)
     rows = read_task(task, limit)
-    completions = greedy_completions(endpoint, [r["prompt"] for r in rows], GENERATION_TOKENS, stop=["\n"])
-    hits = sum(c.strip() == r["answer"] for c, r in zip(completions, rows, strict=True))
+    completions = greedy_completions(endpoint, [r["prompt"] for r in rows], spec.max_tokens, stop=["\n"], api=api)
+    hits = sum(answer_matches(c, r["answer"], spec, aliases=r.get("aliases"))
+               for c, r in zip(completions, rows, strict=True))
     return TaskScore(task=task, metric="exact_match", value=hits / len(rows), examples=len(rows),
                      source="enginesmith"), completions
+
+
+class Perplexity(BaseModel):
+    """exp(mean negative log-likelihood) of a held-out text, from the server's own prompt logprobs."""
+
+    text: str  # where the text came from
+    value: float
+    tokens: int  # tokens scored (each paragraph's first token has no logprob)
+    paragraphs: int
+
+
+async def _prompt_logprobs(endpoint: Endpoint, paragraphs: Sequence[str], concurrency: int = 4) -> list[list[float]]:
+    semaphore = asyncio.Semaphore(concurrency)
+    async with httpx.AsyncClient(timeout=300) as client:
+
+        async def one(text: str) -> list[float]:
+            payload = {"model": endpoint.model, "prompt": text, "max_tokens": 1, "temperature": 0.0, "echo": True,
+                       "logprobs": 0}
+            async with semaphore:
+                response = await client.post(f"{endpoint.base_url}/v1/completions", json=payload)
+            response.raise_for_status()
+            body = response.json()
+            prompt_tokens = int(body["usage"]["prompt_tokens"])
+            logprobs = body["choices"][0]["logprobs"]["token_logprobs"][:prompt_tokens]
+            return [float(v) for v in logprobs[1:] if v is not None]
+
+        return list(await asyncio.gather(*(one(p) for p in paragraphs)))
+
+
+def perplexity(endpoint: Endpoint, paragraphs: Sequence[str], *, text: str) -> Perplexity:
+    """Perplexity of ``paragraphs`` (each scored on its own) through ``/v1/completions`` with ``echo`` and
+    ``logprobs``: only servers that return prompt logprobs (``ServerCapabilities.prompt_logprobs``) can."""
+    scored = asyncio.run(_prompt_logprobs(endpoint, paragraphs))
+    values = [v for paragraph in scored for v in paragraph]
+    if not values:
+        raise ValueError("the server returned no prompt logprobs")
+    return Perplexity(text=text, value=math.exp(-sum(values) / len(values)), tokens=len(values),
+                      paragraphs=len(paragraphs))
 
 
 def greedy_agreement(candidate: Sequence[str], reference: Sequence[str]) -> float:

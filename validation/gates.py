@@ -82,6 +82,7 @@ def evaluate_gates(
     failed_requests: int,
     e2el_ratio: Spread | None = None,
     tpot_unobservable: str | None = None,
+    perplexity_increase: float | None = None,
     final: bool = True,
 ) -> list[GateResult]:
     """Throughput ratio ≥ min, TPOT ratio ≤ max, each task's accuracy drop ≤ the recipe's limit, no failed
@@ -109,6 +110,12 @@ def evaluate_gates(
     for task, drop in sorted(accuracy_drops_points.items()):
         results.append(GateResult(name=f"accuracy_drop:{task}", measured=drop, limit=limit, passed=drop <= limit,
                                   detail=f"reference − candidate, points; limit for {recipe_id}"))
+    if perplexity_increase is not None:
+        limit = gates.max_perplexity_increase_for(recipe_id)
+        results.append(GateResult(name="max_perplexity_increase", measured=perplexity_increase, limit=limit,
+                                  passed=perplexity_increase <= limit,
+                                  detail=f"candidate perplexity / reference's − 1 on the held-out text; limit for "
+                                         f"{recipe_id}"))
     return results
 
 

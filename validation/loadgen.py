@@ -16,6 +16,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import aiohttp
 import httpx
@@ -38,10 +39,19 @@ class ServerCapabilities(BaseModel):
     detail: str = ""
 
 
+Api = Literal["completions", "chat"]
+API_PATHS: dict[str, str] = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+
+
 def completion_payload(endpoint: Endpoint, prompt: str, max_tokens: int, *, stream: bool,
-                       capabilities: ServerCapabilities | None) -> dict[str, object]:
-    payload: dict[str, object] = {"model": endpoint.model, "prompt": prompt, "max_tokens": max_tokens,
-                                  "temperature": 0.0, "stream": stream}
+                       capabilities: ServerCapabilities | None, api: Api = "completions") -> dict[str, object]:
+    """A greedy request for ``prompt``: as text (completions) or as one user message (chat, the server applies the
+    chat template; ``max_completion_tokens`` as ``vllm bench serve --backend openai-chat`` sends it)."""
+    payload: dict[str, object] = {"model": endpoint.model, "temperature": 0.0, "stream": stream}
+    if api == "chat":
+        payload.update(messages=[{"role": "user", "content": prompt}], max_completion_tokens=max_tokens)
+    else:
+        payload.update(prompt=prompt, max_tokens=max_tokens)
     if stream:
         payload["stream_options"] = {"include_usage": True}
     if capabilities is not None and capabilities.vllm_extensions:
@@ -55,14 +65,16 @@ def rejected_field_message(status: int, body: str) -> str:
 
 
 async def send_one(session: aiohttp.ClientSession, endpoint: Endpoint, payload: dict[str, object],
-                   prompt_len: int, bench_start: float, request_id: str | None = None) -> RequestRecord:
-    """One streamed completion; each SSE line is stamped with the arrival time of the bytes that ended it."""
+                   prompt_len: int, bench_start: float, request_id: str | None = None,
+                   api: Api = "completions") -> RequestRecord:
+    """One streamed completion; each SSE line is stamped with the arrival time of the bytes that ended it. Chat
+    streams are read by the same rules (vLLM's openai-chat backend counts choices-bearing chunks alike)."""
     start = time.perf_counter()
     lines: list[tuple[float, str]] = []
     pending = b""
     headers = {"x-request-id": request_id} if request_id else None
     try:
-        async with session.post(f"{endpoint.base_url}/v1/completions", json=payload, headers=headers) as response:
+        async with session.post(f"{endpoint.base_url}{API_PATHS[api]}", json=payload, headers=headers) as response:
             if response.status != 200:
                 body = (await response.read()).decode(errors="replace")
                 return RequestRecord(success=False, prompt_len=prompt_len, start_s=start - bench_start,
@@ -95,10 +107,11 @@ class LevelPlan:
     warmup_requests: int = 0
     warmup_max_s: float = 60.0
     warmup_tolerance: float = 0.1
+    api: Api = "completions"
 
     @classmethod
     def from_workload(cls, workload: WorkloadSpec, concurrency: int) -> LevelPlan:
-        return cls(concurrency=concurrency, min_requests=workload.min_requests,
+        return cls(concurrency=concurrency, api=workload.api, min_requests=workload.min_requests,
                    min_duration_s=workload.min_duration_s, timeout_s=workload.level_timeout_s,
                    request_rate=workload.request_rate, burstiness=workload.burstiness,
                    warmup_requests=workload.warmup_requests, warmup_max_s=workload.warmup_max_s,
@@ -150,9 +163,10 @@ async def _send_for(client: aiohttp.ClientSession, endpoint: Endpoint, prompts: 
         nonlocal failed
         text, prompt_len, output_len = prompts[index % len(prompts)]
         try:
-            payload = completion_payload(endpoint, text, output_len, stream=True, capabilities=capabilities)
+            payload = completion_payload(endpoint, text, output_len, stream=True, capabilities=capabilities,
+                                         api=plan.api)
             record = await send_one(client, endpoint, payload, prompt_len, bench_start,
-                                    request_id=f"{label}-{index}" if label else None)
+                                    request_id=f"{label}-{index}" if label else None, api=plan.api)
         finally:
             semaphore.release()
         records.append(record)
@@ -197,7 +211,7 @@ async def _warm_up(client: aiohttp.ClientSession, endpoint: Endpoint, prompts: S
     """Batches at the level's concurrency until two batches' output throughputs agree within the tolerance (or
     ``warmup_max_s`` has passed). Returns (requests sent, seconds, steady)."""
     batch = LevelPlan(concurrency=plan.concurrency, min_requests=max(plan.warmup_requests, 4 * plan.concurrency),
-                      timeout_s=plan.timeout_s)
+                      timeout_s=plan.timeout_s, api=plan.api)
     started = time.perf_counter()
     previous: float | None = None
     sent = 0
@@ -240,11 +254,13 @@ def run_level(endpoint: Endpoint, prompts: Sequence[tuple[str, int, int]], plan:
                                   label=label, on_done=on_done))
 
 
-def probe_capabilities(endpoint: Endpoint, probe_prompt: str = "Hello") -> ServerCapabilities:
-    """Does the server take ``ignore_eos``, and does ``echo`` + ``logprobs`` give prompt-token logprobs?"""
+def probe_capabilities(endpoint: Endpoint, probe_prompt: str = "Hello", api: Api = "completions") -> ServerCapabilities:
+    """Does the server take ``ignore_eos`` on the workload's endpoint, and does ``/v1/completions`` with ``echo`` +
+    ``logprobs`` give prompt-token logprobs (what perplexity and log-likelihood tasks need)?"""
     base = {"model": endpoint.model, "prompt": probe_prompt, "temperature": 0.0}
-    extensions = httpx.post(f"{endpoint.base_url}/v1/completions", json={**base, "max_tokens": 1, "ignore_eos": True},
-                            timeout=120)
+    probe = {**completion_payload(endpoint, probe_prompt, 1, stream=False, capabilities=None, api=api),
+             "ignore_eos": True}
+    extensions = httpx.post(f"{endpoint.base_url}{API_PATHS[api]}", json=probe, timeout=120)
     detail = "" if extensions.status_code == 200 else rejected_field_message(extensions.status_code, extensions.text)
     echo = httpx.post(f"{endpoint.base_url}/v1/completions",
                       json={**base, "max_tokens": 1, "echo": True, "logprobs": 1}, timeout=120)

@@ -10,7 +10,7 @@ from typing import Literal
 from pydantic import BaseModel, computed_field
 
 from enginesmith.specs import WorkloadSpec
-from validation.accuracy import TaskScore
+from validation.accuracy import Perplexity, TaskScore
 from validation.gates import GateResult
 from validation.loadgen import ServerCapabilities
 from validation.metrics import BenchmarkResult, Spread
@@ -29,6 +29,7 @@ class SideReport(BaseModel):
     accuracy: list[TaskScore]
     capabilities: ServerCapabilities
     log_path: str | None = None
+    perplexity: Perplexity | None = None
 
     @property
     def rounds(self) -> list[int]:
@@ -133,6 +134,13 @@ class Comparison(BaseModel):
     def e2el_ratio(self) -> float | None:
         return self.e2el_ratios.median if self.e2el_ratios else None
 
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def perplexity_increase(self) -> float | None:
+        """candidate perplexity / reference's − 1 on the held-out text (None unless both sides measured it)."""
+        cand, ref = self.candidate.perplexity, self.reference.perplexity
+        return cand.value / ref.value - 1 if cand is not None and ref is not None else None
+
 
 class ValidationReport(BaseModel):
     schema_version: Literal[2] = 2
@@ -187,6 +195,11 @@ def comparison_rows(report: ValidationReport) -> list[list[str]]:
     ]
     for key in ("median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "p99_itl_ms"):
         rows.append([f"{key} at peak", *(fmt_spread(s.at_peak(key)) for s in sides), ""])
+    if any(s.perplexity for s in sides):
+        text = next(s.perplexity.text for s in sides if s.perplexity)
+        rows.append([f"perplexity, {text}", *(_fmt(s.perplexity.value if s.perplexity else None, ".3f")
+                                               for s in sides),
+                     "—" if c.perplexity_increase is None else f"{c.perplexity_increase:+.2%}"])
     for index, score in enumerate(c.candidate.accuracy):
         ref = c.reference.accuracy[index].value if index < len(c.reference.accuracy) else None
         others = [s.accuracy[index].value if index < len(s.accuracy) else None for s in c.baselines]

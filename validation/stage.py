@@ -24,13 +24,16 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 
 from builders.serve import render
 from enginesmith.artefacts import ServeRecipe
+from enginesmith.assets import read_paragraphs
 from enginesmith.specs import GateSpec, WorkloadSpec
 from validation.accuracy import (
+    Perplexity,
     TaskScore,
     greedy_agreement,
     greedy_completions,
     lm_eval_available,
     lm_eval_task,
+    perplexity,
     task_exact_match,
 )
 from validation.gates import GateResult, evaluate_gates, undecided
@@ -39,6 +42,7 @@ from validation.metrics import BenchmarkResult, Spread
 from validation.report import Comparison, SideReport, ValidationReport
 from validation.sampling import UsageSampler
 from validation.server import Endpoint, external_endpoint, free_port, running_server
+from validation.tasks import task_spec
 from validation.workloads import build_prompts
 
 GREEDY_AGREEMENT_PROMPTS = 32
@@ -128,10 +132,12 @@ def _stop_when_started(future: Future[tuple[AbstractContextManager[Endpoint], En
 
 
 class SideAccuracy(BaseModel):
-    """A side's deterministic results: greedy task scores and completions (cacheable by the caller's key)."""
+    """A side's deterministic results: greedy task scores, completions and the held-out text's perplexity
+    (cacheable by the caller's key)."""
 
     accuracy: list[TaskScore]
     completions: list[str]
+    perplexity: Perplexity | None = None
 
 
 def _read_cached(path: Path | None) -> SideAccuracy | None:
@@ -147,15 +153,20 @@ def _write_cached(path: Path, results: SideAccuracy) -> None:
     partial.replace(path)
 
 
-def _measure_accuracy(endpoint: Endpoint, workload: WorkloadSpec, prompts: list[str],
-                      tokenizer_dir: Path) -> SideAccuracy:
+def _measure_accuracy(endpoint: Endpoint, workload: WorkloadSpec, prompts: list[str], tokenizer_dir: Path,
+                      capabilities: ServerCapabilities) -> SideAccuracy:
     accuracy: list[TaskScore] = []
     for task_name in workload.accuracy_tasks:
-        accuracy.append(task_exact_match(endpoint, task_name)[0])
+        accuracy.append(task_exact_match(endpoint, task_name, api=task_spec(task_name).api)[0])
         if lm_eval_available():
             accuracy.append(lm_eval_task(endpoint, task_name, tokenizer_dir))
-    completions = greedy_completions(endpoint, prompts[:GREEDY_AGREEMENT_PROMPTS], workload.greedy_agreement_tokens)
-    return SideAccuracy(accuracy=accuracy, completions=completions)
+    completions = greedy_completions(endpoint, prompts[:GREEDY_AGREEMENT_PROMPTS], workload.greedy_agreement_tokens,
+                                     api=workload.api)
+    measured_perplexity = None
+    if workload.perplexity_text is not None and capabilities.prompt_logprobs:
+        measured_perplexity = perplexity(endpoint, read_paragraphs(workload.perplexity_text),
+                                         text=workload.perplexity_text)
+    return SideAccuracy(accuracy=accuracy, completions=completions, perplexity=measured_perplexity)
 
 
 @dataclass
@@ -183,7 +194,8 @@ class _SideRun:
         return SideReport(role=self.side.role, name=self.side.name, runtime=self.side.runtime, levels=self.levels,
                           peak_memory_bytes=self.peak_memory_bytes, memory_source=self.memory_source,
                           kv_cache_usage_max=self.kv_cache_usage_max, accuracy=self.results.accuracy,
-                          capabilities=self.capabilities, log_path=self.log_path)
+                          perplexity=self.results.perplexity, capabilities=self.capabilities,
+                          log_path=self.log_path)
 
 
 def _ratios(candidate: Spread | None, reference: Spread | None) -> Spread | None:
@@ -217,6 +229,7 @@ def judge(comparison: Comparison, gates: GateSpec, recipe_id: str, *, final: boo
              for c, r in zip(cand.accuracy, ref.accuracy, strict=True)}
     return evaluate_gates(gates, recipe_id, throughput_ratio=comparison.throughput_ratios,
                           tpot_ratio=comparison.tpot_ratios, accuracy_drops_points=drops,
+                          perplexity_increase=comparison.perplexity_increase,
                           failed_requests=cand.failed_requests + ref.failed_requests,
                           e2el_ratio=comparison.e2el_ratios, tpot_unobservable="; ".join(unobservable) or None,
                           final=final)
@@ -272,7 +285,9 @@ def validate(candidate: ServerSide, reference: ServerSide, *, workload: Workload
             notes.append(f"{side_report.role} rejects vLLM's request extensions ({side_report.capabilities.detail}): "
                          "output lengths were not forced (no ignore_eos).")
         if not side_report.capabilities.prompt_logprobs:
-            notes.append(f"{side_report.role} returns no prompt logprobs: generation tasks only.")
+            skipped = (f"; the perplexity of {workload.perplexity_text} was not measured on it, so there is no "
+                       "perplexity gate" if workload.perplexity_text else "")
+            notes.append(f"{side_report.role} returns no prompt logprobs: generation tasks only{skipped}.")
     unsteady = sorted({f"{r.role} c={lv.concurrency}" for r in reports for lv in r.levels if lv.warmup_steady is False})
     if unsteady:
         notes.append(f"warm-up did not reach a steady throughput within {workload.warmup_max_s:g} s for "
@@ -307,10 +322,10 @@ def _measure_turn(run: _SideRun, concurrencies: list[int], round_index: int, ser
     with servers.up(run.side, round_index) as endpoint:
         run.log_path = str(endpoint.log_path) if endpoint.log_path else None
         if run.capabilities is None:
-            run.capabilities = probe_capabilities(endpoint, probe_prompt=prompts[0])
+            run.capabilities = probe_capabilities(endpoint, probe_prompt=prompts[0], api=workload.api)
         if run.results is None:
             progress.update(task, description=f"{role}: accuracy")
-            run.results = _measure_accuracy(endpoint, workload, prompts, tokenizer_dir)
+            run.results = _measure_accuracy(endpoint, workload, prompts, tokenizer_dir, run.capabilities)
         with UsageSampler(endpoint.base_url, endpoint.pid) as sampler:
             for concurrency in concurrencies:
                 progress.update(task, description=f"{role}: round {round_index + 1}, concurrency {concurrency}")

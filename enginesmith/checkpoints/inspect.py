@@ -10,9 +10,12 @@ import json
 import math
 import struct
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from enginesmith.errors import UserError
+
+if TYPE_CHECKING:
+    from enginesmith.shapes import ModelShape
 
 
 def read_config(checkpoint_dir: Path) -> dict[str, Any]:
@@ -49,3 +52,23 @@ def describe(checkpoint_dir: Path) -> dict[str, Any]:
         "dtype": config.get("torch_dtype") or config.get("dtype"),
         "parameter_count": parameter_count(checkpoint_dir),
     }
+
+
+def model_shape(source: str, revision: str = "main") -> ModelShape | None:
+    """The layer widths of a local directory's or a Hub repo's ``config.json``; for a Hub repo only from the
+    local Hub cache (planning makes no network calls). None where it cannot be read: planning then keeps the
+    recipes' defaults and the quantize stage checks the widths before it loads any weights."""
+    from enginesmith.shapes import ModelShape
+
+    local = Path(source.removeprefix("file://")).expanduser()
+    try:
+        if local.is_dir():
+            return ModelShape.from_config(read_config(local))
+        from huggingface_hub import try_to_load_from_cache
+
+        path = try_to_load_from_cache(source, "config.json", revision=revision)
+        if not isinstance(path, str):
+            return None
+        return ModelShape.from_config(json.loads(Path(path).read_text()))
+    except Exception:
+        return None

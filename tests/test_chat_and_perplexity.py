@@ -1,0 +1,64 @@
+"""Chat completions and perplexity through a real vllm-cpu server (the tiny model has a chat template)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from enginesmith.assets import read_paragraphs
+from validation.accuracy import greedy_completions, perplexity, task_exact_match
+from validation.loadgen import LevelPlan, probe_capabilities, run_level
+
+pytestmark = pytest.mark.slow
+
+
+def test_chat_load_streams_with_forced_lengths_and_the_server_counts_the_template(vllm_cpu_server):
+    capabilities = probe_capabilities(vllm_cpu_server, probe_prompt="1+1=", api="chat")
+    assert capabilities.vllm_extensions and capabilities.prompt_logprobs
+    prompts = [("12+30=", 6, 8), ("7+5=", 4, 8)]
+    result = run_level(vllm_cpu_server, prompts, LevelPlan(concurrency=2, min_requests=6, api="chat"),
+                       capabilities=capabilities)
+    assert result.completed == 6 and result.failed == 0
+    # ignore_eos holds on the chat endpoint too: every request streams exactly its output length.
+    assert result.total_output_tokens == 6 * 8
+    # The prompt length is the server's (usage.prompt_tokens): the chat template's <s> is counted.
+    assert result.total_input_tokens == 3 * (7 + 5)
+
+
+def test_task_scores_the_same_over_chat_as_over_completions_for_a_template_that_adds_nothing(vllm_cpu_server):
+    # The tiny model's chat template renders <s> + the user text verbatim: the same tokens as a completion prompt,
+    # so the two endpoints must agree exactly. A chat path that mangled the message would not.
+    over_completions, texts = task_exact_match(vllm_cpu_server, "addition", limit=40, api="completions")
+    over_chat, chat_texts = task_exact_match(vllm_cpu_server, "addition", limit=40, api="chat")
+    assert over_completions.value == over_chat.value >= 0.8
+    assert [t.split("\n")[0] for t in texts] == [t.split("\n")[0] for t in chat_texts]
+
+
+def test_perplexity_from_the_server_matches_transformers_on_the_same_text(vllm_cpu_server, tiny_model_dir):
+    """The server's prompt logprobs (BF16) against a local forward pass in fp32 over the same tokens."""
+    torch = pytest.importorskip("torch")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    paragraphs = read_paragraphs("builtin:pydocs")[:6]
+    served = perplexity(vllm_cpu_server, paragraphs, text="builtin:pydocs")
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for text in paragraphs:
+            ids = tokenizer(text, return_tensors="pt")["input_ids"]
+            logprobs = torch.log_softmax(model(input_ids=ids).logits[0, :-1].float(), dim=-1)
+            total += logprobs.gather(1, ids[0, 1:, None]).sum().item()
+            count += ids.shape[1] - 1
+    local = math.exp(-total / count)
+    assert served.tokens == count
+    # An addition model reading English prose: a large perplexity, the same on both paths within BF16 rounding.
+    assert served.value > 10
+    assert abs(served.value / local - 1) < 0.05, (served.value, local)
+
+
+def test_greedy_chat_completions_are_deterministic(vllm_cpu_server):
+    prompts = ["3+4=", "250+250="]
+    assert greedy_completions(vllm_cpu_server, prompts, 6, api="chat") == \
+        greedy_completions(vllm_cpu_server, prompts, 6, api="chat")

@@ -1,0 +1,121 @@
+"""Shape legality at plan time: the AWQ block size is decided from config.json alone, before any calibration."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from enginesmith.config import default_catalogue
+from enginesmith.errors import UserError
+from enginesmith.plan import plan_config_file, quantize_key
+from tests.conftest import run_cli
+
+# SmolLM2-135M-Instruct's config.json fields that decide the shapes (shared/reference/models.md).
+SMOLLM2_CONFIG = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 576,
+                  "intermediate_size": 1536, "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64,
+                  "num_hidden_layers": 30, "vocab_size": 49152, "tie_word_embeddings": True}
+
+
+@pytest.fixture
+def smollm2_config_only(tmp_path: Path) -> Path:
+    """A checkpoint directory with SmolLM2's config.json and no weights at all: whatever reads it must not need
+    them."""
+    model_dir = tmp_path / "smollm2-config-only"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text(json.dumps(SMOLLM2_CONFIG))
+    return model_dir
+
+
+def _plan_cells(write_config, model_dir: Path, recipes: str, tp: str = "[1]"):
+    config = write_config(f"""
+version: 1
+name: shapes
+models:
+  - id: smollm2
+    repo: {model_dir}
+matrix:
+  - models: [smollm2]
+    recipes: {recipes}
+    targets: [h100-sxm]
+    kinds: [trtllm-engine]
+    tp: {tp}
+""")
+    return {c.id: c for c in plan_config_file(str(config), default_catalogue()).cells}
+
+
+def test_int4_awq_on_smollm2_falls_back_to_block_64_and_w4a8_is_refused_with_the_rule(write_config,
+                                                                                       smollm2_config_only):
+    cells = _plan_cells(write_config, smollm2_config_only, "[int4-awq, w4a8-awq, fp8]")
+    int4 = cells["smollm2/int4-awq/h100-sxm/tp1/trtllm-engine"]
+    assert int4.status == "build"
+    assert int4.awq_block is not None and int4.awq_block.size == 64 and int4.awq_block.preferred == 128
+    assert "576" in int4.awq_block.reason
+    w4a8 = cells["smollm2/w4a8-awq/h100-sxm/tp1/trtllm-engine"]
+    assert w4a8.status == "invalid"
+    assert [v.rule for v in w4a8.violations] == ["awq-block-fits"]
+    assert "576" in w4a8.reason and "128" in w4a8.reason
+    assert cells["smollm2/fp8/h100-sxm/tp1/trtllm-engine"].awq_block is None
+
+
+def test_the_chosen_block_size_is_in_the_quantize_key(write_config, smollm2_config_only, tmp_path):
+    """Two models that differ only in hidden size (576 vs 640): block 64 for one, 128 for the other, and the
+    quantize key carries the size (the same recipe at another block size is another checkpoint)."""
+    wide = tmp_path / "wide"
+    wide.mkdir()
+    (wide / "config.json").write_text(json.dumps({**SMOLLM2_CONFIG, "hidden_size": 640, "num_attention_heads": 10}))
+    cell_id = "smollm2/int4-awq/h100-sxm/tp1/trtllm-engine"
+    narrow = _plan_cells(write_config, smollm2_config_only, "[int4-awq]")[cell_id]
+    wide_cell = _plan_cells(write_config, wide, "[int4-awq]")[cell_id]
+    assert (narrow.awq_block.size, wide_cell.awq_block.size) == (64, 128)
+    recipe = default_catalogue().recipes["int4-awq"]
+    keys = {size: quantize_key("ckpt", recipe.model_copy(update={"awq_block_size": size}), None, {}, None)
+            for size in (64, 128)}
+    assert keys[64] != keys[128]
+
+
+def test_tensor_parallel_splits_the_row_parallel_widths(write_config, smollm2_config_only):
+    # tp=2: o_proj's 576 inputs become 288 per rank, which 64 does not divide (288 = 4.5 × 64).
+    cells = _plan_cells(write_config, smollm2_config_only, "[int4-awq]", tp="[1, 2]")
+    assert cells["smollm2/int4-awq/h100-sxm/tp1/trtllm-engine"].status == "build"
+    tp2 = cells["smollm2/int4-awq/h100-sxm/tp2/trtllm-engine"]
+    assert tp2.status == "invalid" and "o_proj 288" in tp2.reason and "per rank at tp=2" in tp2.reason
+
+
+def test_plan_cli_shows_the_block_decision(write_config, smollm2_config_only):
+    config = write_config(f"""
+version: 1
+name: shapes
+models:
+  - id: smollm2
+    repo: {smollm2_config_only}
+matrix:
+  - models: [smollm2]
+    recipes: [int4-awq]
+    targets: [cpu]
+    kinds: [hf-quantized]
+""")
+    result = run_cli("plan", str(config), "--json")
+    assert result.returncode == 0, result.stderr
+    (cell,) = json.loads(result.stdout)["cells"]
+    assert cell["awq_block"]["size"] == 64 and cell["status"] == "build"
+    table = run_cli("plan", str(config))
+    assert "block size 64, not 128" in " ".join(table.stdout.split())
+
+
+@pytest.mark.quantize
+def test_quantize_refuses_a_block_size_before_it_loads_any_weights(smollm2_config_only, tmp_path):
+    """The directory holds no weights: reaching the load step would fail differently. The refusal names the
+    widths and the block size."""
+    from enginesmith.checkpoints.models import Checkpoint
+    from quantization.stage import QuantizeRequest, quantize_checkpoint
+
+    checkpoint = Checkpoint(source="local", repo_id="smollm2", requested_revision="main",
+                            commit_sha="sha256:" + "0" * 64, local_path=str(smollm2_config_only), files=[],
+                            total_bytes=0, architecture="LlamaForCausalLM", model_type="llama", dtype="bfloat16",
+                            parameter_count=None)
+    request = QuantizeRequest(checkpoint=checkpoint, recipe=default_catalogue().recipes["int4-awq"], key="k",
+                              out_dir=str(tmp_path / "out"), formats=["hf"], awq_block_size=128)
+    with pytest.raises(UserError, match=r"block size 128.*576"):
+        quantize_checkpoint(request)
