@@ -1,8 +1,8 @@
 """Write the ``facts`` task: short questions with one-word answers, for small instruct models.
 
-Each row of ``enginesmith/assets/tasks/facts-eval.jsonl`` is ``{"prompt", "answer", "family"}``; a reply is right
-when its first word (case and punctuation aside) is the answer (``validation.tasks``). The families are generated
-from the tables below, so the set is reproducible and reviewable.
+Each row of ``enginesmith/assets/tasks/facts-eval.jsonl`` is ``{"prompt", "answer", "aliases", "family"}``; a reply
+is right when its first line contains the answer or an alias as a whole word (``validation.tasks``). The families
+are generated from the tables below, so the set is reproducible and reviewable.
 
 ``--measure MODEL_DIR`` scores a checkpoint on every family in BF16 with transformers (the model's chat template,
 greedy) and prints a table; the families kept in the committed set are those a 135M instruct model does well on
@@ -33,6 +33,21 @@ CAPITALS = {
     "Belgium": "Brussels", "Netherlands": "Amsterdam", "Turkey": "Ankara", "Iran": "Tehran", "Iraq": "Baghdad",
     "Canada": "Ottawa", "Australia": "Canberra", "Brazil": "Brasilia",
     "Switzerland": "Bern", "Ukraine": "Kyiv", "Vietnam": "Hanoi", "Indonesia": "Jakarta", "Colombia": "Bogota",
+    "Scotland": "Edinburgh", "Wales": "Cardiff", "Iceland": "Reykjavik", "Romania": "Bucharest",
+    "Bulgaria": "Sofia", "Serbia": "Belgrade", "Croatia": "Zagreb", "Czechia": "Prague", "Slovakia": "Bratislava",
+    "Lebanon": "Beirut", "Syria": "Damascus", "Jordan": "Amman", "Israel": "Jerusalem", "Afghanistan": "Kabul",
+    "Pakistan": "Islamabad", "Bangladesh": "Dhaka", "Nepal": "Kathmandu", "Philippines": "Manila",
+    "Malaysia": "Kuala", "Singapore": "Singapore", "Nigeria": "Abuja", "Ghana": "Accra", "Ethiopia": "Addis",
+    "Morocco": "Rabat", "Tunisia": "Tunis", "Algeria": "Algiers", "Venezuela": "Caracas", "Ecuador": "Quito",
+    "Uruguay": "Montevideo", "Paraguay": "Asuncion", "Bolivia": "Sucre", "Jamaica": "Kingston",
+    "Estonia": "Tallinn", "Latvia": "Riga", "Lithuania": "Vilnius", "Luxembourg": "Luxembourg",
+}
+LANGUAGES = {
+    "France": "French", "Germany": "German", "Italy": "Italian", "Spain": "Spanish", "Japan": "Japanese",
+    "Russia": "Russian", "China": "Chinese", "Greece": "Greek", "Portugal": "Portuguese", "Poland": "Polish",
+    "Sweden": "Swedish", "Norway": "Norwegian", "Finland": "Finnish", "Denmark": "Danish", "Turkey": "Turkish",
+    "Korea": "Korean", "Brazil": "Portuguese", "Mexico": "Spanish", "England": "English", "Hungary": "Hungarian",
+    "the Netherlands": "Dutch", "Thailand": "Thai", "Vietnam": "Vietnamese", "Iran": "Persian", "Ukraine": "Ukrainian",
 }
 OPPOSITES = {
     "hot": "cold", "big": "small", "up": "down", "day": "night", "fast": "slow", "happy": "sad", "open": "closed",
@@ -41,7 +56,12 @@ OPPOSITES = {
     "win": "lose", "love": "hate", "push": "pull", "black": "white", "true": "false", "clean": "dirty",
     "heavy": "light", "long": "short", "young": "old", "inside": "outside", "buy": "sell", "begin": "end",
     "north": "south", "east": "west", "yes": "no", "first": "last", "alive": "dead", "cheap": "expensive",
-    "friend": "enemy", "question": "answer",
+    "friend": "enemy", "question": "answer", "wide": "narrow", "near": "far", "deep": "shallow", "sweet": "sour",
+    "brave": "cowardly", "smooth": "rough", "tall": "short", "sharp": "blunt", "asleep": "awake",
+    "always": "never", "arrive": "depart", "accept": "reject", "add": "subtract", "above": "below",
+    "before": "after", "summer": "winter", "front": "back", "over": "under", "top": "bottom", "enter": "exit",
+    "remember": "forget", "increase": "decrease", "victory": "defeat", "ancient": "modern", "public": "private",
+    "visible": "invisible", "possible": "impossible", "polite": "rude", "guilty": "innocent", "wild": "tame",
 }
 DAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
 MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
@@ -51,6 +71,10 @@ PLURALS = {
     "foot": "feet", "tooth": "teeth", "box": "boxes", "book": "books", "car": "cars", "tree": "trees",
     "house": "houses", "baby": "babies", "city": "cities", "knife": "knives", "leaf": "leaves", "goose": "geese",
     "person": "people", "bus": "buses", "apple": "apples", "bird": "birds", "glass": "glasses", "day": "days",
+    "ox": "oxen", "wolf": "wolves", "wife": "wives", "life": "lives", "half": "halves", "potato": "potatoes",
+    "hero": "heroes", "story": "stories", "lady": "ladies", "church": "churches", "watch": "watches",
+    "dish": "dishes", "fox": "foxes", "toy": "toys", "key": "keys", "horse": "horses", "chair": "chairs",
+    "table": "tables", "pen": "pens", "cup": "cups", "flower": "flowers", "river": "rivers",
 }
 COLOURS = {
     "a banana": "yellow", "grass": "green", "the sky on a clear day": "blue", "snow": "white", "coal": "black",
@@ -71,6 +95,10 @@ def families() -> dict[str, list[tuple[str, str]]]:
     sums = [(a, b) for a in range(1, 10) for b in range(1, 10) if a <= b]
     return {
         "capital": [(f"What is the capital of {country}?", city) for country, city in CAPITALS.items()],
+        "country-of-capital": [(f"{city} is the capital of which country?", country)
+                               for country, city in CAPITALS.items() if len(city) > 4 and city != country],
+        "language": [(f"What language do most people speak in {country}?", language)
+                     for country, language in LANGUAGES.items()],
         "opposite": [(f"What is the opposite of \"{word}\"?", other) for word, other in OPPOSITES.items()],
         "next-day": [(f"What day of the week comes after {day}?", DAYS[(i + 1) % 7]) for i, day in enumerate(DAYS)],
         "next-month": [(f"What month comes after {month}?", MONTHS[(i + 1) % 12]) for i, month in enumerate(MONTHS)],
@@ -83,16 +111,21 @@ def families() -> dict[str, list[tuple[str, str]]]:
     }
 
 
-# Families kept in the committed set: the ones SmolLM2-135M-Instruct (Q4_1 dequantised to BF16) answers well
-# (see the note printed by --measure and the README of enginesmith/assets/tasks).
-FAMILIES_KEPT: list[str] = list(families())
+# Families kept in the committed set: the ones SmolLM2-135M-Instruct (Q4_1 dequantised to BF16, transformers,
+# greedy) answers well. Measured 2026-11-30 with --families all --measure:
+#   capital 50/74, country-of-capital 46/66, language 17/25, opposite 53/70, plural 28/46 (kept: 194/281 = 69 %);
+#   next-day 2/7, next-month 3/12, colour 2/18, number-word 1/21, sum 17/45, animal-sound 0/10 (dropped: it
+#   answers these with a sentence that avoids the word, or wrongly).
+FAMILIES_KEPT: list[str] = ["capital", "country-of-capital", "language", "opposite", "plural"]
 
 
 def aliases(family: str, answer: str) -> list[str]:
     """Other spellings of the same answer: a sum's number word, Brasilia's accent."""
     if family == "sum":
         return [NUMBER_WORDS[int(answer)]]
-    return {"Brasilia": ["Brasília"], "Kyiv": ["Kiev"], "Bogota": ["Bogotá"]}.get(answer, [])
+    return {"Brasilia": ["Brasília"], "Kyiv": ["Kiev"], "Bogota": ["Bogotá"], "Reykjavik": ["Reykjavík"],
+            "Asuncion": ["Asunción"], "Czechia": ["Czech"], "England": ["UK", "Britain"],
+            "Persian": ["Farsi"], "Chinese": ["Mandarin"]}.get(answer, [])
 
 
 def rows(selected: list[str]) -> list[dict[str, object]]:
@@ -112,6 +145,8 @@ def measure(model_dir: Path, items: list[dict[str, Any]]) -> dict[str, tuple[int
     spec = task_spec("facts")
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
     scores: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     for start in range(0, len(items), 32):

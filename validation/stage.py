@@ -43,7 +43,7 @@ from validation.report import Comparison, SideReport, ValidationReport
 from validation.sampling import UsageSampler
 from validation.server import Endpoint, external_endpoint, free_port, running_server
 from validation.tasks import task_spec
-from validation.workloads import build_prompts
+from validation.workloads import build_prompts, perplexity_windows
 
 GREEDY_AGREEMENT_PROMPTS = 32
 CPU_TARGET_NOTE = (
@@ -164,8 +164,8 @@ def _measure_accuracy(endpoint: Endpoint, workload: WorkloadSpec, prompts: list[
                                      api=workload.api)
     measured_perplexity = None
     if workload.perplexity_text is not None and capabilities.prompt_logprobs:
-        measured_perplexity = perplexity(endpoint, read_paragraphs(workload.perplexity_text),
-                                         text=workload.perplexity_text)
+        windows = perplexity_windows(read_paragraphs(workload.perplexity_text), tokenizer_dir)
+        measured_perplexity = perplexity(endpoint, windows, text=workload.perplexity_text)
     return SideAccuracy(accuracy=accuracy, completions=completions, perplexity=measured_perplexity)
 
 

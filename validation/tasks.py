@@ -1,8 +1,9 @@
 """How each shipped task is asked and scored. Pure.
 
 - ``addition`` (the tiny model's): a completion prompt ``"123+45="``; the completion, stripped, must equal the sum.
-- ``facts`` (for instruct models): one user message asking for a one-word answer; the reply's first word,
-  without punctuation and case, must equal the answer. Written by ``scripts/make_facts_task.py``.
+- ``facts`` (for instruct models): one user message with a one-word answer; instruct models answer in a
+  sentence ("The capital of France is Paris."), so the reply's first line must contain the answer (or an alias)
+  as a whole word, case aside. Written by ``scripts/make_facts_task.py``.
 """
 
 from __future__ import annotations
@@ -18,13 +19,13 @@ from enginesmith.errors import ConfigError
 class TaskSpec(BaseModel):
     name: str
     api: Literal["completions", "chat"]  # how the prompts are meant to be sent
-    match: Literal["exact", "first-word"]
+    match: Literal["exact", "word"]
     max_tokens: int
 
 
 TASKS: dict[str, TaskSpec] = {t.name: t for t in [
     TaskSpec(name="addition", api="completions", match="exact", max_tokens=8),
-    TaskSpec(name="facts", api="chat", match="first-word", max_tokens=12),
+    TaskSpec(name="facts", api="chat", match="word", max_tokens=16),
 ]}
 
 _WORD = re.compile(r"[\w'-]+", re.UNICODE)
@@ -38,9 +39,8 @@ def task_spec(name: str) -> TaskSpec:
                           hint=f"known tasks: {', '.join(sorted(TASKS))}") from None
 
 
-def first_word(text: str) -> str:
-    found = _WORD.search(text)
-    return found.group(0).lower() if found else ""
+def words(text: str) -> set[str]:
+    return {word.lower() for word in _WORD.findall(text)}
 
 
 def answer_matches(completion: str, answer: str, spec: TaskSpec, aliases: list[str] | None = None) -> bool:
@@ -48,4 +48,5 @@ def answer_matches(completion: str, answer: str, spec: TaskSpec, aliases: list[s
     accepted = [answer, *(aliases or [])]
     if spec.match == "exact":
         return completion.strip() in accepted
-    return first_word(completion) in {a.lower() for a in accepted}
+    first_line = completion.strip().split("\n", 1)[0]
+    return any(a.lower() in words(first_line) for a in accepted)

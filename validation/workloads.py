@@ -60,6 +60,21 @@ def build_prompts(workload: WorkloadSpec, model_dir: Path, *, seed: int = 0) -> 
     return prompts
 
 
+PERPLEXITY_WINDOW_TOKENS = 512
+
+
+def perplexity_windows(paragraphs: list[str], model_dir: Path) -> list[str]:
+    """The held-out paragraphs cut into texts of at most ``PERPLEXITY_WINDOW_TOKENS`` tokens (fewer for a model
+    with a shorter context), so every request fits the model: a paragraph longer than that is split."""
+    tokenizer = load_tokenizer(model_dir)
+    limit = min(PERPLEXITY_WINDOW_TOKENS, (context_length(model_dir) or PERPLEXITY_WINDOW_TOKENS) - 2)
+    windows: list[str] = []
+    for paragraph in paragraphs:
+        ids = tokenizer.encode(paragraph, add_special_tokens=False).ids
+        windows.extend(tokenizer.decode(ids[start:start + limit]) for start in range(0, len(ids), limit))
+    return windows
+
+
 def _stable_token_ids(tokenizer: Tokenizer) -> list[int]:
     """Token ids that survive decode → encode next to themselves: a run of them keeps its length."""
     special = {tokenizer.token_to_id(t) for t in ("<s>", "</s>", "<unk>", "<pad>")}

