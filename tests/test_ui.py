@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from tests.conftest import REPO_ROOT
-from tests.waiting import wait_for
+from tests.waiting import wait_for, wait_for_health
 
 pytestmark = pytest.mark.slow
 
@@ -43,13 +43,7 @@ def ui_server(tmp_path_factory):
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     processes = [server]
     try:
-        def healthy() -> bool:
-            try:
-                return httpx.get(f"{api}/health", timeout=2).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_for(healthy, "the Prefect server to answer /health", timeout_s=300, process=server, interval_s=1)
+        wait_for_health(f"{api}/health", "the Prefect server to answer /health", timeout_s=300, process=server)
         deploy = subprocess.run([sys.executable, "-c", "from flows.deploy import deploy_all; "
                                  "deploy_all(targets=['cpu'], nightly_config='configs/examples/tiny-cpu.yaml')"],
                                 env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)

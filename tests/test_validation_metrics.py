@@ -9,11 +9,18 @@ import pytest
 
 from enginesmith.specs import GateSpec
 from validation.gates import evaluate_gates, judge, undecided
-from validation.loadgen import arrival_gaps
+from validation.loadgen import ArrivalSchedule
 from validation.metrics import SLO, RequestRecord, Spread, summarize
 from validation.sse import record_from_stream
 
 STREAM = Path(__file__).parent / "data" / "vllm_completion_stream.txt"
+
+
+def arrival_gaps(count: int, request_rate: float | None, burstiness: float, seed: int) -> list[float]:
+    """The first ``count`` inter-arrival gaps of an ``ArrivalSchedule``."""
+    schedule = ArrivalSchedule(request_rate, burstiness, seed)
+    times = [schedule.next_send_s() for _ in range(count)]
+    return [b - a for a, b in zip([0.0, *times], times, strict=False)]
 
 
 def _recorded() -> list[tuple[float, str]]:

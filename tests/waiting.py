@@ -26,6 +26,20 @@ def wait_for(condition: Callable[[], bool], what: str, *, timeout_s: float, proc
     _wait(condition, what, time.monotonic() + timeout_s, timeout_s, process, log, interval_s)
 
 
+
+def wait_for_health(url: str, what: str, *, timeout_s: float, process: subprocess.Popen | None = None,
+                    log: Path | None = None) -> None:
+    """Return once ``url`` answers 200 (a server's /health), asked every second."""
+    import httpx
+
+    def healthy() -> bool:
+        try:
+            return httpx.get(url, timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_for(healthy, what, timeout_s=timeout_s, process=process, log=log, interval_s=1)
+
 def _wait(condition: Callable[[], bool], what: str, deadline: float, timeout_s: float,
           process: subprocess.Popen | None, log: Path | None, interval_s: float = POLL_S) -> None:
     while not condition():

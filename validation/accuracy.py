@@ -21,8 +21,7 @@ from pydantic import BaseModel
 from enginesmith.assets import task_eval_path
 from validation.loadgen import API_PATHS, Api, completion_payload
 from validation.server import Endpoint
-
-GENERATION_TOKENS = 8
+from validation.tasks import answer_matches, task_spec
 
 
 class TaskScore(BaseModel):
@@ -66,14 +65,13 @@ def task_exact_match(endpoint: Endpoint, task: str, limit: int | None = None,
                      api: Api = "completions") -> tuple[TaskScore, list[str]]:
     """Greedy completions of the task's prompts (stopped at a newline) compared with the answers by the task's
     own rule (``validation.tasks``)."""
-    from validation.tasks import answer_matches, task_spec
-
     spec = task_spec(task)
     rows = read_task(task, limit)
     completions = greedy_completions(endpoint, [r["prompt"] for r in rows], spec.max_tokens, stop=["\n"], api=api)
     hits = sum(answer_matches(c, r["answer"], spec, aliases=r.get("aliases"))
                for c, r in zip(completions, rows, strict=True))
-    return TaskScore(task=task, metric="exact_match", value=hits / len(rows), examples=len(rows),
+    metric = "exact_match" if spec.match == "exact" else "word_match"
+    return TaskScore(task=task, metric=metric, value=hits / len(rows), examples=len(rows),
                      source="enginesmith"), completions
 
 
@@ -142,7 +140,9 @@ generation_kwargs:
   max_gen_toks: {max_tokens}
   do_sample: false
   temperature: 0.0
-metric_list:
+{scoring}"""
+# exact: lm-eval's own exact_match after stripping; word: our rule (validation.tasks), as process_results.
+EXACT_SCORING = """metric_list:
   - metric: exact_match
     aggregation: mean
     higher_is_better: true
@@ -154,30 +154,50 @@ filter_list:
       - function: remove_whitespace
       - function: take_first
 """
+WORD_SCORING = """process_results: !function enginesmith_scoring.process_results
+metric_list:
+  - metric: word_match
+    aggregation: mean
+    higher_is_better: true
+"""
+WORD_SCORING_MODULE = """from validation.tasks import answer_matches, task_spec
+
+
+def process_results(doc, results):
+    spec = task_spec({task!r})
+    return {{"word_match": float(answer_matches(results[0], doc["answer"], spec, aliases=doc.get("aliases")))}}
+"""
 
 
 def lm_eval_task(endpoint: Endpoint, task: str, tokenizer_dir: Path, limit: int | None = None) -> TaskScore:
-    """Run a shipped task (generate_until) through lm-eval's ``local-completions`` model, offline."""
+    """Run a shipped task (generate_until) through lm-eval, offline: ``local-completions`` for completion tasks,
+    ``local-chat-completions`` with the server's chat template for chat tasks, scored by the task's own rule."""
     import os
 
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
+    spec = task_spec(task)
+    chat = spec.api == "chat"
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     with tempfile.TemporaryDirectory() as include_dir:
         name = f"enginesmith_{task}"
+        scoring = EXACT_SCORING if spec.match == "exact" else WORD_SCORING
         Path(include_dir, f"{name}.yaml").write_text(
-            TASK_YAML.format(name=name, data=task_eval_path(task), max_tokens=GENERATION_TOKENS))
+            TASK_YAML.format(name=name, data=task_eval_path(task), max_tokens=spec.max_tokens, scoring=scoring))
+        Path(include_dir, "enginesmith_scoring.py").write_text(WORD_SCORING_MODULE.format(task=task))
         results = simple_evaluate(
-            model="local-completions",
-            model_args={"model": endpoint.model, "base_url": f"{endpoint.base_url}/v1/completions",
+            model="local-chat-completions" if chat else "local-completions",
+            model_args={"model": endpoint.model,
+                        "base_url": f"{endpoint.base_url}{API_PATHS['chat' if chat else 'completions']}",
                         "tokenizer": str(tokenizer_dir), "tokenized_requests": False, "num_concurrent": 4,
                         "max_retries": 2},
             tasks=[name], task_manager=TaskManager(include_path=include_dir), limit=limit,
-            log_samples=False,
+            log_samples=False, apply_chat_template=chat,
         )
     assert results is not None
+    metric = "exact_match" if spec.match == "exact" else "word_match"
     metrics = results["results"][name]
-    value = next(v for k, v in metrics.items() if k.startswith("exact_match") and "stderr" not in k)
+    value = next(v for k, v in metrics.items() if k.startswith(metric) and "stderr" not in k)
     count = results.get("n-samples", {}).get(name, {}).get("effective", limit or 0)
-    return TaskScore(task=task, metric="exact_match", value=float(value), examples=int(count), source="lm-eval")
+    return TaskScore(task=task, metric=metric, value=float(value), examples=int(count), source="lm-eval")

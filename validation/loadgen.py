@@ -49,7 +49,9 @@ def completion_payload(endpoint: Endpoint, prompt: str, max_tokens: int, *, stre
     chat template; ``max_completion_tokens`` as ``vllm bench serve --backend openai-chat`` sends it)."""
     payload: dict[str, object] = {"model": endpoint.model, "temperature": 0.0, "stream": stream}
     if api == "chat":
-        payload.update(messages=[{"role": "user", "content": prompt}], max_completion_tokens=max_tokens)
+        # max_tokens too: transformers serve ignores max_completion_tokens (and would generate to its default).
+        payload.update(messages=[{"role": "user", "content": prompt}], max_completion_tokens=max_tokens,
+                       max_tokens=max_tokens)
     else:
         payload.update(prompt=prompt, max_tokens=max_tokens)
     if stream:
@@ -139,13 +141,6 @@ class ArrivalSchedule:
         return self._next_s
 
 
-def arrival_gaps(count: int, request_rate: float | None, burstiness: float, seed: int) -> list[float]:
-    """The first ``count`` inter-arrival gaps of an ``ArrivalSchedule``."""
-    schedule = ArrivalSchedule(request_rate, burstiness, seed)
-    times = [schedule.next_send_s() for _ in range(count)]
-    return [b - a for a, b in zip([0.0, *times], times, strict=False)]
-
-
 async def _send_for(client: aiohttp.ClientSession, endpoint: Endpoint, prompts: Sequence[tuple[str, int, int]],
                     plan: LevelPlan, capabilities: ServerCapabilities, *, seed: int, label: str,
                     on_done: Callable[[], None] | None) -> tuple[list[RequestRecord], float]:
@@ -206,10 +201,17 @@ async def _send_for(client: aiohttp.ClientSession, endpoint: Endpoint, prompts: 
     return records, duration
 
 
+@dataclass(frozen=True)
+class WarmUp:
+    requests: int = 0
+    seconds: float = 0.0
+    steady: bool | None = None  # None: no warm-up asked for
+
+
 async def _warm_up(client: aiohttp.ClientSession, endpoint: Endpoint, prompts: Sequence[tuple[str, int, int]],
-                   plan: LevelPlan, capabilities: ServerCapabilities, label: str) -> tuple[int, float, bool]:
+                   plan: LevelPlan, capabilities: ServerCapabilities, label: str) -> WarmUp:
     """Batches at the level's concurrency until two batches' output throughputs agree within the tolerance (or
-    ``warmup_max_s`` has passed). Returns (requests sent, seconds, steady)."""
+    ``warmup_max_s`` has passed)."""
     batch = LevelPlan(concurrency=plan.concurrency, min_requests=max(plan.warmup_requests, 4 * plan.concurrency),
                       timeout_s=plan.timeout_s, api=plan.api)
     started = time.perf_counter()
@@ -221,9 +223,9 @@ async def _warm_up(client: aiohttp.ClientSession, endpoint: Endpoint, prompts: S
         sent += len(records)
         throughput = sum(r.output_tokens for r in records if r.success) / duration
         if previous is not None and abs(throughput - previous) <= plan.warmup_tolerance * previous:
-            return sent, time.perf_counter() - started, True
+            return WarmUp(sent, time.perf_counter() - started, True)
         if time.perf_counter() - started >= plan.warmup_max_s:
-            return sent, time.perf_counter() - started, False
+            return WarmUp(sent, time.perf_counter() - started, False)
         previous = throughput
 
 
@@ -233,14 +235,14 @@ async def _run_level(endpoint: Endpoint, prompts: Sequence[tuple[str, int, int]]
     connector = aiohttp.TCPConnector(limit=max(plan.concurrency, 1) + 4)
     timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as client:
-        warmup: tuple[int, float, bool | None] = (0, 0.0, None)
+        warmup = WarmUp()
         if plan.warmup_requests:
             warmup = await _warm_up(client, endpoint, prompts, plan, capabilities, label)
         records, duration = await _send_for(client, endpoint, prompts, plan, capabilities, seed=seed, label=label,
                                             on_done=on_done)
     result = summarize(records, duration, concurrency=plan.concurrency, request_rate=plan.request_rate, slo=slo)
-    return result.model_copy(update={"warmup_requests": warmup[0], "warmup_s": warmup[1],
-                                     "warmup_steady": warmup[2]})
+    return result.model_copy(update={"warmup_requests": warmup.requests, "warmup_s": warmup.seconds,
+                                     "warmup_steady": warmup.steady})
 
 
 def run_level(endpoint: Endpoint, prompts: Sequence[tuple[str, int, int]], plan: LevelPlan, *,

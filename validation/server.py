@@ -50,24 +50,24 @@ def _log_tail(log_path: Path, lines: int = 25) -> str:
 
 @contextmanager
 def running_server(argv: Sequence[str], env: dict[str, str], *, port: int, log_path: Path, name: str,
-                   health_timeout_s: float = 600) -> Iterator[Endpoint]:
-    """Start ``argv`` (already rendered for ``port``), wait for ``/health`` and ``/v1/models``, yield the
-    endpoint, and stop the process group on the way out. A server that dies or never gets healthy raises a
-    UserError with the last lines of its log."""
+                   health_timeout_s: float = 600, model_name: str | None = None) -> Iterator[Endpoint]:
+    """Start ``argv`` (already rendered for ``port``), wait for ``/health`` and ``/v1/models`` (or take
+    ``model_name`` as given), yield the endpoint, and stop the process group on the way out. A server that dies
+    or never gets healthy raises a UserError with the last lines of its log."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     base_url = f"http://{LOOPBACK}:{port}"
     with log_path.open("w") as log:
         process = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **env},
                                    start_new_session=True)
         try:
-            model = _wait_healthy(process, base_url, log_path, name, health_timeout_s)
+            model = _wait_healthy(process, base_url, log_path, name, health_timeout_s, model_name)
             yield Endpoint(base_url=base_url, model=model, log_path=log_path, pid=process.pid)
         finally:
             stop_group(process)  # type: ignore[arg-type]
 
 
 def _wait_healthy(process: subprocess.Popen[bytes], base_url: str, log_path: Path, name: str,
-                  timeout_s: float) -> str:
+                  timeout_s: float, model_name: str | None = None) -> str:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -75,7 +75,7 @@ def _wait_healthy(process: subprocess.Popen[bytes], base_url: str, log_path: Pat
                             f"--- last lines of {log_path} ---\n{_log_tail(log_path)}", where=str(log_path))
         try:
             if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
-                return served_model_name(base_url)
+                return model_name or served_model_name(base_url)
         except httpx.HTTPError:
             pass
         time.sleep(0.5)

@@ -22,7 +22,7 @@ from pathlib import Path
 from pydantic import BaseModel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
-from builders.serve import render
+from builders.serve import render, render_served_name
 from enginesmith.artefacts import ServeRecipe
 from enginesmith.assets import read_paragraphs
 from enginesmith.specs import GateSpec, WorkloadSpec
@@ -76,7 +76,8 @@ def _serving(side: ServerSide, log_path: Path, health_timeout_s: float) -> Itera
     port = free_port()
     argv, env = render(side.recipe, artefact_dir=side.root, host="127.0.0.1", port=port, model_name=side.name)
     with running_server(argv, {**env, **side.env}, port=port, log_path=log_path, name=side.role,
-                        health_timeout_s=health_timeout_s) as endpoint:
+                        health_timeout_s=health_timeout_s,
+                        model_name=render_served_name(side.recipe, artefact_dir=side.root)) as endpoint:
         yield endpoint
 
 
@@ -251,6 +252,8 @@ def validate(candidate: ServerSide, reference: ServerSide, *, workload: Workload
     sides = [candidate, reference, *(baselines or [])]
     runs = [_SideRun(side) for side in sides]
     runs[1].results = _read_cached(reference_accuracy_cache)
+    reference_cached = runs[1].results is not None
+    prompt_texts = [p.text for p in prompts]
     run_id = datetime.now(timezone.utc).strftime("%H%M%S")
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with ExitStack() as stack, Progress(*columns, transient=False) as progress:
@@ -260,10 +263,12 @@ def validate(candidate: ServerSide, reference: ServerSide, *, workload: Workload
         while True:
             for run, concurrencies in _turns(runs, workload.concurrency, round_index, per_level=bool(servers.kept)):
                 _measure_turn(run, concurrencies, round_index, servers, workload, requests,
-                              prompts=[p.text for p in prompts], tokenizer_dir=tokenizer_dir, progress=progress,
+                              prompts=prompt_texts, tokenizer_dir=tokenizer_dir, progress=progress,
                               task=tasks[run.side.role], run_id=run_id)
-                if run is runs[1] and reference_accuracy_cache is not None and run.results is not None:
-                    _write_cached(reference_accuracy_cache, run.results)
+                if run is runs[1] and not reference_cached and run.results is not None:
+                    if reference_accuracy_cache is not None:
+                        _write_cached(reference_accuracy_cache, run.results)
+                    reference_cached = True
             round_index += 1
             if round_index < workload.repeats:
                 continue

@@ -55,6 +55,17 @@ def normalise_tokenizer_files(checkpoint_dir: Path, *, eos_token: str) -> None:
         special_path.write_text(json.dumps(special, ensure_ascii=False, indent=2))
 
 
+def place_checkpoint(checkpoint: Path, out_dir: Path, *, card: str, provenance: dict[str, object]) -> None:
+    """Write the card and provenance into a finished checkpoint directory and rename it to ``out_dir``
+    (replacing an older copy), so only a complete directory ever carries the final name."""
+    (checkpoint / "README.md").write_text(card)
+    (checkpoint / "provenance.json").write_text(json.dumps(provenance, indent=2) + "\n")
+    checkpoint.chmod(0o755)  # mkdtemp made it private; the checkpoint is for anyone on the node to read
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    checkpoint.rename(out_dir)
+
+
 def convert_gguf(gguf_path: Path, out_dir: Path, *, card: str, provenance: dict[str, object]) -> Path:
     """Dequantise ``gguf_path`` to a BF16 checkpoint in ``out_dir`` with ``README.md`` (``card``) and
     ``provenance.json``. Raises a UserError naming the file when it cannot be read as a GGUF model."""
@@ -82,14 +93,9 @@ def convert_gguf(gguf_path: Path, out_dir: Path, *, card: str, provenance: dict[
         model.save_pretrained(staging, safe_serialization=True)
         tokenizer.save_pretrained(staging)
         normalise_tokenizer_files(staging, eos_token=tokenizer.convert_ids_to_tokens(model.config.eos_token_id))
-        (staging / "README.md").write_text(card)
-        (staging / "provenance.json").write_text(json.dumps(provenance, indent=2) + "\n")
         if not (staging / SAFETENSORS_NAME).is_file():
             raise UserError(f"the conversion wrote no {SAFETENSORS_NAME}", where=str(staging))
-        staging.chmod(0o755)  # mkdtemp made it private; the checkpoint is for anyone on the node to read
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        staging.rename(out_dir)
+        place_checkpoint(staging, out_dir, card=card, provenance=provenance)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return out_dir

