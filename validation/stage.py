@@ -290,8 +290,9 @@ def validate(candidate: ServerSide, reference: ServerSide, *, workload: Workload
             notes.append(f"{side_report.role} rejects vLLM's request extensions ({side_report.capabilities.detail}): "
                          "output lengths were not forced (no ignore_eos).")
         if not side_report.capabilities.prompt_logprobs:
-            skipped = (f"; the perplexity of {workload.perplexity_text} was not measured on it, so there is no "
-                       "perplexity gate" if workload.perplexity_text else "")
+            gated = side_report.role in ("candidate", "reference")
+            skipped = (f"; the perplexity of {workload.perplexity_text} was not measured on it"
+                       + (", so there is no perplexity gate" if gated else "") if workload.perplexity_text else "")
             notes.append(f"{side_report.role} returns no prompt logprobs: generation tasks only{skipped}.")
     unsteady = sorted({f"{r.role} c={lv.concurrency}" for r in reports for lv in r.levels if lv.warmup_steady is False})
     if unsteady:
