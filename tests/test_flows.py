@@ -128,8 +128,11 @@ def test_cell_on_a_pool_without_worker_is_reported_not_awaited_forever(cpu_worke
 
 
 def test_nightly_exits_non_zero_when_a_cell_failed_and_still_prints_the_summary(prefect_server, tmp_path):
-    """A model directory with a config.json and no weights: the plan accepts it (shapes come from config.json);
-    the cell fails in its pull step. The CLI prints the table and exits 1."""
+    """A model directory whose safetensors file has a header and no data, and no tokenizer: planning reads only
+    config.json and the header, so the cell is planned; it fails when its quantize step loads the model. The CLI
+    prints the table and exits 1."""
+    import struct
+
     from prefect.settings import PREFECT_API_URL
 
     from tests.test_shapes import SMOLLM2_CONFIG
@@ -137,6 +140,8 @@ def test_nightly_exits_non_zero_when_a_cell_failed_and_still_prints_the_summary(
     model_dir = tmp_path / "no-weights"
     model_dir.mkdir()
     (model_dir / "config.json").write_text(json.dumps(SMOLLM2_CONFIG))
+    header = json.dumps({"model.embed_tokens.weight": {"dtype": "BF16", "shape": [4, 4], "data_offsets": [0, 32]}})
+    (model_dir / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header.encode())
     config = tmp_path / "broken.yaml"
     config.write_text(f"""
 version: 1
