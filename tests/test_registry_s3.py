@@ -159,8 +159,11 @@ def test_bad_credentials_give_a_clear_error_that_does_not_show_the_secret(
 
 def test_a_server_stopped_mid_pull_is_a_clear_error_and_the_next_pull_resumes(tmp_path: Path) -> None:
     with running_seaweedfs(tmp_path / "own-server") as server:
-        # Big enough that socket buffers and the puller's read-ahead cannot hold the rest when the server stops.
-        files = {"weights.safetensors": big_files(40 * MIB, parts=1)["rank0.safetensors"], **tiny_files()}
+        # Big enough that the kernel's socket buffers cannot hold the rest when the server stops: loopback TCP
+        # autotunes a receive buffer up to tcp_rmem's maximum (32 MiB on the CI machine), and a 40 MiB file once
+        # arrived whole while the puller was stopped, so the pull finished after the server was gone.
+        files = {"weights.safetensors": big_files(_unbufferable_bytes(), parts=1)["rank0.safetensors"],
+                 **tiny_files()}
         source = write_artefact(tmp_path / "build", files=files)
         artefact = read_artefact(source)
         cache_dir = tmp_path / "cache"
@@ -205,6 +208,16 @@ def test_a_server_stopped_mid_pull_is_a_clear_error_and_the_next_pull_resumes(tm
         assert resumed["downloaded_bytes"] == weights.size - kept
         assert file_digests(dest, [f.path for f in artefact.files]) == {f.path: f.sha256 for f in artefact.files}
         server.stop(kill=True)  # its data is thrown away; after a crash-restart a graceful stop can take 20 s
+
+
+def _unbufferable_bytes() -> int:
+    """Twice what loopback TCP can hold in flight (the largest receive plus send buffer), and at least 40 MiB."""
+    def largest(name: str) -> int:
+        try:
+            return int(Path(f"/proc/sys/net/ipv4/{name}").read_text().split()[-1])
+        except (OSError, ValueError, IndexError):
+            return 32 * MIB
+    return max(40 * MIB, 2 * (largest("tcp_rmem") + largest("tcp_wmem")))
 
 
 def _readable(client, key: str) -> bool:  # client: a botocore S3 client
