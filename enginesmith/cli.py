@@ -98,9 +98,10 @@ def plan(
 ) -> None:
     """Expand a build matrix into cells: what would be built, with each stage key, and what is invalid and why."""
     from enginesmith.config import default_catalogue
-    from enginesmith.plan import plan_config_file
+    from enginesmith.plan_sources import plan_config
 
-    result = plan_config_file(str(config), default_catalogue())
+    # Hub branches stay unresolved here (no network needed to plan); the nightly resolves them to commit shas.
+    _, result = plan_config(config, default_catalogue(), resolve_hub=False)
     if json_output:
         print_json(
             {
@@ -206,7 +207,7 @@ def quantize(
     from enginesmith.checkpoints.pull import parse_source, pull_checkpoint
     from enginesmith.config import default_catalogue
     from enginesmith.plan import CalibrationPlan, quantize_key
-    from enginesmith.shapes import choose_awq_block_size
+    from enginesmith.shapes import choose_awq_block_size, keyed_recipe
     from enginesmith.specs import CalibrationDefaults, check_power_of_two
     from quantization.stage import QuantizeRequest, installed_versions, quantize_checkpoint
 
@@ -231,9 +232,9 @@ def quantize(
             raise UserError(choice.reason, where=f"--recipe {recipe}", hint="choose a recipe without INT4 blocks "
                             "(fp8, int8-sq), or a model whose widths divide by a supported block size")
         awq_block_size = choice.size if choice is not None else None
-    keyed_recipe = recipe_spec.model_copy(update={"awq_block_size": awq_block_size}) if awq_block_size else recipe_spec
     versions = installed_versions()
-    key = quantize_key(checkpoint_result.key, keyed_recipe, None if recipe_spec.is_passthrough else plan, versions,
+    key = quantize_key(checkpoint_result.key, keyed_recipe(recipe_spec, awq_block_size),
+                       None if recipe_spec.is_passthrough else plan, versions,
                        {"tp": tp, "pp": pp} if "trtllm" in export_formats else None)
     request = QuantizeRequest(
         checkpoint=checkpoint_result, recipe=recipe_spec, key=key,

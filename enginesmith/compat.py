@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 
 from pydantic import BaseModel
 
-from enginesmith.shapes import ModelShape, choose_awq_block_size
+from enginesmith.shapes import BlockSizeChoice, ModelShape, choose_awq_block_size
 from enginesmith.specs import ArtefactKind, ModelSpec, RecipeSpec, TargetSpec, Toolchains
 
 # TensorRT-LLM release → the ModelOpt minor version its wheel pins (nvidia-modelopt[torch]~=X.Y.0). A
@@ -37,6 +38,11 @@ class CellRequest(BaseModel):
     pp: int
     toolchains: Toolchains
     shape: ModelShape | None = None  # from the model's config.json, when the planner could read it
+
+    @cached_property
+    def awq_block(self) -> BlockSizeChoice | None:
+        """The AWQ block size this cell would quantise with (None for recipes without AWQ blocks)."""
+        return choose_awq_block_size(self.recipe, self.shape, tp=self.tp)
 
 
 class Violation(BaseModel):
@@ -130,7 +136,7 @@ def _engine_modelopt_pin(cell: CellRequest) -> str | None:
 
 
 def _awq_block_fits(cell: CellRequest) -> str | None:
-    choice = choose_awq_block_size(cell.recipe, cell.shape, tp=cell.tp)
+    choice = cell.awq_block
     if choice is None or choice.size is not None:
         return None
     return f"{cell.recipe.id} on {cell.model.id}: {choice.reason}"

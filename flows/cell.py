@@ -16,9 +16,10 @@ from prefect.context import TaskRunContext
 from builders.stage import read_artefact
 from enginesmith.artefacts import COMPLETE_MARKER, QuantizedCheckpoint
 from enginesmith.checkpoints.models import Checkpoint
-from enginesmith.config import default_catalogue
+from enginesmith.config import default_catalogue, load_pipeline_config
 from enginesmith.errors import ConfigError, TransientError, UserError
 from enginesmith.plan import Cell
+from enginesmith.plan_sources import plan_loaded
 from enginesmith.specs import GateSpec, MatrixBlock, PipelineConfig
 from flows import steps
 from flows.params import BuildCellParams, CellSummary
@@ -112,7 +113,7 @@ def cell_for(params: BuildCellParams) -> tuple[Path, PipelineConfig, Cell]:
     """The one cell the parameters ask for, planned against the config (overrides applied)."""
     config_path = Path(params.config)
     catalogue = default_catalogue()
-    config, _ = steps.plan_config(config_path, catalogue, resolve=False)
+    config = load_pipeline_config(config_path, catalogue)
     if params.model not in {m.id for m in config.models}:
         raise ConfigError(f"model {params.model!r} is not in {config_path}", field="params.model",
                           hint=f"models there: {', '.join(m.id for m in config.models)}")
@@ -131,7 +132,7 @@ def cell_for(params: BuildCellParams) -> tuple[Path, PipelineConfig, Cell]:
     single = PipelineConfig.model_validate({**config.model_dump(), "models": [m.model_dump() for m in models],
                                             "matrix": [block.model_dump()], "gates": gates.model_dump()})
     # Local model paths stay relative to the original config file.
-    _, plan = steps.plan_config_object(single, config_path.parent, catalogue)
+    plan = plan_loaded(single, config_path.parent, catalogue)
     return config_path, single, plan.cells[0]
 
 

@@ -15,6 +15,7 @@ from prefect.states import Cancelled
 
 from enginesmith.config import default_catalogue
 from enginesmith.plan import Cell
+from enginesmith.plan_sources import plan_config
 from enginesmith.specs import TargetSpec
 from flows import steps
 from flows.cell import build_cell
@@ -67,7 +68,7 @@ def run_inline(params: BuildCellParams, cell_id: str) -> CellSummary:
 def nightly(config: str = "configs/nightly.yaml", dispatch: Literal["deployments", "inline"] = "deployments",
             cell_timeout_s: float = 6 * 3600) -> list[CellSummary]:
     logger = get_run_logger()
-    pipeline, plan = steps.plan_config(Path(config), default_catalogue())
+    pipeline, plan = plan_config(Path(config), default_catalogue())
     summaries: list[CellSummary] = []
     todo: list[Cell] = []
     for cell in plan.cells:

@@ -9,14 +9,12 @@ from typing import TYPE_CHECKING
 
 from builders.stage import BuildRequest, build_artefact, read_artefact
 from enginesmith.artefacts import ExportFormat, QuantizedCheckpoint
-from enginesmith.calibration import calibration_fingerprint
-from enginesmith.checkpoints.inspect import model_shape
 from enginesmith.checkpoints.models import Checkpoint
-from enginesmith.checkpoints.pull import pull_checkpoint, resolve_revision
-from enginesmith.config import Catalogue, load_pipeline_config
+from enginesmith.checkpoints.pull import pull_checkpoint
 from enginesmith.errors import ConfigError
 from enginesmith.keys import stage_key
-from enginesmith.plan import Cell, Plan, plan_matrix
+from enginesmith.plan import Cell, Plan
+from enginesmith.plan_sources import model_source
 from enginesmith.specs import PipelineConfig
 
 if TYPE_CHECKING:
@@ -24,35 +22,6 @@ if TYPE_CHECKING:
     from validation.report import ValidationReport
 
 QUANTIZED_DIR, ARTEFACTS_DIR, REPORTS_DIR, REFERENCE_DIR = "quantized", "artefacts", "reports", "reference"
-
-
-def resolve_local_repo(config_path: Path, repo: str) -> str:
-    """A model's local directory is relative to its config file."""
-    path = Path(repo.removeprefix("file://")).expanduser()
-    return str(path if path.is_absolute() else (config_path.parent / path).resolve())
-
-
-def plan_config(config_path: Path, catalogue: Catalogue, *, resolve: bool = True) -> tuple[PipelineConfig, Plan]:
-    """Load and plan a config; with ``resolve``, every source is resolved first (Hub revisions to commit shas,
-    local directories to content digests), so the keys are those of what would be built now."""
-    config = load_pipeline_config(config_path, catalogue)
-    return plan_config_object(config, config_path.parent, catalogue, resolve=resolve)
-
-
-def plan_config_object(config: PipelineConfig, config_dir: Path, catalogue: Catalogue, *,
-                       resolve: bool = True) -> tuple[PipelineConfig, Plan]:
-    revisions = {}
-    shapes = {}
-    for model in config.models:
-        repo = resolve_local_repo(config_dir / "_", model.repo) if model.is_local else model.repo
-        if resolve:
-            revisions[model.id] = resolve_revision(repo, model.revision)
-        shape = model_shape(repo, model.revision)
-        if shape is not None:
-            shapes[model.id] = shape
-    plan = plan_matrix(config, catalogue, calibration_fingerprint=calibration_fingerprint(config.calibration.dataset),
-                       source_revisions=revisions, model_shapes=shapes)
-    return config, plan
 
 
 def find_cell(plan: Plan, cell_id: str) -> Cell:
@@ -73,8 +42,7 @@ def registry_url(config: PipelineConfig) -> str:
 
 def pull(config_path: Path, cell: Cell) -> Checkpoint:
     model = cell.model
-    repo = resolve_local_repo(config_path, model.repo) if model.is_local else model.repo
-    return pull_checkpoint(repo, model.revision, allow_pickle=model.allow_pickle,
+    return pull_checkpoint(model_source(model, config_path.parent), model.revision, allow_pickle=model.allow_pickle,
                            trust_remote_code=model.trust_remote_code)
 
 

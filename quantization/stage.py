@@ -8,6 +8,7 @@ clean. An output directory holding another key is never overwritten.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import sys
@@ -260,8 +261,17 @@ def _upstream_errors(stage: str, model: str, library: str, hint: str) -> Iterato
     except UserError:
         raise
     except (NotImplementedError, ValueError, RuntimeError, AssertionError, KeyError, TypeError, OSError) as exc:
+        if _out_of_resources(exc):
+            raise  # the machine, not the model: the caller's retry and memory policy decide
         raise UserError(f"quantize/{stage} of {model} failed in {library}: {type(exc).__name__}: {exc}",
                         where=f"quantize/{stage}", hint=hint) from exc
+
+
+def _out_of_resources(exc: BaseException) -> bool:
+    """Out of device memory, disk or quota: not something the model or recipe can fix."""
+    if type(exc).__name__ == "OutOfMemoryError":  # torch.OutOfMemoryError (CUDA), a RuntimeError subclass
+        return True
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.ENOMEM, errno.EIO)
 
 
 def _check_block_size(hf_config: dict[str, Any], recipe: RecipeSpec, group_size: int | None, *, tp: int,

@@ -30,12 +30,13 @@ os.environ.update({
 CONFIGS = REPO_ROOT / "configs"
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
+            timeout_s: float = 300) -> subprocess.CompletedProcess[str]:
     """Run the real ``enginesmith`` entry point in a subprocess, as a user would."""
     full_env = {**os.environ, **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "enginesmith", *args], capture_output=True, text=True, env=full_env,
-        cwd=cwd or REPO_ROOT, timeout=300,
+        cwd=cwd or REPO_ROOT, timeout=timeout_s,
     )
 
 

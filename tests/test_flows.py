@@ -131,17 +131,11 @@ def test_nightly_exits_non_zero_when_a_cell_failed_and_still_prints_the_summary(
     """A model directory whose safetensors file has a header and no data, and no tokenizer: planning reads only
     config.json and the header, so the cell is planned; it fails when its quantize step loads the model. The CLI
     prints the table and exits 1."""
-    import struct
-
     from prefect.settings import PREFECT_API_URL
 
-    from tests.test_shapes import SMOLLM2_CONFIG
+    from tests.test_shapes import SMOLLM2_CONFIG, write_header_only_checkpoint
 
-    model_dir = tmp_path / "no-weights"
-    model_dir.mkdir()
-    (model_dir / "config.json").write_text(json.dumps(SMOLLM2_CONFIG))
-    header = json.dumps({"model.embed_tokens.weight": {"dtype": "BF16", "shape": [4, 4], "data_offsets": [0, 32]}})
-    (model_dir / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header.encode())
+    model_dir = write_header_only_checkpoint(tmp_path / "no-weights", SMOLLM2_CONFIG)
     config = tmp_path / "broken.yaml"
     config.write_text(f"""
 version: 1

@@ -12,7 +12,7 @@ from enginesmith.compat import RULES
 from enginesmith.config import default_catalogue
 from enginesmith.errors import ConfigError
 from enginesmith.keys import canonical_json, stage_key
-from enginesmith.plan import plan_config_file
+from enginesmith.plan_sources import plan_config
 from tests.conftest import CONFIGS, run_cli
 from tests.test_config import MINIMAL
 
@@ -45,7 +45,7 @@ def test_plan_human_table_lists_cells_and_counts():
 
 
 def _plan(write_config, text: str):
-    return plan_config_file(str(write_config(text)), default_catalogue())
+    return plan_config(write_config(text), default_catalogue(), resolve_hub=False)[1]
 
 
 @pytest.fixture

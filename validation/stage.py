@@ -25,6 +25,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from builders.serve import render, render_served_name
 from enginesmith.artefacts import ServeRecipe
 from enginesmith.assets import read_paragraphs
+from enginesmith.console import stderr
 from enginesmith.specs import GateSpec, WorkloadSpec
 from validation.accuracy import (
     Perplexity,
@@ -252,11 +253,13 @@ def validate(candidate: ServerSide, reference: ServerSide, *, workload: Workload
     sides = [candidate, reference, *(baselines or [])]
     runs = [_SideRun(side) for side in sides]
     runs[1].results = _read_cached(reference_accuracy_cache)
+    for baseline_run in runs[2:]:  # ungated: speed and memory beside the candidate, no accuracy runs
+        baseline_run.results = SideAccuracy(accuracy=[], completions=[])
     reference_cached = runs[1].results is not None
     prompt_texts = [p.text for p in prompts]
     run_id = datetime.now(timezone.utc).strftime("%H%M%S")
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with ExitStack() as stack, Progress(*columns, transient=False) as progress:
+    with ExitStack() as stack, Progress(*columns, transient=False, console=stderr) as progress:
         servers = _Servers(stack, sides, logs_dir, health_timeout_s, keep_servers_up)
         tasks = {run.side.role: progress.add_task(f"{run.side.role}: waiting", total=None) for run in runs}
         round_index = 0
@@ -289,11 +292,13 @@ def validate(candidate: ServerSide, reference: ServerSide, *, workload: Workload
         if not side_report.capabilities.vllm_extensions:
             notes.append(f"{side_report.role} rejects vLLM's request extensions ({side_report.capabilities.detail}): "
                          "output lengths were not forced (no ignore_eos).")
-        if not side_report.capabilities.prompt_logprobs:
-            gated = side_report.role in ("candidate", "reference")
-            skipped = (f"; the perplexity of {workload.perplexity_text} was not measured on it"
-                       + (", so there is no perplexity gate" if gated else "") if workload.perplexity_text else "")
+        if not side_report.capabilities.prompt_logprobs and side_report.role in ("candidate", "reference"):
+            skipped = (f"; the perplexity of {workload.perplexity_text} was not measured on it, so there is no "
+                       "perplexity gate" if workload.perplexity_text else "")
             notes.append(f"{side_report.role} returns no prompt logprobs: generation tasks only{skipped}.")
+    if baselines:
+        notes.append("Baselines (" + ", ".join(f"{b.role}: {b.name}" for b in baselines) + ") are measured for "
+                     "speed and memory in the same rounds; they are not gated, so no accuracy is run on them.")
     unsteady = sorted({f"{r.role} c={lv.concurrency}" for r in reports for lv in r.levels if lv.warmup_steady is False})
     if unsteady:
         notes.append(f"warm-up did not reach a steady throughput within {workload.warmup_max_s:g} s for "
