@@ -122,8 +122,8 @@ def plan(
     rows = []
     for c in result.cells:
         status = "[green]build[/]" if c.status == "build" else f"[red]invalid[/]: {escape(c.reason)}"
-        if c.status == "build" and c.awq_block is not None and c.awq_block.size != c.awq_block.preferred:
-            status += f" ({escape(c.awq_block.reason)})"
+        if c.awq_block is not None and c.awq_block.size not in (None, c.awq_block.preferred):
+            status += f" (AWQ {escape(c.awq_block.reason)})"
         revision = c.source_revision if len(c.source_revision) < 16 else c.source_revision[:12]
         rows.append([c.id, f"{c.model.repo}@{revision}", c.recipe.id, c.target.id, str(c.tp), c.kind,
                      c.key[:12], status])

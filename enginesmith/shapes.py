@@ -1,5 +1,6 @@
-"""A model's layer widths as its ``config.json`` states them, and the AWQ block size a recipe can use on them.
-Pure: the planner reads ``config.json`` (no weights) and decides here, before any calibration.
+"""A model's layer widths as its ``config.json`` states them (and any quantisation its weights carry already), and
+the AWQ block size a recipe can use on them. Pure: the planner reads ``config.json`` and ``provenance.json`` (no
+weights) and decides here, before any calibration.
 
 Block-quantised INT4 packs each weight row in blocks along its input dimension; ModelOpt's export refuses a
 partial block ("Cannot pack weight with input dimension 576 and block size 128"), and TensorRT-LLM's
@@ -17,6 +18,30 @@ from pydantic import BaseModel, Field
 from enginesmith.specs import RecipeSpec
 
 
+class PriorQuantization(BaseModel):
+    """Weights that had been rounded to a coarse grid before this checkpoint was written: a GGUF dequantised to
+    BF16 (its ``provenance.json`` says so), or a checkpoint saved with a ``quantization_config``."""
+
+    weight_bits: int = Field(gt=0)
+    description: str  # "GGUF Q4_1, blocks of 32, dequantised to BF16"
+
+    @classmethod
+    def from_files(cls, config: dict[str, Any], provenance: dict[str, Any] | None) -> PriorQuantization | None:
+        source = (provenance or {}).get("source_quantization")
+        if isinstance(source, dict) and source.get("weight_bits"):
+            return cls(weight_bits=int(source["weight_bits"]),
+                       description=f"{str(source.get('format', '')).upper()} {source.get('type', '')}, blocks of "
+                                   f"{source.get('block_size')}, dequantised to BF16")
+        quantization = config.get("quantization_config")
+        if not isinstance(quantization, dict):
+            return None
+        method = str(quantization.get("quant_method", "quantised"))
+        bits = 8 if method == "fp8" else quantization.get("bits") or quantization.get("w_bit")
+        if not bits:
+            return None
+        return cls(weight_bits=int(bits), description=f"saved as {method} (config.json quantization_config)")
+
+
 class ModelShape(BaseModel):
     model_type: str
     hidden_size: int = Field(gt=0)
@@ -26,10 +51,12 @@ class ModelShape(BaseModel):
     head_dim: int = Field(gt=0)
     vocab_size: int = Field(gt=0)
     tie_word_embeddings: bool = False
+    prior_quantization: PriorQuantization | None = None
 
     @classmethod
-    def from_config(cls, config: dict[str, Any]) -> ModelShape:
-        """The shape of a decoder's ``config.json`` (Llama-style field names; head_dim derived when absent)."""
+    def from_config(cls, config: dict[str, Any], provenance: dict[str, Any] | None = None) -> ModelShape:
+        """The shape of a decoder's ``config.json`` (Llama-style field names; head_dim derived when absent), and
+        its weights' earlier quantisation where ``config.json`` or enginesmith's ``provenance.json`` records one."""
         heads = int(config["num_attention_heads"])
         return cls(
             model_type=str(config.get("model_type", "")),
@@ -40,6 +67,7 @@ class ModelShape(BaseModel):
             head_dim=int(config.get("head_dim") or int(config["hidden_size"]) // heads),
             vocab_size=int(config["vocab_size"]),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+            prior_quantization=PriorQuantization.from_files(config, provenance),
         )
 
     def quantized_input_widths(self, tp: int = 1) -> dict[str, int]:

@@ -137,6 +137,8 @@ class RecipeSpec(StrictModel):
     awq_block_size_fallbacks: list[int] = Field(
         default_factory=list, description="block sizes the runtimes also accept, tried in order when a model's "
                                           "input widths do not divide by awq_block_size")
+    weight_bits: int = Field(ge=1, le=16, description="bits of each stored weight value: the grid the recipe "
+                                                       "rounds weights onto (scales come on top)")
     weight_bytes_per_param: float = Field(gt=0)
     calibration: CalibrationDefaults | None = None
     support: dict[ArtefactKind, KindSupport]

