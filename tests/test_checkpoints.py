@@ -164,3 +164,57 @@ def test_free_disk_check_refuses_with_the_numbers(tmp_path):
     with pytest.raises(UserError) as caught:
         _check_free_disk(tmp_path / "not" / "yet", 10**15, "org/huge@main")
     assert "not enough disk" in caught.value.message and "GiB free" in caught.value.message
+
+
+def _sharded_with_consolidated(tiny_model_dir: Path, out: Path) -> Path:
+    """The tiny model in the layout of Mistral-7B-Instruct-v0.3: index + shards, and consolidated.safetensors
+    (the same weights in Mistral's own format) beside them."""
+    from transformers import AutoModelForCausalLM
+
+    shutil.copytree(tiny_model_dir, out)
+    (out / "model.safetensors").rename(out / "consolidated.safetensors")
+    AutoModelForCausalLM.from_pretrained(tiny_model_dir).save_pretrained(out, max_shard_size="500KB")
+    return out
+
+
+def test_the_files_are_the_set_transformers_loads_never_a_consolidated_copy(hub, tmp_path, tiny_model_dir):
+    """#15 finding 5: every root *.safetensors was taken, so consolidated.safetensors came beside the shards
+    (+14.5 GB for Mistral-7B) and the parameter count doubled. Now: the index and the shards it names, and
+    the parameter count of those; the same set from a local directory and from the Hub."""
+    sharded = _sharded_with_consolidated(tiny_model_dir, tmp_path / "sharded")
+    index = json.loads((sharded / "model.safetensors.index.json").read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    assert len(shards) > 1 and not (sharded / "model.safetensors").exists()
+    expected_params = local_checkpoint(tiny_model_dir).parameter_count
+
+    local = local_checkpoint(sharded)
+    weights = [f.path for f in local.files if f.path.endswith(".safetensors") or f.path.endswith("index.json")]
+    assert weights == sorted(["model.safetensors.index.json", *shards])
+    assert local.parameter_count == expected_params
+
+    fake, server = hub
+    fake.add_repo("org/sharded", sharded)
+    pulled = run_cli("checkpoint", "org/sharded@main", "--json", env=_online_env(server.endpoint, tmp_path / "c"))
+    assert pulled.returncode == 0, pulled.stderr
+    checkpoint = json.loads(pulled.stdout)
+    assert "consolidated.safetensors" not in {f["path"] for f in checkpoint["files"]}
+    assert not (Path(checkpoint["local_path"]) / "consolidated.safetensors").exists()
+    assert not any("consolidated" in request for request in fake.requests)  # never downloaded
+    assert checkpoint["parameter_count"] == expected_params
+
+
+def test_weights_transformers_cannot_load_are_refused_naming_the_file(tmp_path, tiny_model_dir):
+    only_consolidated = tmp_path / "mistral-native"
+    shutil.copytree(tiny_model_dir, only_consolidated)
+    (only_consolidated / "model.safetensors").rename(only_consolidated / "consolidated.safetensors")
+    with pytest.raises(UserError) as caught:
+        local_checkpoint(only_consolidated)
+    assert "consolidated.safetensors" in caught.value.message and "Mistral" in (caught.value.hint or "")
+
+    incomplete = _sharded_with_consolidated(tiny_model_dir, tmp_path / "incomplete")
+    weight_map = json.loads((incomplete / "model.safetensors.index.json").read_text())["weight_map"]
+    missing = sorted(set(weight_map.values()))[-1]
+    (incomplete / missing).unlink()
+    with pytest.raises(UserError) as caught:
+        local_checkpoint(incomplete)
+    assert missing in caught.value.message and caught.value.where.endswith("model.safetensors.index.json")

@@ -35,22 +35,23 @@ def safetensors_parameter_count(path: Path) -> int:
     return sum(math.prod(t["shape"]) for name, t in header.items() if name != "__metadata__")
 
 
-def parameter_count(checkpoint_dir: Path) -> int | None:
-    files = sorted(checkpoint_dir.glob("*.safetensors"))
+def parameter_count(checkpoint_dir: Path, names: list[str]) -> int | None:
+    """The parameters in the safetensors files of ``names`` (the set a runtime loads; None when it has none)."""
+    files = [checkpoint_dir / name for name in names if name.endswith(".safetensors")]
     if not files:
         return None
     return sum(safetensors_parameter_count(f) for f in files)
 
 
-def describe(checkpoint_dir: Path) -> dict[str, Any]:
-    """architecture, model_type, dtype, parameter_count of a checkpoint directory."""
+def describe(checkpoint_dir: Path, names: list[str]) -> dict[str, Any]:
+    """architecture, model_type, dtype, and the parameter count of ``names``, of a checkpoint directory."""
     config = read_config(checkpoint_dir)
     architectures = config.get("architectures") or [None]
     return {
         "architecture": architectures[0],
         "model_type": config.get("model_type"),
         "dtype": config.get("torch_dtype") or config.get("dtype"),
-        "parameter_count": parameter_count(checkpoint_dir),
+        "parameter_count": parameter_count(checkpoint_dir, names),
     }
 
 

@@ -8,9 +8,12 @@ flows) and is registered for scrubbing before any request is made.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from enginesmith.checkpoints.digest import directory_digest, file_sha256
 from enginesmith.checkpoints.files import needed_files, refuse_remote_code
@@ -76,14 +79,18 @@ def local_checkpoint(path: Path, *, allow_pickle: bool = False, trust_remote_cod
         raise UserError("local checkpoint directory not found", where=str(path), hint="check the path")
     where = str(path)
     repo_files = sorted(str(p.relative_to(path)) for p in path.rglob("*") if p.is_file())
-    names = needed_files(repo_files, where=where, allow_pickle=allow_pickle)
+    names = needed_files(repo_files, where=where, allow_pickle=allow_pickle, read_json=_json_in(path))
     refuse_remote_code(read_config(path), repo_files, where=where, trust_remote_code=trust_remote_code)
     files = [CheckpointFile(path=n, size=(path / n).stat().st_size, sha256=file_sha256(path / n)) for n in names]
     return Checkpoint(
         source="local", repo_id=str(path.resolve()), requested_revision="-",
         commit_sha=directory_digest(path, names), local_path=str(path.resolve()), files=files,
-        total_bytes=sum(f.size for f in files), **describe(path),
+        total_bytes=sum(f.size for f in files), **describe(path, names),
     )
+
+
+def _json_in(directory: Path) -> Callable[[str], Any]:
+    return lambda name: json.loads((directory / name).read_text())
 
 
 def _hub_checkpoint(repo_id: str, revision: str, *, dest: Path | None, allow_pickle: bool,
@@ -110,7 +117,8 @@ def _download(repo_id: str, revision: str, token: str | None, dest: Path | None,
     commit_sha = info.sha
     assert commit_sha is not None
     siblings = {s.rfilename: s for s in info.siblings or []}
-    names = needed_files(siblings, where=where, allow_pickle=allow_pickle)
+    names = needed_files(siblings, where=where, allow_pickle=allow_pickle, read_json=lambda name: json.loads(
+        Path(hf_hub_download(repo_id, name, revision=commit_sha, token=token)).read_text()))
     config_path = Path(hf_hub_download(repo_id, "config.json", revision=commit_sha, token=token))
     refuse_remote_code(read_config(config_path.parent), siblings, where=where, trust_remote_code=trust_remote_code)
 
@@ -121,7 +129,7 @@ def _download(repo_id: str, revision: str, token: str | None, dest: Path | None,
                                       local_dir=dest))
     return Checkpoint(
         source="hub", repo_id=repo_id, requested_revision=revision, commit_sha=commit_sha,
-        local_path=str(snapshot), files=files, total_bytes=sum(f.size for f in files), **describe(snapshot),
+        local_path=str(snapshot), files=files, total_bytes=sum(f.size for f in files), **describe(snapshot, names),
     )
 
 
@@ -132,7 +140,7 @@ def _from_cache(repo_id: str, revision: str, token: str | None, dest: Path | Non
     where = f"{repo_id}@{revision}"
     snapshot = Path(snapshot_download(repo_id, revision=revision, local_files_only=True, token=token))
     repo_files = sorted(str(p.relative_to(snapshot)) for p in snapshot.rglob("*") if p.is_file())
-    names = needed_files(repo_files, where=where, allow_pickle=allow_pickle)
+    names = needed_files(repo_files, where=where, allow_pickle=allow_pickle, read_json=_json_in(snapshot))
     refuse_remote_code(read_config(snapshot), repo_files, where=where, trust_remote_code=trust_remote_code)
     files = [CheckpointFile(path=n, size=(snapshot / n).stat().st_size, sha256=_cached_sha256(snapshot / n))
              for n in names]
@@ -145,7 +153,8 @@ def _from_cache(repo_id: str, revision: str, token: str | None, dest: Path | Non
             shutil.copyfile(snapshot / name, dest / name)
     return Checkpoint(
         source="hub", repo_id=repo_id, requested_revision=revision, commit_sha=snapshot.name,
-        local_path=str(local_path), files=files, total_bytes=sum(f.size for f in files), **describe(snapshot),
+        local_path=str(local_path), files=files, total_bytes=sum(f.size for f in files),
+        **describe(snapshot, names),
     )
 
 
