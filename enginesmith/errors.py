@@ -57,5 +57,8 @@ class IncompatibleError(UserError):
 
 
 class TransientError(UserError):
-    """A failure worth retrying as it is (a server that did not start, a network error): flows retry these,
-    and never a deterministic one (a bad config, a failed gate)."""
+    """A failure worth retrying as it is (a network error, an HTTP 5xx, a timeout, a server that did not become
+    healthy for a reason outside the artefact): flows retry these, and never a deterministic one (a bad config,
+    out of memory, a flag the runtime rejects, a failed gate). The CLI exits 1, so scripts may retry on 1, not 2."""
+
+    exit_code = 1

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from enginesmith.errors import UserError
+from enginesmith.errors import TransientError, UserError
 
 
 class NotFoundError(UserError):
@@ -21,10 +21,6 @@ class ReadOnlyStoreError(UserError):
     """A write to a store that cannot be written (a bundle)."""
 
 
-class RegistryUnavailableError(UserError):
-    """The storage stopped answering (server down, connection reset, timeout).
-
-    Not bad input, so the exit code differs from other user errors: scripts may retry on 1, not on 2.
-    """
-
-    exit_code = 1
+class RegistryUnavailableError(TransientError):
+    """The storage stopped answering (server down, connection reset, timeout, a 5xx): the flows retry it with
+    backoff, and the CLI exits 1 (not bad input)."""

@@ -32,6 +32,7 @@ class FakeHub:
     repos: dict[str, FakeRepo] = field(default_factory=dict)
     cut_off_once: set[str] = field(default_factory=set)  # file names whose next GET stops half-way
     requests: list[str] = field(default_factory=list)
+    outage_status: int | None = None  # answer every request with this status (a Hub outage: 503, 429, ...)
 
     def add_repo(self, repo_id: str, files_dir: Path, *, branch: str = "main", commit_sha: str | None = None,
                  echo_authorization: bool = False) -> str:
@@ -95,6 +96,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _serve(self, send_body: bool) -> None:
         self.hub.requests.append(f"{self.command} {self.path}")
+        if self.hub.outage_status is not None:
+            self._error(self.hub.outage_status, "", "Service Unavailable")
+            return
         path = self.path.split("?")[0]
         if match := re.fullmatch(r"/api/models/([^/]+/[^/]+)/revision/(.+)", path):
             self._model_info(match.group(1), match.group(2).replace("%2F", "/"))

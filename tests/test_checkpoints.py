@@ -218,3 +218,24 @@ def test_weights_transformers_cannot_load_are_refused_naming_the_file(tmp_path, 
     with pytest.raises(UserError) as caught:
         local_checkpoint(incomplete)
     assert missing in caught.value.message and caught.value.where.endswith("model.safetensors.index.json")
+
+
+@pytest.mark.parametrize("outage", ["503", "429", "connection refused"])
+def test_a_hub_outage_is_transient_and_retried_but_a_missing_repo_is_not(hub, tmp_path, outage):
+    """#15 finding 4: every Hub failure was a UserError, so the flows never retried a network blip. An outage
+    (5xx, 429, nothing listening) is a TransientError, which the CLI exits 1 for and the flows retry; a repo
+    that does not exist stays deterministic (exit 2, never retried)."""
+    from validation.server import free_port
+
+    fake, server = hub
+    endpoint = server.endpoint if outage != "connection refused" else f"http://127.0.0.1:{free_port()}"
+    if outage != "connection refused":
+        fake.outage_status = int(outage)
+    env = _online_env(endpoint, tmp_path, HF_HUB_DOWNLOAD_TIMEOUT="5")
+    result = run_cli("checkpoint", f"{TINY_REPO_ID}@main", env=env)
+    assert result.returncode == 1, result.stderr
+    assert "the Hub did not answer" in result.stderr and "retry" in result.stderr
+    fake.outage_status = None
+    if outage != "connection refused":
+        missing = run_cli("checkpoint", "org/nothing@main", env=env)
+        assert missing.returncode == 2 and "not found" in missing.stderr

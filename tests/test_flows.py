@@ -156,3 +156,23 @@ matrix:
     assert "no-weights/fp8/cpu/tp1/hf-quantized" in result.stdout and "failed" in result.stdout
     assert "invalid" in result.stdout  # nvfp4 on cpu: invalid, listed, not a failure
     assert "1 cell(s) failed" in " ".join(result.stderr.split())
+
+
+@pytest.mark.parametrize(("error", "retried"), [
+    ("registry-outage", True), ("hub-outage", True), ("server-out-of-memory", False), ("bad-config", False)])
+def test_the_flows_retry_outages_and_never_a_deterministic_failure(tmp_path, error, retried):
+    """#15 finding 4, as the flows' tasks see it: the retry predicate on the failed state Prefect hands it."""
+    from prefect.states import Failed
+
+    from enginesmith.errors import ConfigError, TransientError
+    from flows.cell import retry_transient
+    from registry.errors import RegistryUnavailableError
+    from validation.server import exit_error
+
+    log = tmp_path / "server.log"
+    log.write_text("torch.OutOfMemoryError: CUDA out of memory\n")
+    raised = {"registry-outage": RegistryUnavailableError("server error 503 while reading a manifest"),
+              "hub-outage": TransientError("the Hub did not answer"),
+              "server-out-of-memory": exit_error("candidate", 1, log),
+              "bad-config": ConfigError("unknown field", path="x.yaml")}[error]
+    assert retry_transient(None, None, Failed(data=raised)) is retried

