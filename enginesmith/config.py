@@ -95,4 +95,13 @@ def _reference_errors(
                 (("gates", "max_accuracy_drop_points", recipe_id), f"unknown recipe {recipe_id!r}",
                  f"known recipes: {', '.join(catalogue.recipes)}")
             )
+    from validation.tasks import TASKS  # the tasks validation knows how to ask and score
+
+    for task_index, task in enumerate(config.workload.accuracy_tasks):
+        if task not in TASKS:
+            errors.append(
+                (("workload", "accuracy_tasks", task_index), f"unknown accuracy task {task!r}",
+                 f"known tasks: {', '.join(sorted(TASKS))} (every cell would fail in validation, after quantise "
+                 "and build)")
+            )
     return errors

@@ -46,7 +46,7 @@ def test_catalogue_has_every_required_sku():
 
 
 def test_shipped_configs_validate():
-    for path in [CONFIGS / "nightly.yaml", CONFIGS / "examples" / "tiny-cpu.yaml"]:
+    for path in [CONFIGS / "nightly.yaml", *sorted((CONFIGS / "examples").glob("*.yaml"))]:
         assert load_pipeline_config(path).models
 
 
@@ -69,6 +69,16 @@ def test_unknown_target_lists_known_targets_and_line(write_config, minimal):
     assert error.line == 11
     assert "unknown target 'h900'" in error.message
     assert "h100-sxm" in (error.hint or "") and "b200" in (error.hint or "")
+
+
+def test_an_accuracy_task_that_does_not_exist_is_refused_when_the_config_loads(write_config, minimal):
+    """#15 finding 1: configs/nightly.yaml named gsm8k-mini, which never existed; the config loaded, and every
+    cell would have failed in validation after its quantise and build."""
+    path = write_config(minimal + "workload:\n  name: w\n  accuracy_tasks: [facts, gsm8k-mini]\n")
+    with pytest.raises(ConfigError) as caught:
+        load_pipeline_config(path)
+    assert caught.value.field == "workload.accuracy_tasks[1]" and caught.value.line == 17
+    assert "gsm8k-mini" in caught.value.message and "facts" in (caught.value.hint or "")
 
 
 def test_unknown_recipe_lists_known_recipes(write_config, minimal):
