@@ -10,10 +10,10 @@ from pathlib import Path
 
 from enginesmith.errors import UserError
 
+# ModelOpt is not among them: the artefact's "modelopt" is the exporter the quantised checkpoint records.
 PACKAGES = {
     "tensorrt_llm": ["tensorrt_llm", "tensorrt-llm"],
     "tensorrt": ["tensorrt", "tensorrt-cu12", "tensorrt-cu13"],
-    "modelopt": ["nvidia-modelopt"],
     "torch": ["torch"],
 }
 
@@ -51,7 +51,7 @@ def interpreter_of(script: Path) -> str:
 
 
 def toolchain_versions(script: Path) -> dict[str, str]:
-    """Installed versions of TensorRT-LLM, TensorRT, ModelOpt and torch next to ``script`` (those found)."""
+    """Installed versions of TensorRT-LLM, TensorRT and torch next to ``script`` (those found)."""
     result = subprocess.run([interpreter_of(script), "-c", _QUERY, json.dumps(PACKAGES)], capture_output=True,
                             text=True, timeout=60)
     if result.returncode != 0:

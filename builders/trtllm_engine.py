@@ -17,6 +17,7 @@ from builders.toolchain import find_executable, toolchain_versions
 from builders.trtllm_args import trtllm_build_argv
 from enginesmith.artefacts import QuantizedCheckpoint
 from enginesmith.checkpoints.files import TOKENIZER_FILES
+from enginesmith.compat import modelopt_pin_problem
 from enginesmith.errors import UserError
 from enginesmith.specs import BuildProfile, TargetSpec
 
@@ -46,6 +47,12 @@ def build_engine(
             f"trtllm-build at {executable} is TensorRT-LLM {installed or 'unknown'}, the config pins "
             f"{expected_trtllm_version}", where="toolchains.trtllm.tensorrt_llm",
             hint="build in the pinned TensorRT-LLM image; an engine runs only with the version that built it")
+    exporter = quantized.versions.get("modelopt", "unknown")
+    problem = modelopt_pin_problem(expected_trtllm_version, exporter, recorded=True) if quantized.quant_algo else None
+    if problem:
+        raise UserError(problem, where=str(Path(quantized.out_dir) / "quantize.json"),
+                        hint="quantise engine cells inside the pinned TensorRT-LLM image, whose ModelOpt writes the "
+                             "checkpoint layout its trtllm-build reads")
     engine_dir = staging / "engine"
     world_size = quantized.tp * quantized.pp
     argv = trtllm_build_argv(quantized.trtllm_dir, engine_dir, profile, quant_algo=quantized.quant_algo,

@@ -118,21 +118,26 @@ def _engine_backend_version(cell: CellRequest) -> str | None:
     return None
 
 
+def modelopt_pin_problem(tensorrt_llm: str, exporter: str, *, recorded: bool = False) -> str | None:
+    """Why a TensorRT-LLM checkpoint exported by ModelOpt ``exporter`` should not reach trtllm-build from
+    TensorRT-LLM ``tensorrt_llm`` (None: it may). ``recorded``: the version a quantised checkpoint records, not
+    a config's."""
+    pinned = TRTLLM_MODELOPT_PINS.get(tensorrt_llm)
+    if pinned is None:
+        return f"no known ModelOpt pin for TensorRT-LLM {tensorrt_llm} (known: {', '.join(TRTLLM_MODELOPT_PINS)})"
+    if ".".join(exporter.split(".")[:2]) == pinned:
+        return None
+    if recorded:
+        return (f"this checkpoint was exported by ModelOpt {exporter}; TensorRT-LLM {tensorrt_llm} reads the "
+                f"exports of the ModelOpt it pins (~={pinned}.0)")
+    return (f"engine checkpoints must be exported with the ModelOpt that TensorRT-LLM {tensorrt_llm} pins "
+            f"(~={pinned}.0), not {exporter}")
+
+
 def _engine_modelopt_pin(cell: CellRequest) -> str | None:
     if cell.kind != "trtllm-engine" or cell.recipe.is_passthrough:
         return None
-    trtllm = cell.toolchains.trtllm
-    pinned = TRTLLM_MODELOPT_PINS.get(trtllm.tensorrt_llm)
-    if pinned is None:
-        known = ", ".join(TRTLLM_MODELOPT_PINS)
-        return f"no known ModelOpt pin for TensorRT-LLM {trtllm.tensorrt_llm} (known: {known})"
-    exporter = ".".join(trtllm.modelopt.split(".")[:2])
-    if exporter != pinned:
-        return (
-            f"engine checkpoints must be exported with the ModelOpt that TensorRT-LLM {trtllm.tensorrt_llm} pins "
-            f"(~={pinned}.0), not {trtllm.modelopt}"
-        )
-    return None
+    return modelopt_pin_problem(cell.toolchains.trtllm.tensorrt_llm, cell.toolchains.trtllm.modelopt)
 
 
 def _awq_block_fits(cell: CellRequest) -> str | None:

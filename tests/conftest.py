@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -90,6 +92,19 @@ def fake_trtllm_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     TensorRT-LLM 1.2.1 and TensorRT 10.14.1 package metadata visible to its interpreter."""
     root = tmp_path_factory.mktemp("fake-trtllm")
     return make_fake_trtllm_env(root, trtllm_version="1.2.1")
+
+
+def as_exported_in_trtllm_image(quantized_dir: Path, out: Path) -> Path:
+    """TEST DOUBLE, labelled: a copy of a quantised checkpoint recording the exporter the TensorRT-LLM image has.
+    Engine cells are quantised inside that image, whose ModelOpt (0.37, the one TensorRT-LLM 1.2.1 pins) cannot
+    be installed here; the copy stands in for its export, as the fake trtllm-build on PATH stands in for its
+    builder. The tensors are this machine's ModelOpt's, which the fake builder does not read."""
+    shutil.copytree(quantized_dir, out)
+    metadata = json.loads((out / "quantize.json").read_text())
+    metadata["versions"]["modelopt"] = "0.37.0"
+    metadata["out_dir"] = str(out)
+    (out / "quantize.json").write_text(json.dumps(metadata))
+    return out
 
 
 def make_fake_trtllm_env(root: Path, *, trtllm_version: str) -> dict[str, str]:

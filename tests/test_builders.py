@@ -14,7 +14,7 @@ from enginesmith.config import default_catalogue
 from enginesmith.errors import UserError
 from enginesmith.specs import BuildProfile
 from quantization.stage import read_completed
-from tests.conftest import make_fake_trtllm_env, run_cli
+from tests.conftest import as_exported_in_trtllm_image, make_fake_trtllm_env, run_cli
 
 CALIBRATION = ["--samples", "16", "--seq-len", "32", "--batch-size", "8"]
 
@@ -26,6 +26,11 @@ def fp8_quantized(tiny_model_dir, tmp_path_factory) -> Path:
                      "--formats", "hf,trtllm", *CALIBRATION)
     assert result.returncode == 0, result.stderr[-2000:]
     return out
+
+
+@pytest.fixture(scope="module")
+def fp8_for_engines(fp8_quantized, tmp_path_factory) -> Path:
+    return as_exported_in_trtllm_image(fp8_quantized, tmp_path_factory.mktemp("q") / "fp8-trtllm-image")
 
 
 @pytest.fixture(scope="module")
@@ -41,14 +46,14 @@ def _build(quantized: Path, out: Path, *args: str, env: dict[str, str] | None = 
     return run_cli("build", str(quantized), "--out", str(out), *args, "--json", env=env)
 
 
-def test_engine_build_records_every_field(fp8_quantized, tmp_path, fake_trtllm_env):
-    result = _build(fp8_quantized, tmp_path / "engine", "--target", "h100-sxm", "--kind", "trtllm-engine",
+def test_engine_build_records_every_field(fp8_for_engines, tmp_path, fake_trtllm_env):
+    result = _build(fp8_for_engines, tmp_path / "engine", "--target", "h100-sxm", "--kind", "trtllm-engine",
                     "--skip-gpu-check", env=fake_trtllm_env)
     assert result.returncode == 0, result.stderr[-3000:]
     artefact = json.loads(result.stdout)
     assert artefact["kind"] == "trtllm-engine" and artefact["target"] == "h100-sxm" and artefact["target_sm"] == 90
     assert artefact["versions"]["tensorrt_llm"] == "1.2.1" and artefact["versions"]["tensorrt"] == "10.14.1"
-    assert artefact["versions"]["modelopt"] == "0.47.0"
+    assert artefact["versions"]["modelopt"] == "0.37.0"  # the exporter TensorRT-LLM 1.2.1 pins
     assert artefact["lineage"]["recipe"] == "fp8" and artefact["lineage"]["calibration_sha256"]
     engine_flags = artefact["build_config"]["engine"]
     # The SKU's defaults reached trtllm-build, and FP8 on SM 9.0 turns FP8 context FMHA on.
@@ -61,8 +66,20 @@ def test_engine_build_records_every_field(fp8_quantized, tmp_path, fake_trtllm_e
     assert (tmp_path / "engine" / "artefact.json").is_file()
 
 
-def test_engine_build_without_the_gpu_is_refused_naming_it(fp8_quantized, tmp_path, fake_trtllm_env):
+def test_an_export_by_another_modelopt_than_the_pinned_one_is_refused_before_trtllm_build(fp8_quantized, tmp_path,
+                                                                                         fake_trtllm_env):
+    """#15 finding 6: the exporter pin was checked on the config's string only, and an engine was built from this
+    machine's ModelOpt 0.47 export. The version the checkpoint records is what is checked now."""
     result = _build(fp8_quantized, tmp_path / "engine", "--target", "h100-sxm", "--kind", "trtllm-engine",
+                    "--skip-gpu-check", env=fake_trtllm_env)
+    assert result.returncode == 2
+    message = " ".join(result.stderr.split())
+    assert "exported by ModelOpt 0.47.0" in message and "~=0.37.0" in message and "quantize.json" in message
+    assert not (tmp_path / "engine").exists() and not (tmp_path / "engine.partial" / "engine").exists()
+
+
+def test_engine_build_without_the_gpu_is_refused_naming_it(fp8_for_engines, tmp_path, fake_trtllm_env):
+    result = _build(fp8_for_engines, tmp_path / "engine", "--target", "h100-sxm", "--kind", "trtllm-engine",
                     env=fake_trtllm_env)
     assert result.returncode == 2
     assert "no h100-sxm GPU (NVIDIA H100 SXM5 80GB, SM 9.0)" in result.stderr and "--skip-gpu-check" in result.stderr
@@ -74,21 +91,21 @@ def test_engine_build_without_the_gpu_is_refused_naming_it(fp8_quantized, tmp_pa
     [("oom", "ran out of GPU memory"), ("sm100", "not supported on the build GPU's SM"),
      ("exit", "exited with status 1"), ("missing-rank", "rank0.engine is missing")],
 )
-def test_build_failures_become_clear_errors_and_leave_no_artefact(fp8_quantized, tmp_path, fake_trtllm_env,
+def test_build_failures_become_clear_errors_and_leave_no_artefact(fp8_for_engines, tmp_path, fake_trtllm_env,
                                                                   fault, message):
     env = {**fake_trtllm_env, "FAKE_TRTLLM_BUILD_FAIL": fault}
-    result = _build(fp8_quantized, tmp_path / "engine", "--target", "h100-sxm", "--kind", "trtllm-engine",
+    result = _build(fp8_for_engines, tmp_path / "engine", "--target", "h100-sxm", "--kind", "trtllm-engine",
                     "--skip-gpu-check", env=env)
     assert result.returncode == 2, result.stderr
     assert message in result.stderr
     assert not (tmp_path / "engine" / "artefact.json").exists()
 
 
-def test_build_killed_by_its_timeout_leaves_no_artefact(fp8_quantized, tmp_path, fake_trtllm_env, monkeypatch):
+def test_build_killed_by_its_timeout_leaves_no_artefact(fp8_for_engines, tmp_path, fake_trtllm_env, monkeypatch):
     for name, value in {**fake_trtllm_env, "FAKE_TRTLLM_BUILD_FAIL": "hang"}.items():
         monkeypatch.setenv(name, value)
     catalogue = default_catalogue()
-    quantized = read_completed(fp8_quantized)
+    quantized = read_completed(fp8_for_engines)
     assert quantized is not None
     request = BuildRequest(quantized=quantized, recipe=catalogue.recipes["fp8"], target=catalogue.targets["h100-sxm"],
                            kind="trtllm-engine", profile=BuildProfile(), key="k" * 64,
@@ -99,15 +116,15 @@ def test_build_killed_by_its_timeout_leaves_no_artefact(fp8_quantized, tmp_path,
     assert not (tmp_path / "engine").exists()
 
 
-def test_trtllm_version_other_than_the_pin_is_refused(fp8_quantized, tmp_path):
+def test_trtllm_version_other_than_the_pin_is_refused(fp8_for_engines, tmp_path):
     env = make_fake_trtllm_env(tmp_path / "fake", trtllm_version="1.3.0")
-    result = _build(fp8_quantized, tmp_path / "engine", "--target", "h100-sxm", "--kind", "trtllm-engine",
+    result = _build(fp8_for_engines, tmp_path / "engine", "--target", "h100-sxm", "--kind", "trtllm-engine",
                     "--skip-gpu-check", env=env)
     assert result.returncode == 2 and "TensorRT-LLM 1.3.0" in result.stderr and "1.2.1" in result.stderr
 
 
-def test_incompatible_target_is_refused_with_the_planning_reason(fp8_quantized, tmp_path, fake_trtllm_env):
-    result = _build(fp8_quantized, tmp_path / "engine", "--target", "a100-80gb", "--kind", "trtllm-engine",
+def test_incompatible_target_is_refused_with_the_planning_reason(fp8_for_engines, tmp_path, fake_trtllm_env):
+    result = _build(fp8_for_engines, tmp_path / "engine", "--target", "a100-80gb", "--kind", "trtllm-engine",
                     "--skip-gpu-check", env=fake_trtllm_env)
     assert result.returncode == 2 and "[recipe-on-sm]" in result.stderr and "FP8 needs SM >= 8.9" in result.stderr
 
@@ -148,8 +165,9 @@ def test_cpu_artefact_serves_the_folded_weights_with_vllm_cpu(int4_cpu_quantized
     assert "quantization_config" not in config and config["torch_dtype"] == "bfloat16"
 
 
-def test_serve_print_matches_the_reference_flags(fp8_quantized, int4_cpu_quantized, tmp_path, fake_trtllm_env):
-    assert _build(fp8_quantized, tmp_path / "engine", "--target", "h100-sxm", "--kind", "trtllm-engine",
+def test_serve_print_matches_the_reference_flags(fp8_quantized, fp8_for_engines, int4_cpu_quantized, tmp_path,
+                                                 fake_trtllm_env):
+    assert _build(fp8_for_engines, tmp_path / "engine", "--target", "h100-sxm", "--kind", "trtllm-engine",
                   "--skip-gpu-check", env=fake_trtllm_env).returncode == 0
     assert _build(fp8_quantized, tmp_path / "gpu", "--target", "h100-sxm").returncode == 0
     assert _build(int4_cpu_quantized, tmp_path / "cpu", "--target", "cpu").returncode == 0

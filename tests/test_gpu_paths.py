@@ -15,7 +15,7 @@ import pytest
 
 from enginesmith.config import default_catalogue
 from enginesmith.gpus import detect, read_gpus
-from tests.conftest import run_cli
+from tests.conftest import as_exported_in_trtllm_image, run_cli
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.gpu
@@ -102,7 +102,7 @@ def test_usage_sampler_reads_gpu_memory_through_nvml():
 
 def test_engine_for_the_detected_gpu_passes_the_gpu_check_and_auto_pull_chooses_it(
         quantized_on_cuda, tmp_path, fake_trtllm_env):
-    fp8_for_engine = Path(quantized_on_cuda("fp8")["out_dir"])
+    fp8_for_engine = as_exported_in_trtllm_image(Path(quantized_on_cuda("fp8")["out_dir"]), tmp_path / "fp8-image")
     here = _detected_target()
     other = "h100-sxm" if here != "h100-sxm" else "h200"  # same SM: only the GPU check can refuse it
     refused = run_cli("build", str(fp8_for_engine), "--out", str(tmp_path / "other"), "--target", other,
