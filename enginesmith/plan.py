@@ -60,7 +60,8 @@ class Cell(BaseModel):
     kind: ArtefactKind
     tp: int
     pp: int
-    profile: BuildProfile
+    profile_name: str = "default"  # as the config names it (what dispatch sends)
+    profile: BuildProfile  # resolved: the named profile over the target's build defaults
     calibration: CalibrationPlan | None
     awq_block: BlockSizeChoice | None = None  # the AWQ block size this cell quantises with, and why
     status: Literal["build", "invalid"]
@@ -127,7 +128,7 @@ def plan_matrix(
             cells.append(
                 _plan_cell(
                     config, this_id, model, revision, catalogue.recipes[recipe_id], catalogue.targets[target_id],
-                    kind, tp, pp, config.profile(block.profile), calibration_fingerprint, model_shapes.get(model_id),
+                    kind, tp, pp, block.profile, calibration_fingerprint, model_shapes.get(model_id),
                 )
             )
     return Plan(config_name=config.name, cells=cells)
@@ -143,14 +144,14 @@ def _plan_cell(
     kind: ArtefactKind,
     tp: int,
     pp: int,
-    profile: BuildProfile,
+    profile_name: str,
     calibration_fingerprint: str,
     shape: ModelShape | None,
 ) -> Cell:
     request = CellRequest(model=model, recipe=recipe, target=target, kind=kind, tp=tp, pp=pp,
                           toolchains=config.toolchains, shape=shape)
     found = violations(request)
-    resolved_profile = profile.merged_over(target.build_defaults)
+    resolved_profile = config.profile(profile_name).merged_over(target.build_defaults)
     calibration = None if recipe.is_passthrough else _calibration_plan(config, recipe, calibration_fingerprint)
     awq_block = request.awq_block
     keys = stage_keys(config, model, revision, keyed_recipe(recipe, awq_block.size if awq_block else None), target,
@@ -158,7 +159,7 @@ def _plan_cell(
     return Cell(
         id=this_id, model=model, source_revision=revision,
         revision_pinned=is_commit_sha(revision) or revision.startswith("sha256:"),
-        recipe=recipe, target=target, kind=kind, tp=tp, pp=pp, profile=resolved_profile,
+        recipe=recipe, target=target, kind=kind, tp=tp, pp=pp, profile_name=profile_name, profile=resolved_profile,
         calibration=calibration, awq_block=awq_block, status="invalid" if found else "build", violations=found,
         stage_keys=keys,
     )

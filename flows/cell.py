@@ -127,8 +127,11 @@ def cell_for(params: BuildCellParams) -> tuple[Path, PipelineConfig, Cell]:
     if params.max_accuracy_drop_points is not None:
         gates = gates.model_copy(update={"max_accuracy_drop_points": {
             **gates.max_accuracy_drop_points, params.recipe.value: params.max_accuracy_drop_points}})
+    if params.profile != "default" and params.profile not in config.profiles:
+        raise ConfigError(f"build profile {params.profile!r} is not in {config_path}", field="params.profile",
+                          hint=f"profiles there: default{''.join(', ' + name for name in config.profiles)}")
     block = MatrixBlock(models=[params.model], recipes=[params.recipe.value], targets=[params.target.value],
-                        kinds=[params.kind], tp=[params.tp])
+                        kinds=[params.kind], tp=[params.tp], pp=[params.pp], profile=params.profile)
     single = PipelineConfig.model_validate({**config.model_dump(), "models": [m.model_dump() for m in models],
                                             "matrix": [block.model_dump()], "gates": gates.model_dump()})
     # Local model paths stay relative to the original config file.

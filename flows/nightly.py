@@ -31,7 +31,8 @@ def pool_for(target: TargetSpec) -> str:
 
 def params_for(config_path: str, cell: Cell) -> BuildCellParams:
     return BuildCellParams(config=config_path, model=cell.model.id, recipe=RecipeName(cell.recipe.id),
-                           target=TargetName(cell.target.id), kind=cell.kind, tp=cell.tp)
+                           target=TargetName(cell.target.id), kind=cell.kind, tp=cell.tp, pp=cell.pp,
+                           profile=cell.profile_name)
 
 
 @task(name="dispatch-cell")

@@ -26,6 +26,9 @@ class BuildCellParams(BaseModel):
     target: TargetName = Field(TargetName("cpu"), description="GPU SKU (or cpu) to build for")
     kind: Literal["hf-quantized", "trtllm-engine"] = Field("hf-quantized", description="Artefact kind")
     tp: int = Field(1, ge=1, le=64, description="Tensor-parallel GPUs (a power of two)")
+    pp: int = Field(1, ge=1, le=64, description="Pipeline-parallel stages (a power of two)")
+    profile: str = Field("default", description="Build profile: 'default' (the config's build_profile) or a name "
+                                                "under the config's profiles")
     min_throughput_ratio: float | None = Field(None, gt=0, description="Gate override: candidate/reference throughput")
     max_tpot_ratio: float | None = Field(None, gt=0, description="Gate override: candidate/reference TPOT at c=1")
     max_accuracy_drop_points: float | None = Field(None, ge=0, description="Gate override: accuracy drop, points")

@@ -176,3 +176,55 @@ def test_the_flows_retry_outages_and_never_a_deterministic_failure(tmp_path, err
               "server-out-of-memory": exit_error("candidate", 1, log),
               "bad-config": ConfigError("unknown field", path="x.yaml")}[error]
     assert retry_transient(None, None, Failed(data=raised)) is retried
+
+
+def test_dispatch_carries_every_field_the_plan_keyed(write_config, tiny_model_dir):
+    """#15 finding 2: the parameters dispatch sent had no profile and no pp, so build-cell re-planned a
+    long-context cell with the default profile (and pp 2 as pp 1) and would publish under a key the nightly never
+    planned. Every cell the nightly plans comes back from its parameters with the same key."""
+    from enginesmith.config import default_catalogue
+    from enginesmith.plan_sources import plan_config
+    from flows.cell import cell_for
+    from flows.nightly import params_for
+
+    config = write_config(f"""
+version: 1
+name: profiles
+models:
+  - id: tiny-llama
+    repo: {tiny_model_dir}
+matrix:
+  - models: [tiny-llama]
+    recipes: [fp8]
+    targets: [h100-sxm]
+    kinds: [hf-quantized]
+    tp: [1]
+    pp: [1, 2]
+  - models: [tiny-llama]
+    recipes: [fp8]
+    targets: [h100-sxm]
+    kinds: [trtllm-engine]
+    tp: [2]
+    profile: long-context
+profiles:
+  long-context:
+    max_input_len: 32768
+    max_seq_len: 65536
+""")
+    _, plan = plan_config(config, default_catalogue(), resolve_hub=False)
+    assert {(c.pp, c.profile_name) for c in plan.cells} == {(1, "default"), (2, "default"), (1, "long-context")}
+    for planned in plan.cells:
+        _, _, dispatched = cell_for(params_for(str(config), planned))
+        assert (dispatched.id, dispatched.key) == (planned.id, planned.key)
+        assert dispatched.profile == planned.profile
+        assert (dispatched.profile.max_seq_len == 65536) is (planned.profile_name == "long-context")
+
+
+def test_a_profile_the_config_does_not_have_is_refused_naming_the_parameter():
+    from enginesmith.errors import ConfigError
+    from flows.cell import cell_for
+    from flows.params import BuildCellParams
+
+    with pytest.raises(ConfigError) as caught:
+        cell_for(BuildCellParams(profile="no-such-profile"))
+    assert caught.value.field == "params.profile" and "default" in (caught.value.hint or "")
