@@ -30,9 +30,11 @@ def pool_for(target: TargetSpec) -> str:
 
 
 def params_for(config_path: str, cell: Cell) -> BuildCellParams:
-    return BuildCellParams(config=config_path, model=cell.model.id, recipe=RecipeName(cell.recipe.id),
-                           target=TargetName(cell.target.id), kind=cell.kind, tp=cell.tp, pp=cell.pp,
-                           profile=cell.profile_name)
+    # A Hub model goes out at the commit the plan resolved, so build-cell keys and pulls what the nightly keyed.
+    revision = cell.source_revision if not cell.model.is_local and cell.revision_pinned else None
+    return BuildCellParams(config=config_path, model=cell.model.id, revision=revision,
+                           recipe=RecipeName(cell.recipe.id), target=TargetName(cell.target.id), kind=cell.kind,
+                           tp=cell.tp, pp=cell.pp, profile=cell.profile_name)
 
 
 @task(name="dispatch-cell")

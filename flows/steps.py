@@ -11,7 +11,7 @@ from builders.stage import BuildRequest, build_artefact, read_artefact
 from enginesmith.artefacts import ExportFormat, QuantizedCheckpoint
 from enginesmith.checkpoints.models import Checkpoint
 from enginesmith.checkpoints.pull import pull_checkpoint
-from enginesmith.errors import ConfigError
+from enginesmith.errors import ConfigError, UserError
 from enginesmith.keys import stage_key
 from enginesmith.plan import Cell, Plan
 from enginesmith.plan_sources import model_source
@@ -41,9 +41,18 @@ def registry_url(config: PipelineConfig) -> str:
 
 
 def pull(config_path: Path, cell: Cell) -> Checkpoint:
+    """The checkpoint the cell was planned and keyed on: a Hub model at the commit the plan resolved (a branch
+    that moved since is not followed), a local directory only while its content is what the plan digested."""
     model = cell.model
-    return pull_checkpoint(model_source(model, config_path.parent), model.revision, allow_pickle=model.allow_pickle,
-                           trust_remote_code=model.trust_remote_code)
+    source = model_source(model, config_path.parent)
+    checkpoint = pull_checkpoint(source, model.revision if model.is_local else cell.source_revision,
+                                 allow_pickle=model.allow_pickle, trust_remote_code=model.trust_remote_code)
+    if cell.revision_pinned and checkpoint.commit_sha != cell.source_revision:
+        raise UserError(f"{model.id} changed after it was planned: planned {cell.source_revision[:19]}, found "
+                        f"{checkpoint.commit_sha[:19]}", where=source,
+                        hint="leave the model alone while a cell builds; the next nightly plans and keys the new "
+                             "content")
+    return checkpoint
 
 
 def export_formats(cell: Cell) -> list[ExportFormat]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 from enginesmith.checkpoints.pull import _check_free_disk, local_checkpoint
 from enginesmith.errors import UserError
 from enginesmith.secrets import register_secret, scrub
-from tests.conftest import TINY_REPO_ID, run_cli
+from tests.conftest import REPO_ROOT, TINY_REPO_ID, run_cli
 from tests.fake_hub import FakeHub, FakeHubServer
 
 SECRET = "hf_SuperSecretToken1234567890"
@@ -239,3 +240,94 @@ def test_a_hub_outage_is_transient_and_retried_but_a_missing_repo_is_not(hub, tm
     if outage != "connection refused":
         missing = run_cli("checkpoint", "org/nothing@main", env=env)
         assert missing.returncode == 2 and "not found" in missing.stderr
+
+
+_PLAN_THEN_PULL = """
+import json, sys
+from pathlib import Path
+from enginesmith.config import default_catalogue
+from enginesmith.plan import Cell
+from enginesmith.plan_sources import plan_config
+from flows import steps
+from flows.cell import cell_for
+from flows.nightly import params_for
+
+config, phase, state = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
+if phase == "plan":
+    _, plan = plan_config(config, default_catalogue())
+    state.write_text(plan.cells[0].model_dump_json())
+else:
+    cell = Cell.model_validate_json(state.read_text())
+    checkpoint = steps.pull(config, cell)
+    _, _, dispatched = cell_for(params_for(str(config), cell))
+    print(json.dumps({"pulled": checkpoint.commit_sha, "planned": cell.source_revision, "planned_key": cell.key,
+                      "dispatched_key": dispatched.key}))
+"""
+
+
+def test_a_branch_that_moves_after_planning_is_not_followed(hub, tmp_path, tiny_model_dir):
+    """#15 finding 3: the pull re-resolved the config's branch, so a `main` that moved between the nightly's plan
+    and the cell's pull was keyed on one commit and built from another. Now the pull takes the planned commit, and
+    the dispatched parameters carry it, so build-cell computes the nightly's key."""
+    import subprocess
+    import sys
+
+    fake, server = hub
+    planned_sha = fake.repos[TINY_REPO_ID].branches["main"]
+    config = tmp_path / "hub.yaml"
+    config.write_text(f"""
+version: 1
+name: hub
+models:
+  - id: tiny
+    repo: {TINY_REPO_ID}
+    revision: main
+matrix:
+  - models: [tiny]
+    recipes: [fp8]
+    targets: [cpu]
+    kinds: [hf-quantized]
+""")
+    env = {**os.environ, **_online_env(server.endpoint, tmp_path / "cache")}
+
+    def run(phase: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-c", _PLAN_THEN_PULL, str(config), phase, str(tmp_path / "cell.json")],
+                              capture_output=True, text=True, env=env, cwd=REPO_ROOT, timeout=300)
+
+    planned = run("plan")
+    assert planned.returncode == 0, planned.stderr[-3000:]
+    moved = tmp_path / "moved"
+    shutil.copytree(tiny_model_dir, moved)
+    (moved / "generation_config.json").write_text('{"max_new_tokens": 8}')
+    assert fake.add_repo(TINY_REPO_ID, moved, commit_sha="c" * 40) != planned_sha  # main moves
+    pulled = run("pull")
+    assert pulled.returncode == 0, pulled.stderr[-3000:]
+    seen = json.loads(pulled.stdout.strip().splitlines()[-1])
+    assert seen["planned"] == seen["pulled"] == planned_sha
+    assert seen["dispatched_key"] == seen["planned_key"]
+
+
+def test_a_local_model_changed_after_planning_is_refused_at_pull(tmp_path, tiny_model_dir, write_config):
+    from enginesmith.config import default_catalogue
+    from enginesmith.plan_sources import plan_config
+    from flows import steps
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    config = write_config(f"""
+version: 1
+name: local
+models:
+  - id: tiny
+    repo: {model}
+matrix:
+  - models: [tiny]
+    recipes: [fp8]
+    targets: [cpu]
+    kinds: [hf-quantized]
+""")
+    _, plan = plan_config(config, default_catalogue())
+    (model / "generation_config.json").write_text('{"max_new_tokens": 8}')
+    with pytest.raises(UserError) as caught:
+        steps.pull(config, plan.cells[0])
+    assert "changed after it was planned" in caught.value.message and caught.value.where == str(model)
