@@ -48,9 +48,9 @@ def build_engine(
             f"{expected_trtllm_version}", where="toolchains.trtllm.tensorrt_llm",
             hint="build in the pinned TensorRT-LLM image; an engine runs only with the version that built it")
     exporter = quantized.versions.get("modelopt", "unknown")
-    problem = modelopt_pin_problem(expected_trtllm_version, exporter, recorded=True) if quantized.quant_algo else None
+    problem = modelopt_pin_problem(expected_trtllm_version, exporter) if quantized.quant_algo else None
     if problem:
-        raise UserError(problem, where=str(Path(quantized.out_dir) / "quantize.json"),
+        raise UserError(f"this checkpoint was {problem}", where=str(Path(quantized.out_dir) / "quantize.json"),
                         hint="quantise engine cells inside the pinned TensorRT-LLM image, whose ModelOpt writes the "
                              "checkpoint layout its trtllm-build reads")
     engine_dir = staging / "engine"

@@ -118,20 +118,16 @@ def _engine_backend_version(cell: CellRequest) -> str | None:
     return None
 
 
-def modelopt_pin_problem(tensorrt_llm: str, exporter: str, *, recorded: bool = False) -> str | None:
-    """Why a TensorRT-LLM checkpoint exported by ModelOpt ``exporter`` should not reach trtllm-build from
-    TensorRT-LLM ``tensorrt_llm`` (None: it may). ``recorded``: the version a quantised checkpoint records, not
-    a config's."""
+def modelopt_pin_problem(tensorrt_llm: str, exporter: str) -> str | None:
+    """Why a TensorRT-LLM checkpoint exported by ModelOpt ``exporter`` (a config's pin, or the version a quantised
+    checkpoint records) should not reach trtllm-build from TensorRT-LLM ``tensorrt_llm``; None when it may."""
     pinned = TRTLLM_MODELOPT_PINS.get(tensorrt_llm)
     if pinned is None:
         return f"no known ModelOpt pin for TensorRT-LLM {tensorrt_llm} (known: {', '.join(TRTLLM_MODELOPT_PINS)})"
     if ".".join(exporter.split(".")[:2]) == pinned:
         return None
-    if recorded:
-        return (f"this checkpoint was exported by ModelOpt {exporter}; TensorRT-LLM {tensorrt_llm} reads the "
-                f"exports of the ModelOpt it pins (~={pinned}.0)")
-    return (f"engine checkpoints must be exported with the ModelOpt that TensorRT-LLM {tensorrt_llm} pins "
-            f"(~={pinned}.0), not {exporter}")
+    return (f"exported by ModelOpt {exporter}; TensorRT-LLM {tensorrt_llm} reads the exports of the ModelOpt it "
+            f"pins (~={pinned}.0)")
 
 
 def _engine_modelopt_pin(cell: CellRequest) -> str | None:

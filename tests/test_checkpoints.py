@@ -132,10 +132,15 @@ def test_registered_secrets_are_scrubbed_from_logs(caplog):
     assert scrub(f"token={SECRET}") == "token=***"
 
 
+def _with_weights_renamed(tiny_model_dir: Path, out: Path, name: str) -> Path:
+    """A copy of the tiny model whose model.safetensors is called ``name``."""
+    shutil.copytree(tiny_model_dir, out)
+    (out / "model.safetensors").rename(out / name)
+    return out
+
+
 def test_pickle_only_checkpoint_is_refused_unless_allowed(tmp_path, tiny_model_dir):
-    pickled = tmp_path / "pickled"
-    shutil.copytree(tiny_model_dir, pickled)
-    (pickled / "model.safetensors").rename(pickled / "pytorch_model.bin")
+    pickled = _with_weights_renamed(tiny_model_dir, tmp_path / "pickled", "pytorch_model.bin")
     with pytest.raises(UserError) as caught:
         local_checkpoint(pickled)
     assert "pytorch_model.bin" in caught.value.message and "allow_pickle" in (caught.value.hint or "")
@@ -172,8 +177,7 @@ def _sharded_with_consolidated(tiny_model_dir: Path, out: Path) -> Path:
     (the same weights in Mistral's own format) beside them."""
     from transformers import AutoModelForCausalLM
 
-    shutil.copytree(tiny_model_dir, out)
-    (out / "model.safetensors").rename(out / "consolidated.safetensors")
+    _with_weights_renamed(tiny_model_dir, out, "consolidated.safetensors")
     AutoModelForCausalLM.from_pretrained(tiny_model_dir).save_pretrained(out, max_shard_size="500KB")
     return out
 
@@ -205,9 +209,7 @@ def test_the_files_are_the_set_transformers_loads_never_a_consolidated_copy(hub,
 
 
 def test_weights_transformers_cannot_load_are_refused_naming_the_file(tmp_path, tiny_model_dir):
-    only_consolidated = tmp_path / "mistral-native"
-    shutil.copytree(tiny_model_dir, only_consolidated)
-    (only_consolidated / "model.safetensors").rename(only_consolidated / "consolidated.safetensors")
+    only_consolidated = _with_weights_renamed(tiny_model_dir, tmp_path / "mistral-native", "consolidated.safetensors")
     with pytest.raises(UserError) as caught:
         local_checkpoint(only_consolidated)
     assert "consolidated.safetensors" in caught.value.message and "Mistral" in (caught.value.hint or "")

@@ -68,7 +68,7 @@ def running_server(argv: Sequence[str], env: dict[str, str], *, port: int, log_p
 
 # A server that exits before it is healthy has usually refused its own inputs (a flag, the artefact, the memory it
 # was given): retrying cannot help. What can: another process holding the port.
-_RETRYABLE_EXITS = ("Address already in use",)
+_RETRYABLE_EXITS = ("address already in use",)  # lower case, as matched
 _REJECTED_FLAG = ("unrecognized arguments", "error: argument", "invalid choice")
 _OUT_OF_MEMORY = ("out of memory", "outofmemoryerror", "cannot allocate memory")
 SIGKILL_STATUS = -9
@@ -80,7 +80,7 @@ def exit_error(name: str, status: int, log_path: Path) -> UserError:
     tail = _log_tail(log_path)
     lowered = tail.lower()
     where, shown = str(log_path), f"\n--- last lines of {log_path} ---\n{tail}"
-    if any(marker.lower() in lowered for marker in _RETRYABLE_EXITS):
+    if any(marker in lowered for marker in _RETRYABLE_EXITS):
         return TransientError(f"the {name} server could not bind its port (status {status}){shown}", where=where,
                               hint="another process took the port; the flows retry with a new one")
     if any(marker in lowered for marker in _REJECTED_FLAG):
