@@ -14,6 +14,7 @@ from functools import cached_property
 
 from pydantic import BaseModel
 
+from enginesmith.memory import GIB, serving_need
 from enginesmith.shapes import BlockSizeChoice, ModelShape, choose_awq_block_size
 from enginesmith.specs import ArtefactKind, ModelSpec, RecipeSpec, TargetSpec, Toolchains
 
@@ -22,9 +23,6 @@ from enginesmith.specs import ArtefactKind, ModelSpec, RecipeSpec, TargetSpec, T
 TRTLLM_MODELOPT_PINS: dict[str, str] = {"1.2.0": "0.37", "1.2.1": "0.37"}
 # The TensorRT engine backend was frozen after 1.2 and removed after 1.3.0rc20.
 LAST_ENGINE_BACKEND_MINOR = (1, 2)
-# Weights are not all the memory a runtime needs: activations, CUDA graphs, a minimum of KV cache.
-MEMORY_OVERHEAD_FACTOR = 1.2
-GIB = 1024**3
 
 
 class CellRequest(BaseModel):
@@ -93,16 +91,11 @@ def _parallel_fits_node(cell: CellRequest) -> str | None:
 def _fits_memory(cell: CellRequest) -> str | None:
     if cell.model.params_b is None:
         return None
-    weights_gib = cell.model.params_b * 1e9 * cell.recipe.weight_bytes_per_param / GIB
-    needed_gib = weights_gib * MEMORY_OVERHEAD_FACTOR
-    available_gib = cell.target.memory_gib * cell.tp * cell.pp
-    if needed_gib > available_gib:
-        return (
-            f"{cell.model.id} with {cell.recipe.id} needs about {needed_gib:.0f} GiB "
-            f"({weights_gib:.0f} GiB of weights ×{MEMORY_OVERHEAD_FACTOR}) but tp×pp={cell.tp * cell.pp} "
-            f"× {cell.target.memory_gib:g} GiB = {available_gib:g} GiB"
-        )
-    return None
+    need = serving_need("candidate", cell.model.params_b * 1e9 * cell.recipe.weight_bytes_per_param,
+                        cell.tp * cell.pp, device_bytes=int(cell.target.memory_gib * GIB))
+    if need.fits:
+        return None
+    return f"{cell.model.id} with {cell.recipe.id} at tp×pp={cell.tp * cell.pp} on {cell.target.id}: {need.describe()}"
 
 
 def _engine_backend_version(cell: CellRequest) -> str | None:

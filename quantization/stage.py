@@ -33,6 +33,7 @@ from enginesmith.checkpoints.inspect import read_config
 from enginesmith.checkpoints.models import Checkpoint, CheckpointFile
 from enginesmith.errors import UserError
 from enginesmith.locks import output_lock
+from enginesmith.memory import dtype_bytes, quantize_need
 from enginesmith.specs import RecipeSpec
 from quantization.export import (
     ExportCheckError,
@@ -43,9 +44,6 @@ from quantization.export import (
     export_trtllm,
 )
 
-GIB = 1024**3
-# fp32 weights, plus activations and AWQ's per-layer search caches during calibration.
-CALIBRATION_MEMORY_FACTOR = 3.0
 DECODER_TYPES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen", "qwen3": "qwen"}
 
 
@@ -137,7 +135,7 @@ def _run(request: QuantizeRequest, staging: Path) -> QuantizedCheckpoint:
     device = _pick_device(request.device)
     if device == "cpu":
         torch.set_num_threads(int(os.environ.get("ENGINESMITH_CPU_THREADS", "1")))
-    _check_memory(request.checkpoint, device)
+    _check_memory(request.checkpoint, device, hf_config)
     recipe = request.recipe
     timings: dict[str, float] = {}
     versions = installed_versions()
@@ -148,9 +146,15 @@ def _run(request: QuantizeRequest, staging: Path) -> QuantizedCheckpoint:
                                                      "check that the checkpoint loads with transformers "
                                                      f"{installed_versions()['transformers']} (config.json, weights)"):
         tokenizer = AutoTokenizer.from_pretrained(source)
-        # Calibrate in fp32: bf16 matmuls are far slower on CPUs without AVX-512-BF16.
-        model: Any = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
-        model = model.to(device).eval()
+        model: Any
+        if device == "cpu":
+            # Calibrate in fp32: bf16 matmuls are far slower on CPUs without AVX-512-BF16.
+            model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
+        else:
+            # The checkpoint's own dtype, spread over the visible GPUs (how ModelOpt's hf_ptq loads), so a model
+            # larger than one GPU still calibrates.
+            model = AutoModelForCausalLM.from_pretrained(
+                source, dtype="auto", device_map="auto" if device == "cuda" else {"": device}).eval()
 
     calibration = quality = None
     if recipe.is_passthrough:
@@ -321,27 +325,24 @@ def _pick_device(requested: str) -> str:
     return requested
 
 
-def _available_bytes(device: str) -> int:
+def _free_bytes_per_device(device: str) -> tuple[int, int]:
+    """How many devices the model is spread over, and the free bytes of the emptiest one."""
     if device.startswith("cuda"):
         import torch
 
-        free, _ = torch.cuda.mem_get_info()
-        return int(free)
+        indices = range(torch.cuda.device_count()) if device == "cuda" else [torch.device(device).index or 0]
+        return len(indices), min(int(torch.cuda.mem_get_info(i)[0]) for i in indices)
     for line in Path("/proc/meminfo").read_text().splitlines():
         if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) * 1024
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+            return 1, int(line.split()[1]) * 1024
+    return 1, os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-def _check_memory(checkpoint: Checkpoint, device: str) -> None:
+def _check_memory(checkpoint: Checkpoint, device: str, hf_config: dict[str, Any]) -> None:
     parameters = checkpoint.parameter_count or checkpoint.total_bytes // 2
-    needed = int(parameters * 4 * CALIBRATION_MEMORY_FACTOR)
-    available = _available_bytes(device)
-    if needed > available:
-        raise UserError(
-            f"quantising {parameters / 1e9:.2f} B parameters needs about {needed / GIB:.1f} GiB on {device} "
-            f"(fp32 weights ×{CALIBRATION_MEMORY_FACTOR:g}) but {available / GIB:.1f} GiB is available",
-            where=checkpoint.repo_id,
-            hint="quantise on a node with more memory (a GPU node: --device cuda)",
-        )
-
+    devices, free = _free_bytes_per_device(device)
+    need = quantize_need(parameters, on_gpu=device.startswith("cuda"), devices=devices, device_bytes=free,
+                         checkpoint_dtype_bytes=dtype_bytes(hf_config.get("torch_dtype") or hf_config.get("dtype")))
+    if not need.fits:
+        raise UserError(f"quantising on {device}: {need.describe()} free", where=checkpoint.repo_id,
+                        hint="quantise on a node with more memory (a GPU node: --device cuda)")

@@ -10,14 +10,13 @@ The best eligible candidate is chosen by the validation report's number for the 
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Iterable
 from typing import Literal
 
 from pydantic import BaseModel
 
-from enginesmith.compat import MEMORY_OVERHEAD_FACTOR
+from enginesmith.memory import GIB, SERVING_OVERHEAD, serving_need
 from registry.manifest import Manifest, Objective, higher_is_better, parse_timestamp, validation_metric
 
 Status = Literal["runnable", "same-sm-not-tuned", "low-memory", "incompatible"]
@@ -25,7 +24,7 @@ STATUS_ORDER: dict[str, int] = {"runnable": 0, "same-sm-not-tuned": 1, "low-memo
 CPU_TARGET = "cpu"
 ENGINE_KIND = "trtllm-engine"
 ENGINE_RUNTIME = "tensorrt_llm"
-GIB = 1024**3
+
 
 
 class GpuSlot(BaseModel):
@@ -97,7 +96,7 @@ def sm_label(sm: int | None) -> str:
 
 def memory_needed_bytes(total_bytes: int, world_size: int) -> int:
     """Per-GPU memory estimate: the artefact's bytes split over its ranks, times the runtime overhead factor."""
-    return math.ceil(total_bytes / max(1, world_size) * MEMORY_OVERHEAD_FACTOR)
+    return serving_need("candidate", total_bytes, world_size).per_device_bytes
 
 
 def describe_gpus(gpus: Iterable[GpuSlot]) -> str:
@@ -165,7 +164,7 @@ def assess(manifest: Manifest, machine: Machine, constraints: Constraints) -> Ca
     elif available is not None and needed > available:
         status = "low-memory"
         reasons.append(f"needs ~{needed / GIB:.1f} GiB per {'GPU' if artefact.target != CPU_TARGET else 'host'} "
-                       f"(weights × {MEMORY_OVERHEAD_FACTOR:g}), has {available / GIB:.1f} GiB")
+                       f"(weights × {SERVING_OVERHEAD:g}), has {available / GIB:.1f} GiB")
     elif same_sm_reason:
         status = "same-sm-not-tuned"
         reasons.append(same_sm_reason)

@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from enginesmith.compat import MEMORY_OVERHEAD_FACTOR
 from enginesmith.config import default_catalogue
 from enginesmith.gpus import read_gpus
+from enginesmith.memory import SERVING_OVERHEAD
 from registry.machine import describe_machine
 from registry.resolve import GIB, Constraints, GpuSlot, Machine, assess, resolve
 from tests.registry_helpers import manifest_for, throughput_report, write_artefact
@@ -85,7 +85,7 @@ def test_low_memory_gives_the_numbers(engine) -> None:
     assert candidate.status == "low-memory" and not candidate.eligible
     assert "GiB per GPU" in candidate.reasons[0] and "has 0.0 GiB" in candidate.reasons[0]
     # the weights split over tp=2 ranks, times the runtime overhead factor
-    assert candidate.memory_needed_bytes == math.ceil(manifest.total_bytes / 2 * MEMORY_OVERHEAD_FACTOR)
+    assert candidate.memory_needed_bytes == math.ceil(manifest.total_bytes / 2 * SERVING_OVERHEAD)
     assert candidate.memory_available_bytes == 16 * 1024
 
 

@@ -1,0 +1,76 @@
+"""How much memory each stage needs: quantise, engine build, and serving the candidate and the reference.
+
+One model for the plan's ``fits-memory`` rule, ``enginesmith preflight``, the quantize stage's own check and
+``resolve``, so a cell the plan lets through is not refused later by a stricter copy of the arithmetic. Pure:
+callers pass parameter counts, bytes and device sizes.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import BaseModel
+
+GIB = 1024**3
+# Serving holds more than the weights: activations, CUDA graphs, and a minimum of KV cache.
+SERVING_OVERHEAD = 1.2
+# Calibrating on a CPU runs in fp32 (bf16 matmuls are far slower there): fp32 weights, plus activations and AWQ's
+# per-layer search caches.
+CPU_CALIBRATION_FACTOR = 3.0
+# On GPUs the checkpoint loads in its own dtype, spread over the visible GPUs; activations and AWQ's per-layer
+# caches are held for one decoder layer at a time, on top of the weights.
+GPU_CALIBRATION_FACTOR = 1.3
+DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "float8_e4m3fn": 1}
+
+Stage = Literal["quantize", "build", "candidate", "reference"]
+
+
+class MemoryNeed(BaseModel):
+    """What one stage needs on each of its devices, and what each has (None: not known here)."""
+
+    stage: Stage
+    per_device_bytes: int
+    devices: int
+    basis: str  # how the number was reached, for the message
+    available_per_device_bytes: int | None = None
+
+    @property
+    def fits(self) -> bool:
+        return self.available_per_device_bytes is None or self.per_device_bytes <= self.available_per_device_bytes
+
+    def describe(self) -> str:
+        needed = f"{self.stage} needs {self.per_device_bytes / GIB:.1f} GiB on each of {self.devices} device(s) " \
+                 f"({self.basis})"
+        if self.available_per_device_bytes is None:
+            return needed
+        return f"{needed}; each has {self.available_per_device_bytes / GIB:.1f} GiB"
+
+
+def dtype_bytes(dtype: str | None) -> int:
+    """Bytes per value of a config.json ``torch_dtype``/``dtype`` (bf16 where it is missing, as most are)."""
+    return DTYPE_BYTES.get(str(dtype or "bfloat16").removeprefix("torch."), 2)
+
+
+def serving_need(stage: Stage, weight_bytes: float, world: int, *, device_bytes: int | None = None) -> MemoryNeed:
+    """A server (or one engine-build rank) holding ``weight_bytes`` split over ``world`` devices."""
+    world = max(1, world)
+    return MemoryNeed(stage=stage, per_device_bytes=math.ceil(weight_bytes / world * SERVING_OVERHEAD), devices=world,
+                      basis=f"{weight_bytes / GIB:.1f} GiB of weights / {world} × {SERVING_OVERHEAD:g}",
+                      available_per_device_bytes=device_bytes)
+
+
+def quantize_need(parameters: int, *, on_gpu: bool, checkpoint_dtype_bytes: int, devices: int = 1,
+                  device_bytes: int | None = None) -> MemoryNeed:
+    """Calibration and export: on a CPU in fp32; on GPUs in the checkpoint's dtype, spread over ``devices``."""
+    if not on_gpu:
+        total = parameters * 4 * CPU_CALIBRATION_FACTOR
+        return MemoryNeed(stage="quantize", per_device_bytes=math.ceil(total), devices=1,
+                          basis=f"{parameters / 1e9:.2f} B parameters in fp32 × {CPU_CALIBRATION_FACTOR:g}",
+                          available_per_device_bytes=device_bytes)
+    devices = max(1, devices)
+    total = parameters * checkpoint_dtype_bytes * GPU_CALIBRATION_FACTOR
+    return MemoryNeed(stage="quantize", per_device_bytes=math.ceil(total / devices), devices=devices,
+                      basis=f"{parameters / 1e9:.2f} B parameters × {checkpoint_dtype_bytes} bytes × "
+                            f"{GPU_CALIBRATION_FACTOR:g} over {devices} GPU(s)",
+                      available_per_device_bytes=device_bytes)
