@@ -60,18 +60,16 @@ def copy_tree(source: Path, dest: Path) -> None:
 
 
 def build_hf_quantized(quantized: QuantizedCheckpoint, recipe: RecipeSpec, target: TargetSpec, profile: BuildProfile,
-                       staging: Path) -> list[str]:
-    """Lay out ``staging/model`` (and the runtime config); returns the runtimes that can serve it."""
+                       staging: Path) -> None:
+    """Lay out ``staging/model`` (and, on a GPU target, trtllm-serve's options file)."""
     if target.is_cpu:
         if "hf-bf16" not in quantized.formats and not recipe.is_passthrough:
             raise UserError("a cpu artefact needs the folded BF16 copy of the quantised weights",
                             where=quantized.out_dir, hint="quantise with --formats hf,hf-bf16")
         copy_tree(quantized.hf_dir if recipe.is_passthrough else quantized.hf_bf16_dir, staging / "model")
-        return ["vllm-cpu"]
+        return
     if "hf" not in quantized.formats:
         raise UserError("the quantised checkpoint has no unified HF export", where=quantized.out_dir,
                         hint="quantise with --formats hf")
     copy_tree(quantized.hf_dir, staging / "model")
     (staging / TRTLLM_OPTIONS_FILE).write_text(yaml.safe_dump(trtllm_serve_options(profile), sort_keys=False))
-    support = recipe.support.get("hf-quantized")
-    return list(support.runtimes) if support else []

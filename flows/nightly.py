@@ -15,7 +15,7 @@ from prefect.states import Cancelled
 
 from enginesmith.config import default_catalogue
 from enginesmith.plan import Cell
-from enginesmith.plan_sources import plan_config
+from enginesmith.preflight import run_preflight
 from enginesmith.specs import TargetSpec
 from flows import steps
 from flows.cell import build_cell
@@ -71,18 +71,27 @@ def run_inline(params: BuildCellParams, cell_id: str) -> CellSummary:
 def nightly(config: str = "configs/nightly.yaml", dispatch: Literal["deployments", "inline"] = "deployments",
             cell_timeout_s: float = 6 * 3600) -> list[CellSummary]:
     logger = get_run_logger()
-    pipeline, plan = plan_config(Path(config), default_catalogue())
+    # The preflight's checks first: a cell that would fail (a task that does not exist, a model that cannot be
+    # reached, memory a stage lacks, a serve command vLLM refuses) is reported, not sent to a GPU.
+    pipeline, plan, report = run_preflight(Path(config), default_catalogue())
+    verdicts = {checked.id: checked for checked in report.cells}
+    for line in report.skipped:
+        logger.info("preflight skipped %s", line)
     summaries: list[CellSummary] = []
     todo: list[Cell] = []
     for cell in plan.cells:
         if cell.status == "invalid":
             summaries.append(CellSummary(cell=cell.id, status="invalid", key=cell.key, reason=cell.reason))
+        elif verdicts[cell.id].status == "blocked":
+            summaries.append(CellSummary(cell=cell.id, status="blocked", key=cell.key,
+                                         reason="; ".join(verdicts[cell.id].reasons)[:1000]))
         elif steps.published(pipeline, cell):
             summaries.append(CellSummary(cell=cell.id, status="cached", key=cell.key))
         else:
             todo.append(cell)
-    logger.info("%d cells: %d to build, %d already published, %d invalid", len(plan.cells), len(todo),
-                sum(s.status == "cached" for s in summaries), sum(s.status == "invalid" for s in summaries))
+    logger.info("%d cells: %d to build, %d already published, %d invalid, %d blocked", len(plan.cells), len(todo),
+                sum(s.status == "cached" for s in summaries), sum(s.status == "invalid" for s in summaries),
+                sum(s.status == "blocked" for s in summaries))
     if dispatch == "inline":
         summaries += [run_inline(params_for(config, cell), cell.id) for cell in todo]
     elif todo:

@@ -38,7 +38,7 @@ class CellSummary(BaseModel):
     """What happened to one cell, for the nightly summary."""
 
     cell: str
-    status: Literal["built", "cached", "invalid", "failed", "no-worker"]
+    status: Literal["built", "cached", "invalid", "blocked", "failed", "no-worker"]
     key: str = ""
     reason: str = ""
     throughput_ratio: float | None = None

@@ -104,7 +104,8 @@ def validate(cell: Cell, artefact_dir: Path, checkpoint: Checkpoint, config: Pip
                            root=artefact_dir.resolve())
     source = Path(checkpoint.local_path).resolve()
     reference = ServerSide(role="reference", name=cell.model.id, runtime="vllm-cpu" if cell.target.is_cpu else "vllm",
-                           recipe=reference_recipe(source, on_cpu=cell.target.is_cpu, profile=cell.profile),
+                           recipe=reference_recipe(source, on_cpu=cell.target.is_cpu, profile=cell.profile,
+                                                   tp=cell.tp, pp=cell.pp),
                            root=source)
     baselines = [ServerSide(role="baseline", name=name, runtime=name, recipe=baseline_recipe(name, source), root=source)
                  for name in config.workload.baselines]

@@ -36,14 +36,16 @@ def _etag(path: Path) -> str:
     return _git_blob_sha1(path)
 
 
-def write_hf_cache(checkpoint_dir: Path, repo_id: str, cache_dir: Path, *, branch: str = "main") -> str:
+def write_hf_cache(checkpoint_dir: Path, repo_id: str, cache_dir: Path, *, branch: str = "main",
+                   commit_sha: str | None = None) -> str:
     """Put ``checkpoint_dir``'s files into ``cache_dir`` as ``repo_id`` at ``branch``; returns the commit sha.
 
-    The commit sha is derived from the directory's content, so the same files always give the same commit.
-    Writing twice is a no-op.
+    The commit sha is ``commit_sha`` where given (a snapshot of a real repo's pinned commit), else derived from the
+    directory's content, so the same files always give the same commit. Writing twice is a no-op.
     """
     names = sorted(str(p.relative_to(checkpoint_dir)) for p in checkpoint_dir.rglob("*") if p.is_file())
-    commit_sha = hashlib.sha1(directory_digest(checkpoint_dir, names).encode(), usedforsecurity=False).hexdigest()
+    commit_sha = commit_sha or hashlib.sha1(directory_digest(checkpoint_dir, names).encode(),
+                                            usedforsecurity=False).hexdigest()
     repo_dir = cache_dir / repo_folder_name(repo_id)
     blobs, snapshot = repo_dir / "blobs", repo_dir / "snapshots" / commit_sha
     blobs.mkdir(parents=True, exist_ok=True)

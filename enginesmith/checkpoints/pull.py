@@ -71,7 +71,7 @@ def resolve_revision(source: str, revision: str = "main") -> str:
         assert sha is not None
         return sha
     except Exception as exc:
-        raise _user_error(exc, source, revision) from None
+        raise hub_error(exc, source, revision) from None
 
 
 def local_checkpoint(path: Path, *, allow_pickle: bool = False, trust_remote_code: bool = False) -> Checkpoint:
@@ -105,7 +105,7 @@ def _hub_checkpoint(repo_id: str, revision: str, *, dest: Path | None, allow_pic
     except UserError:
         raise
     except Exception as exc:  # huggingface_hub and requests errors: turn them into a scrubbed user error
-        raise _user_error(exc, repo_id, revision) from None
+        raise hub_error(exc, repo_id, revision) from None
 
 
 def _download(repo_id: str, revision: str, token: str | None, dest: Path | None, allow_pickle: bool,
@@ -189,7 +189,7 @@ def _check_free_disk(target_dir: Path, needed_bytes: int, where: str) -> None:
         )
 
 
-def _user_error(exc: Exception, repo_id: str, revision: str) -> UserError:
+def hub_error(exc: Exception, repo_id: str, revision: str) -> UserError:
     """What a huggingface_hub failure means for the user: a repo, revision or access problem (deterministic), or
     the Hub or the network not answering (a ``TransientError``: the flows retry it with backoff)."""
     import requests

