@@ -6,7 +6,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
@@ -15,6 +15,11 @@ from enginesmith import __version__
 from enginesmith.cli_registry import add_registry_commands
 from enginesmith.console import print_json, stderr, stdout, table
 from enginesmith.errors import UserError
+
+if TYPE_CHECKING:
+    from enginesmith.artefacts import Artefact, QuantizedCheckpoint
+    from enginesmith.plan import Cell
+    from enginesmith.specs import PipelineConfig
 
 app = typer.Typer(
     name="enginesmith",
@@ -25,6 +30,9 @@ app = typer.Typer(
 )
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+ConfigOption = Annotated[Path | None, typer.Option(help="A matrix config (the one that plans --cell).")]
+CellOption = Annotated[str | None, typer.Option(
+    help="A cell id from `enginesmith plan CONFIG`: run its stage exactly as the nightly does (same key).")]
 _debug = {"enabled": bool(os.environ.get("ENGINESMITH_DEBUG"))}
 
 
@@ -213,8 +221,12 @@ def checkpoint(
 
 @app.command()
 def quantize(
-    source: Annotated[str, typer.Argument(help="A checkpoint: local directory or REPO[@REVISION].")],
-    recipe: Annotated[str, typer.Option(help="Recipe id from configs/recipes.yaml (fp8, int4-awq, ...).")],
+    source: Annotated[str | None, typer.Argument(help="A checkpoint: local directory, REPO or REPO@REVISION (not "
+                                                     "with --cell).")] = None,
+    recipe: Annotated[str | None, typer.Option(help="Recipe id from configs/recipes.yaml (fp8, int4-awq, ...).")] = (
+        None),
+    config: ConfigOption = None,
+    cell: CellOption = None,
     tp: Annotated[int, typer.Option(help="Tensor-parallel ranks of the TensorRT-LLM export.")] = 1,
     pp: Annotated[int, typer.Option(help="Pipeline-parallel ranks of the TensorRT-LLM export.")] = 1,
     out: Annotated[Path | None, typer.Option(help="Output dir (default: .enginesmith/work/quantized/<key>).")] = None,
@@ -233,7 +245,18 @@ def quantize(
     task: Annotated[str | None, typer.Option(help="Shipped eval task for exact match before/after.")] = None,
     json_output: JsonOption = False,
 ) -> None:
-    """Quantise a checkpoint with ModelOpt and export it (unified HF and TensorRT-LLM), with a quality report."""
+    """Quantise a checkpoint with ModelOpt and export it (unified HF and TensorRT-LLM), with a quality report.
+    With --config and --cell: the planned cell's quantize stage, as the nightly runs it (same key, same output)."""
+    if cell is not None:
+        from flows import steps
+
+        config_path, pipeline, planned = _planned_cell(config, cell, source=source, recipe=recipe)
+        with stderr.status(f"quantising {planned.id} ..."):
+            result = steps.quantize(planned, steps.pull(config_path, planned), steps.workdir(pipeline))
+        _print_quantized(result, planned.recipe.id, json_output)
+        return
+    if source is None or recipe is None:
+        raise UserError("give a checkpoint and --recipe, or --config and --cell", where="enginesmith quantize")
     from enginesmith.calibration import calibration_fingerprint
     from enginesmith.checkpoints.inspect import model_shape
     from enginesmith.checkpoints.pull import parse_source, pull_checkpoint
@@ -276,6 +299,10 @@ def quantize(
     )
     with stderr.status(f"quantising {checkpoint_result.repo_id} with {recipe} ..."):
         result = quantize_checkpoint(request)
+    _print_quantized(result, recipe, json_output)
+
+
+def _print_quantized(result: QuantizedCheckpoint, recipe: str, json_output: bool) -> None:
     if json_output:
         print_json(result)
         return
@@ -296,7 +323,8 @@ def quantize(
 @app.command()
 def build(
     quantized_dir: Annotated[Path, typer.Argument(help="A finished `enginesmith quantize` output directory.")],
-    target: Annotated[str, typer.Option(help="Target SKU id (`enginesmith targets`).")],
+    target: Annotated[str | None, typer.Option(help="Target SKU id (`enginesmith targets`).")] = None,
+    cell: CellOption = None,
     kind: Annotated[str, typer.Option(help="trtllm-engine or hf-quantized.")] = "hf-quantized",
     config: Annotated[Path | None, typer.Option(help="A matrix config whose build profiles to use.")] = None,
     profile: Annotated[str, typer.Option(help="Build profile name from --config.")] = "default",
@@ -305,15 +333,15 @@ def build(
     skip_gpu_check: Annotated[bool, typer.Option(help="Build even without the target GPU here (engines).")] = False,
     json_output: JsonOption = False,
 ) -> None:
-    """Build an artefact for one GPU SKU: a TensorRT-LLM engine, or the HF-quantised checkpoint + runtime config."""
-    from builders.stage import BuildRequest, build_artefact
+    """Build an artefact for one GPU SKU: a TensorRT-LLM engine, or the HF-quantised checkpoint + runtime config.
+    With --config and --cell: the planned cell's build stage, as the nightly runs it (same key, same output)."""
+    from builders.stage import BuildRequest, build_artefact, read_artefact
     from enginesmith.config import default_catalogue, load_pipeline_config
     from enginesmith.plan import build_key, builder_inputs
     from enginesmith.specs import ARTEFACT_KINDS, ArtefactKind, BuildProfile, Toolchains
     from quantization.stage import read_completed
 
     catalogue = default_catalogue()
-    target_spec = catalogue.target(target)
     if kind not in ARTEFACT_KINDS:
         raise UserError(f"unknown artefact kind {kind!r}", where="--kind",
                         hint=f"use one of: {', '.join(ARTEFACT_KINDS)}")
@@ -321,6 +349,23 @@ def build(
     if quantized is None:
         raise UserError("not a finished quantize output (no completion marker)", where=str(quantized_dir),
                         hint="run `enginesmith quantize` (again: an interrupted run starts clean)")
+    if cell is not None:
+        from flows import steps
+
+        _, pipeline, planned = _planned_cell(config, cell, target=target, out=out, model_id=model_id,
+                                             profile=None if profile == "default" else profile,
+                                             kind=None if kind == "hf-quantized" else kind)
+        if quantized.key != planned.stage_keys.quantize:
+            raise UserError(f"{quantized_dir} was quantised under key {quantized.key[:12]}; cell {planned.id} "
+                            f"quantises under {planned.stage_keys.quantize[:12]}", where=str(quantized_dir),
+                            hint=f"enginesmith quantize --config {config} --cell {planned.id}")
+        built = read_artefact(steps.build(planned, quantized, steps.workdir(pipeline), pipeline))
+        assert built is not None
+        _print_built(built, json_output)
+        return
+    if target is None:
+        raise UserError("give --target (or --config and --cell)", where="enginesmith build")
+    target_spec = catalogue.target(target)
     toolchains, build_profile = Toolchains(), BuildProfile()
     if config is not None:
         pipeline = load_pipeline_config(config, catalogue)
@@ -341,13 +386,34 @@ def build(
         model_id=model_id or Path(quantized.source.repo_id).name.lower(), toolchains=toolchains,
         skip_gpu_check=skip_gpu_check,
     )
-    artefact = build_artefact(request)
+    _print_built(build_artefact(request), json_output, request.out_dir)
+
+
+def _print_built(artefact: Artefact, json_output: bool, out_dir: str = "") -> None:
     if json_output:
         print_json(artefact)
         return
-    stdout.print(f"[bold]{artefact.kind}[/] for {artefact.target} → {request.out_dir}  (key {artefact.key[:12]})")
+    stdout.print(f"[bold]{artefact.kind}[/] for {artefact.target} → {out_dir}  (key {artefact.key[:12]})")
     stdout.print(f"runtimes: {', '.join(artefact.runtimes)}; {len(artefact.files)} files, "
                  f"{sum(f.size for f in artefact.files):,} bytes")
+
+
+def _planned_cell(config: Path | None, cell_id: str, **conflicting: object) -> tuple[Path, PipelineConfig, Cell]:
+    """The cell ``cell_id`` as ``config`` plans it (Hub revisions resolved, as the nightly does)."""
+    from enginesmith.config import default_catalogue
+    from enginesmith.plan_sources import plan_config
+    from flows.steps import find_cell
+
+    if config is None:
+        raise UserError("--cell needs --config (the matrix that plans it)", where="--cell")
+    given = [name.replace("_", "-") for name, value in conflicting.items() if value is not None]
+    if given:
+        raise UserError(f"--cell takes everything from the plan; drop --{', --'.join(given)}", where="--cell")
+    pipeline, plan = plan_config(config, default_catalogue())
+    planned = find_cell(plan, cell_id)
+    if planned.status == "invalid":
+        raise UserError(f"cell {planned.id} cannot be built: {planned.reason}", where="--cell")
+    return config, pipeline, planned
 
 
 @app.command()

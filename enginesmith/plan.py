@@ -64,6 +64,7 @@ class Cell(BaseModel):
     profile: BuildProfile  # resolved: the named profile over the target's build defaults
     calibration: CalibrationPlan | None
     awq_block: BlockSizeChoice | None = None  # the AWQ block size this cell quantises with, and why
+    exporter: dict[str, str] = {}  # the quantise toolchain its quantize key names; the stage checks it is what runs
     status: Literal["build", "invalid"]
     violations: list[Violation]
     stage_keys: StageKeys
@@ -160,8 +161,8 @@ def _plan_cell(
         id=this_id, model=model, source_revision=revision,
         revision_pinned=is_commit_sha(revision) or revision.startswith("sha256:"),
         recipe=recipe, target=target, kind=kind, tp=tp, pp=pp, profile_name=profile_name, profile=resolved_profile,
-        calibration=calibration, awq_block=awq_block, status="invalid" if found else "build", violations=found,
-        stage_keys=keys,
+        calibration=calibration, awq_block=awq_block, exporter=exporter_versions(kind, config.toolchains),
+        status="invalid" if found else "build", violations=found, stage_keys=keys,
     )
 
 
@@ -192,12 +193,7 @@ def stage_keys(
     """The four stage keys of a cell (inputs documented in ``enginesmith.keys``)."""
     tools = config.toolchains
     checkpoint = checkpoint_key(LOCAL_SOURCE if model.is_local else model.repo, revision)
-    # Engine checkpoints are exported inside the TensorRT-LLM image, with the ModelOpt it pins.
-    exporter: dict[str, str] = (
-        {"modelopt": tools.trtllm.modelopt, "tensorrt_llm": tools.trtllm.tensorrt_llm}
-        if kind == "trtllm-engine"
-        else tools.quantize.model_dump()
-    )
+    exporter = exporter_versions(kind, tools)
     # The TensorRT-LLM checkpoint is split per rank; the unified HF checkpoint is not.
     mapping = {"tp": tp, "pp": pp} if kind == "trtllm-engine" else None
     quantize = quantize_key(checkpoint, recipe, calibration, exporter, mapping)
@@ -214,6 +210,14 @@ def stage_keys(
         },
     })
     return StageKeys(checkpoint=checkpoint, quantize=quantize, build=build, validation=validation)
+
+
+def exporter_versions(kind: ArtefactKind, tools: Toolchains) -> dict[str, str]:
+    """The toolchain that quantises and exports for ``kind``, as it enters the quantize key. Engine checkpoints are
+    exported inside the TensorRT-LLM image, with the ModelOpt it pins."""
+    if kind == "trtllm-engine":
+        return {"modelopt": tools.trtllm.modelopt, "tensorrt_llm": tools.trtllm.tensorrt_llm}
+    return dict(tools.quantize.model_dump())
 
 
 def quantize_key(

@@ -74,7 +74,7 @@ def quantize(cell: Cell, checkpoint: Checkpoint, work: Path) -> QuantizedCheckpo
         calibration_dataset=calibration.dataset if calibration else "builtin:addition",
         samples=calibration.samples if calibration else 1, seq_len=calibration.seq_len if calibration else 8,
         batch_size=calibration.batch_size if calibration else 1, task=cell.model.task,
-        awq_block_size=cell.awq_block.size if cell.awq_block else None,
+        awq_block_size=cell.awq_block.size if cell.awq_block else None, expected_versions=cell.exporter,
     )
     return quantize_checkpoint(request)
 

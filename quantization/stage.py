@@ -62,6 +62,8 @@ class QuantizeRequest(BaseModel):
     batch_size: int = 16
     awq_block_size: int | None = None
     task: str | None = None
+    # The versions the key was computed with (a planned cell's exporter); None: whatever is installed (ad hoc runs).
+    expected_versions: dict[str, str] | None = None
 
 
 def read_completed(out_dir: Path) -> QuantizedCheckpoint | None:
@@ -103,6 +105,7 @@ def _quantize_once(request: QuantizeRequest) -> QuantizedCheckpoint:
     if "hf-bf16" in request.formats and ("hf" not in request.formats or request.recipe.is_passthrough):
         raise UserError("hf-bf16 folds the HF export of a quantised model", where="--formats",
                         hint="add hf to --formats, and use a recipe other than bf16")
+    _check_versions(request.expected_versions or {}, installed_versions())
     staging = out_dir.with_name(out_dir.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)  # what an interrupted run left: start clean
     staging.mkdir(parents=True)
@@ -323,6 +326,17 @@ def _pick_device(requested: str) -> str:
         raise UserError("--device cuda was asked for but torch sees no CUDA device", where="--device",
                         hint="use --device cpu, or install a CUDA build of torch on a GPU node")
     return requested
+
+
+def _check_versions(expected: dict[str, str], installed: dict[str, str]) -> None:
+    """The key names the toolchain the plan configured; a stage running another one would publish under a key that
+    does not describe it."""
+    differ = [f"{name} {want} (the key's) but {installed[name]} here" for name, want in expected.items()
+              if name in installed and installed[name] != want]
+    if differ:
+        raise UserError("this environment is not the toolchain the quantize key was computed for: " + "; ".join(differ),
+                        where="toolchains", hint="run the stage in the environment the config's toolchains name, or "
+                                                 "change the pin in the config (which changes the key)")
 
 
 def _free_bytes_per_device(device: str) -> tuple[int, int]:

@@ -235,3 +235,50 @@ def test_upstream_errors_name_the_step_but_a_full_disk_stays_what_it_is():
     with pytest.raises(OSError) as disk, _upstream_errors("export", "org/model", "ModelOpt", "try fp8"):
         raise OSError(errno.ENOSPC, "No space left on device")
     assert not isinstance(disk.value, UserError) and disk.value.errno == errno.ENOSPC
+
+
+def test_the_cli_runs_a_planned_cell_under_the_plans_keys(tmp_path: Path) -> None:
+    """#15 finding 7: ``quantize``/``build`` with ``--config --cell`` run the stage the nightly runs, under the plan's
+    keys (the CLI derived its own keys from the installed versions before); a quantised output of another cell is
+    refused by ``build`` naming both keys."""
+    from enginesmith.plan_sources import plan_config
+
+    text = (REPO_ROOT / "configs" / "examples" / "tiny-cpu.yaml").read_text()
+    text = text.replace("../../enginesmith/assets/tiny-llama", str(REPO_ROOT / "enginesmith" / "assets" / "tiny-llama"))
+    text = text.replace("workdir: .enginesmith/work", f"workdir: {tmp_path / 'work'}")
+    config = tmp_path / "tiny.yaml"
+    config.write_text(text)
+    _, plan = plan_config(config, default_catalogue())
+    cells = {c.recipe.id: c for c in plan.cells}
+    fp8, int4 = cells["fp8"], cells["int4-awq"]
+
+    quantized = run_cli("quantize", "--config", str(config), "--cell", fp8.id, "--json", timeout_s=900)
+    assert quantized.returncode == 0, quantized.stderr[-2000:]
+    result = json.loads(quantized.stdout)
+    assert result["key"] == fp8.stage_keys.quantize
+    assert Path(result["out_dir"]).parent == tmp_path / "work" / "quantized"
+
+    built = run_cli("build", result["out_dir"], "--config", str(config), "--cell", fp8.id, "--json")
+    assert built.returncode == 0, built.stderr[-2000:]
+    assert json.loads(built.stdout)["key"] == fp8.stage_keys.build
+
+    refused = run_cli("build", result["out_dir"], "--config", str(config), "--cell", int4.id)
+    assert refused.returncode == 2
+    assert fp8.stage_keys.quantize[:12] in refused.stderr and int4.stage_keys.quantize[:12] in refused.stderr
+    mixed = run_cli("quantize", "--config", str(config), "--cell", fp8.id, "--recipe", "fp8")
+    assert mixed.returncode == 2 and "--recipe" in mixed.stderr
+
+
+def test_a_stage_refuses_a_toolchain_other_than_its_keys(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The quantize key names the configured toolchain; an environment with another ModelOpt is refused before any
+    work, naming both versions, and leaves nothing behind."""
+    from quantization.stage import QuantizeRequest, installed_versions, quantize_checkpoint
+
+    here = installed_versions()["modelopt"]
+    request = QuantizeRequest(checkpoint=local_checkpoint(tiny_model_dir), recipe=default_catalogue().recipe("fp8"),
+                              key="k" * 64, out_dir=str(tmp_path / "out"), formats=["hf"],
+                              expected_versions={"modelopt": "0.37.0", "tensorrt_llm": "1.2.1"})
+    with pytest.raises(UserError) as caught:
+        quantize_checkpoint(request)
+    assert "0.37.0" in caught.value.message and here in caught.value.message
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out.partial").exists()
