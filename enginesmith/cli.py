@@ -452,8 +452,11 @@ def serve(
 
 @app.command()
 def validate(
-    candidate: Annotated[str, typer.Option(help="An artefact directory, or the URL of a running server.")],
-    reference: Annotated[str, typer.Option(help="The BF16 checkpoint directory, or the URL of a running server.")],
+    candidate: Annotated[str | None, typer.Option(help="An artefact directory, or the URL of a running server.")] = (
+        None),
+    reference: Annotated[str | None, typer.Option(help="The BF16 checkpoint directory, or the URL of a running "
+                                                       "server.")] = None,
+    cell: CellOption = None,
     workload: Annotated[str | None, typer.Option(help="A preset (tiny-addition, random-1k) or --config's.")] = None,
     config: Annotated[Path | None, typer.Option(help="A matrix config: its workload and gates.")] = None,
     baseline: Annotated[list[str] | None, typer.Option(help="URL of another running server to compare.")] = None,
@@ -464,8 +467,27 @@ def validate(
     out: Annotated[Path | None, typer.Option(help="Report dir (default: .enginesmith/work/validation/<time>).")] = None,
     json_output: JsonOption = False,
 ) -> None:
-    """Validate a candidate against the reference on the same workload: latency, throughput, memory, accuracy."""
+    """Validate a candidate against the reference on the same workload: latency, throughput, memory, accuracy.
+    With --config and --cell: the planned cell's built artefact against its checkpoint, as the nightly validates."""
     from datetime import datetime
+
+    if cell is not None:
+        from flows import steps
+
+        config_path, pipeline, planned = _planned_cell(config, cell, candidate=candidate, reference=reference,
+                                                       workload=workload, recipe=recipe, target=target, out=out)
+        work = steps.workdir(pipeline)
+        report = steps.validate(planned, steps.built_artefact_dir(planned, work), steps.pull(config_path, planned),
+                                pipeline, work)
+        if json_output:
+            print_json(report)
+        else:
+            print_validation(report)
+        if not report.passed:
+            raise typer.Exit(1)
+        return
+    if candidate is None or reference is None:
+        raise UserError("give --candidate and --reference, or --config and --cell", where="enginesmith validate")
 
     from builders.serve import reference_recipe
     from builders.stage import read_artefact

@@ -79,8 +79,13 @@ def quantize(cell: Cell, checkpoint: Checkpoint, work: Path) -> QuantizedCheckpo
     return quantize_checkpoint(request)
 
 
+def built_artefact_dir(cell: Cell, work: Path) -> Path:
+    """Where the cell's build stage leaves its artefact."""
+    return work / ARTEFACTS_DIR / cell.stage_keys.build[:16]
+
+
 def build(cell: Cell, quantized: QuantizedCheckpoint, work: Path, config: PipelineConfig) -> Path:
-    out_dir = work / ARTEFACTS_DIR / cell.stage_keys.build[:16]
+    out_dir = built_artefact_dir(cell, work)
     build_artefact(BuildRequest(
         quantized=quantized, recipe=cell.recipe, target=cell.target, kind=cell.kind, profile=cell.profile,
         key=cell.stage_keys.build, out_dir=str(out_dir), model_id=cell.model.id, toolchains=config.toolchains,
@@ -98,7 +103,9 @@ def validate(cell: Cell, artefact_dir: Path, checkpoint: Checkpoint, config: Pip
     from validation.stage import validate as run_validation
 
     artefact = read_artefact(artefact_dir)
-    assert artefact is not None
+    if artefact is None:
+        raise UserError(f"cell {cell.id} has no built artefact (no artefact.json)", where=str(artefact_dir),
+                        hint="build it first: enginesmith build QUANTIZED --config CONFIG --cell " + cell.id)
     serve = artefact.serve[0]
     candidate = ServerSide(role="candidate", name=cell.model.id, runtime=serve.runtime, recipe=serve,
                            root=artefact_dir.resolve())

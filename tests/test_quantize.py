@@ -14,7 +14,7 @@ from enginesmith.checkpoints.pull import local_checkpoint
 from enginesmith.config import default_catalogue
 from enginesmith.errors import UserError
 from quantization.export import fix_trtllm_config
-from tests.conftest import REPO_ROOT, run_cli
+from tests.conftest import REPO_ROOT, needs_vllm_cpu, run_cli
 from tests.waiting import kill_when, pause_when, resume, wait_for
 
 pytestmark = pytest.mark.quantize
@@ -237,6 +237,7 @@ def test_upstream_errors_name_the_step_but_a_full_disk_stays_what_it_is():
     assert not isinstance(disk.value, UserError) and disk.value.errno == errno.ENOSPC
 
 
+@pytest.mark.slow
 def test_the_cli_runs_a_planned_cell_under_the_plans_keys(tmp_path: Path) -> None:
     """#15 finding 7: ``quantize``/``build`` with ``--config --cell`` run the stage the nightly runs, under the plan's
     keys (the CLI derived its own keys from the installed versions before); a quantised output of another cell is
@@ -261,6 +262,15 @@ def test_the_cli_runs_a_planned_cell_under_the_plans_keys(tmp_path: Path) -> Non
     built = run_cli("build", result["out_dir"], "--config", str(config), "--cell", fp8.id, "--json")
     assert built.returncode == 0, built.stderr[-2000:]
     assert json.loads(built.stdout)["key"] == fp8.stage_keys.build
+
+    # Validation of the cell as the nightly wires it: the config's workload and gates, the cell's resolved profile
+    # for the reference, the report where the nightly writes it.
+    needs_vllm_cpu()
+    validated = run_cli("validate", "--config", str(config), "--cell", fp8.id, "--json", timeout_s=1200)
+    assert validated.returncode in (0, 1) and validated.stdout.strip(), validated.stderr[-3000:]
+    report = json.loads(validated.stdout)
+    assert report["recipe"] == "fp8" and report["workload"]["name"] == "tiny-addition"
+    assert (tmp_path / "work" / "reports" / fp8.stage_keys.validation[:16] / "report.json").is_file()
 
     refused = run_cli("build", result["out_dir"], "--config", str(config), "--cell", int4.id)
     assert refused.returncode == 2
