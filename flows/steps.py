@@ -132,6 +132,7 @@ def validate(cell: Cell, artefact_dir: Path, checkpoint: Checkpoint, config: Pip
         reference_accuracy_cache=work / REFERENCE_DIR / f"{accuracy_key[:16]}.json",
         keep_servers_up=placement.keep_servers_up, baselines=baselines)
     report.notes.extend(placement.notes)
+    report.artefact_key, report.key = artefact.key, cell.key
     write_report(report, out_dir)
     return report
 

@@ -8,7 +8,7 @@ from pydantic import BaseModel
 
 from enginesmith.errors import UserError
 from registry.errors import IntegrityError, NotFoundError
-from registry.manifest import Manifest, parse_manifest
+from registry.manifest import Manifest, key_problem, parse_manifest
 from registry.names import Ref, manifest_path
 from registry.store import RegistryStore
 
@@ -49,6 +49,10 @@ def load_manifest(store: RegistryStore, model: str, key: str) -> Manifest:
     if manifest.model != model or manifest.key != key:
         raise IntegrityError(f"the manifest says it is {manifest.ref}, but it is stored as {model}@{key}",
                              where=where, hint="re-publish the artefact; do not copy manifests by hand")
+    problem = key_problem(key, manifest.artefact, manifest.validation, stored=True)
+    if problem:
+        raise IntegrityError(f"the manifest is damaged: {problem}", where=where,
+                             hint="re-publish the artefact; do not edit manifests by hand")
     return manifest
 
 

@@ -160,6 +160,23 @@ class Manifest(BaseModel):
         return (self.model_dump_json(indent=2, exclude_none=False) + "\n").encode()
 
 
+def key_problem(key: str, artefact: Artefact, validation: Mapping[str, Any] | None, *,
+                stored: bool = False) -> str | None:
+    """Why ``key`` cannot be this manifest's: a manifest is stored under its artefact's own key, or under the key of
+    the validation that passed it (which names that artefact). None when it can. A ``stored`` manifest whose
+    report predates reports naming their artefact is read as before (there is nothing to check it against)."""
+    if stored and validation is not None and "artefact_key" not in validation:
+        return None
+    validated = (validation or {}).get("artefact_key")
+    if validated is not None and validated != artefact.key:
+        return f"its validation report is of artefact {str(validated)[:12]}, but it holds artefact {artefact.key[:12]}"
+    allowed = [artefact.key] + ([str(validation["key"])] if validation and validation.get("key") else [])
+    if key not in allowed:
+        return (f"key {key[:12]} is neither its artefact's ({artefact.key[:12]})"
+                + (f" nor its validation's ({allowed[1][:12]})" if len(allowed) > 1 else ""))
+    return None
+
+
 def utc_timestamp(moment: datetime | None = None) -> str:
     return (moment or datetime.now(timezone.utc)).astimezone(timezone.utc).isoformat()
 

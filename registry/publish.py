@@ -20,7 +20,7 @@ from enginesmith.checkpoints.models import CheckpointFile
 from enginesmith.errors import UserError
 from registry.catalog import load_manifest
 from registry.errors import IntegrityError, UnsafePathError
-from registry.manifest import Manifest, file_list_problem, utc_timestamp
+from registry.manifest import Manifest, file_list_problem, key_problem, utc_timestamp
 from registry.names import check_name
 from registry.refs import RefChange, advance_channel
 from registry.store import RegistryStore
@@ -117,7 +117,12 @@ def publish_artefact(
     """
     artefact = read_artefact_dir(artefact_dir)
     model = artefact.lineage.model_id
-    key = check_name(key or artefact.key, "--key")
+    key = check_name(key or (validation or {}).get("key") or artefact.key, "--key")
+    problem = key_problem(key, artefact, validation)
+    if problem:
+        raise UserError(f"cannot publish under this key: {problem}", where="--key",
+                        hint="publish under the artefact's key (the default), or with the validation report of this "
+                             "artefact, whose key it then takes")
     for channel in channels:
         check_name(channel, "--channel")
     unlisted = _unlisted_files(artefact_dir, artefact)

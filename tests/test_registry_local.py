@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from enginesmith.errors import UserError
 from registry.bundle import BundleStore, write_bundle
 from registry.cache import BlobCache
 from registry.catalog import find_manifest, list_model, load_manifest
@@ -95,11 +96,39 @@ def test_publish_uploads_only_the_blobs_the_registry_lacks(store: LocalStore, tm
     assert second.reused_blobs == 2
 
 
-def test_publish_keeps_the_validation_report(store: LocalStore, tmp_path: Path) -> None:
-    report = {"comparison": {"candidate": {"max_output_throughput": 321.0}}, "gate": {"passed": True}}
-    result = publish_artefact(store, write_artefact(tmp_path / "a"), validation=report, key="nightly-1")
+def test_publish_keeps_the_validation_report_and_takes_its_key(store: LocalStore, tmp_path: Path) -> None:
+    source = write_artefact(tmp_path / "a")
+    artefact_key = json.loads((source / "artefact.json").read_text())["key"]
+    report = {"comparison": {"candidate": {"max_output_throughput": 321.0}}, "gate": {"passed": True},
+              "artefact_key": artefact_key, "key": "nightly-1"}
+    result = publish_artefact(store, source, validation=report)
     assert load_manifest(store, "tiny-llama", "nightly-1").validation == report
     assert result.key == "nightly-1"
+
+
+def test_one_key_per_manifest(store: LocalStore, tmp_path: Path) -> None:
+    """#15 item 8: a manifest is stored under its artefact's key or its validation's. Publishing under another key,
+    or with the report of another artefact, is refused; a stored manifest whose artefact key was edited by hand is
+    refused by pull as damaged, like a size or digest mismatch."""
+    source = write_artefact(tmp_path / "a")
+    artefact_key = json.loads((source / "artefact.json").read_text())["key"]
+    with pytest.raises(UserError, match="neither its artefact's"):
+        publish_artefact(store, source, key="anything-else")
+    with pytest.raises(UserError, match="validation report is of artefact"):
+        publish_artefact(store, source, validation={"artefact_key": "f" * 64, "key": "v" * 64})
+    published = publish_artefact(store, source, validation={"artefact_key": artefact_key, "key": "v" * 64})
+    assert published.key == "v" * 64
+
+    path = tmp_path / "registry" / "manifests" / "tiny-llama" / f"{'v' * 64}.json"
+    edited = json.loads(path.read_text())
+    edited["artefact"]["key"] = "e" * 64
+    path.write_text(json.dumps(edited))
+    with pytest.raises(IntegrityError, match="damaged: its validation report is of artefact"):
+        load_manifest(store, "tiny-llama", "v" * 64)
+    pulled = run_cli("pull", f"tiny-llama@{'v' * 64}", "--target", "cpu", "--dest", str(tmp_path / "pulled"),
+                     env=registry_env(str(tmp_path / "registry"), tmp_path / "cache"))
+    assert pulled.returncode != 0 and "damaged" in pulled.stderr, pulled.stderr
+    assert not (tmp_path / "pulled").exists()
 
 
 def test_latest_follows_the_newest_and_promote_moves_a_channel(store: LocalStore, tmp_path: Path) -> None:
@@ -127,9 +156,9 @@ def test_a_ref_moves_only_from_the_state_the_writer_saw(store: LocalStore, tmp_p
 
 
 def test_a_key_prefix_must_be_unambiguous(store: LocalStore, tmp_path: Path) -> None:
-    publish_artefact(store, write_artefact(tmp_path / "a"), key="abcdef01")
-    publish_artefact(store, write_artefact(tmp_path / "b", files=tiny_files(seed=2)), key="abcdef02")
-    assert find_manifest(store, Ref("tiny-llama", key="abcdef02")).key == "abcdef02"
+    publish_artefact(store, write_artefact(tmp_path / "a", key="abcdef01" + "0" * 56))
+    publish_artefact(store, write_artefact(tmp_path / "b", files=tiny_files(seed=2), key="abcdef02" + "0" * 56))
+    assert find_manifest(store, Ref("tiny-llama", key="abcdef02")).key == "abcdef02" + "0" * 56
     with pytest.raises(Exception, match="matches 2 artefacts"):
         find_manifest(store, Ref("tiny-llama", key="abcdef"))
     with pytest.raises(NotFoundError, match="no artefact"):

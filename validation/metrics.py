@@ -1,4 +1,4 @@
-"""Serving metrics with `vllm bench serve`'s definitions and JSON names (shared/reference/validation.md §1).
+"""Serving metrics with `vllm bench serve`'s definitions and JSON names (vLLM's benchmarks/serve).
 
 Per request (client clock, ``time.perf_counter``):
 - TTFT: request sent → first SSE message whose ``choices`` is non-empty.

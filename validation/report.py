@@ -152,6 +152,8 @@ class ValidationReport(BaseModel):
     passed: bool
     notes: list[str] = []
     created: str
+    artefact_key: str | None = None  # the artefact the candidate served (None: a URL candidate)
+    key: str | None = None  # the validation stage key, where a plan computed one: what the registry stores it under
 
 
 def _fmt(value: float | None, spec: str = ".2f") -> str:
