@@ -1,6 +1,6 @@
 """Known ``trtllm-build`` / TensorRT failures → what to tell the user.
 
-The strings come from shared/reference/trtllm.md §4.2 and §7.
+The strings are what TensorRT-LLM 1.2.x's ``trtllm-build`` and TensorRT print for each failure.
 """
 
 from __future__ import annotations

