@@ -59,7 +59,7 @@ def timed(command: list[str]) -> float:
 
 
 def main() -> None:
-    from quantization.tiny_models import tiny_model_dir
+    from enginesmith.assets import tiny_model_dir
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, default=tiny_model_dir())

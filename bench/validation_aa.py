@@ -22,9 +22,9 @@ from pathlib import Path
 
 def main() -> None:
     from builders.serve import reference_recipe
+    from enginesmith.assets import tiny_model_dir
     from enginesmith.console import stdout
     from enginesmith.specs import BuildProfile, GateSpec, WorkloadSpec
-    from quantization.tiny_models import tiny_model_dir
     from validation.report import comparison_rows, fmt_ratio, gate_rows, side_names
     from validation.stage import ServerSide, validate
 

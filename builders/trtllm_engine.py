@@ -12,13 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from builders.failures import explain_failure
-from builders.process import run_logged
 from builders.toolchain import find_executable, toolchain_versions
 from builders.trtllm_args import trtllm_build_argv
 from enginesmith.artefacts import QuantizedCheckpoint
 from enginesmith.checkpoints.files import TOKENIZER_FILES
 from enginesmith.compat import modelopt_pin_problem
 from enginesmith.errors import UserError
+from enginesmith.process import run_logged
 from enginesmith.specs import BuildProfile, TargetSpec
 
 DEFAULT_BUILD_TIMEOUT_S = 4 * 3600

@@ -1,12 +1,18 @@
-"""Files shipped with the package: the tiny model, its task's eval set, calibration text."""
+"""Files shipped with the package: the tiny model, the tasks' eval sets, calibration and held-out text; and the one
+reader of task files."""
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
-from enginesmith.errors import ConfigError
+from pydantic import BaseModel, ValidationError
+
+from enginesmith.errors import ConfigError, UserError
 
 ASSETS_DIR = Path(__file__).resolve().parent / "assets"
+TINY_MODEL_DIR = ASSETS_DIR / "tiny-llama"
 BUILTIN_PREFIX = "builtin:"
 
 
@@ -52,3 +58,50 @@ def task_eval_path(task: str) -> Path:
         known = sorted(p.name.removesuffix("-eval.jsonl") for p in (ASSETS_DIR / "tasks").glob("*-eval.jsonl"))
         raise ConfigError(f"no eval set for task {task!r}", field="task", hint=f"known tasks: {', '.join(known)}")
     return path
+
+
+class TaskExample(BaseModel):
+    """One line of a task file: the prompt, the expected answer, and other answers that count (a word task's)."""
+
+    prompt: str
+    answer: str
+    aliases: list[str] = []
+
+
+def read_task_file(path: Path) -> list[TaskExample]:
+    """Every example of a JSONL task file; a line that is not one names the file and line."""
+    examples = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            examples.append(TaskExample.model_validate(json.loads(line)))
+        except (json.JSONDecodeError, ValidationError) as exc:
+            raise UserError(f"not a task example ({{\"prompt\", \"answer\"}}): {exc}".splitlines()[0],
+                            where=f"{path}:{number}") from None
+    if not examples:
+        raise UserError("the task file has no examples", where=str(path))
+    return examples
+
+
+def read_task(task: str, limit: int | None = None) -> list[TaskExample]:
+    """The examples of a shipped task (``assets/tasks/<task>-eval.jsonl``), the first ``limit`` of them."""
+    examples = read_task_file(task_eval_path(task))
+    return examples[:limit] if limit else examples
+
+
+def tiny_model_dir() -> Path:
+    """Return the path of the committed tiny model directory."""
+    return TINY_MODEL_DIR
+
+
+def copy_tiny_model(dest: Path | str) -> Path:
+    """Copy the committed tiny model's files into ``dest`` (created if needed); return ``dest``."""
+    if not (TINY_MODEL_DIR / "config.json").is_file():
+        raise FileNotFoundError(f"{TINY_MODEL_DIR} has no model; run scripts/train_tiny_model.py to create it")
+    dest_path = Path(dest)
+    dest_path.mkdir(parents=True, exist_ok=True)
+    for source in TINY_MODEL_DIR.iterdir():
+        if source.is_file():
+            shutil.copy2(source, dest_path / source.name)
+    return dest_path

@@ -666,8 +666,8 @@ def tiny_model(
     repo_id: Annotated[str, typer.Option(help="Repo id to give it in the cache.")] = "enginesmith/tiny-llama-addition",
 ) -> None:
     """The shipped tiny model (a 4-layer Llama trained on addition): its path, a copy, or a Hub-cache entry."""
+    from enginesmith.assets import copy_tiny_model, tiny_model_dir
     from enginesmith.checkpoints.hf_cache import write_hf_cache
-    from quantization.tiny_models import copy_tiny_model, tiny_model_dir
 
     source = copy_tiny_model(dest) if dest else tiny_model_dir()
     stdout.print(f"tiny model: {source}")
@@ -686,7 +686,7 @@ def eval_task(
 ) -> None:
     """Greedy exact match of a model on a shipped task's held-out eval set (BF16, transformers)."""
     from enginesmith.assets import task_eval_path
-    from quantization.tiny_models import evaluate_exact_match
+    from quantization.quality import evaluate_exact_match
 
     eval_path = task_eval_path(task)
     with stderr.status(f"evaluating {model_dir} on {task} ..."):

@@ -1,13 +1,18 @@
-"""The quality report's numbers: logits against the reference on held-out tokens."""
+"""The quality report's numbers: logits against the reference on held-out tokens, and a task's exact match on an
+in-memory model (a fake-quantised one cannot be saved and reloaded with transformers)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING
+
+from enginesmith.assets import TaskExample, read_task_file
 
 if TYPE_CHECKING:
     import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 
 def held_out_logits(model: torch.nn.Module, held_out: torch.Tensor, batch_size: int = 8) -> torch.Tensor:
@@ -50,3 +55,73 @@ def weight_quantizers_only(model: torch.nn.Module) -> Iterator[None]:
     finally:
         for module in switched:
             module.enable()
+
+
+def evaluate_exact_match(
+    model_dir: Path | str,
+    eval_jsonl: Path | str,
+    dtype: str = "bfloat16",
+    limit: int | None = None,
+    batch_size: int = 128,
+    max_new_tokens: int = 8,
+) -> float:
+    """Return the share (0..1) of eval prompts whose greedy completion equals the answer.
+
+    Loads the checkpoint in ``model_dir`` with transformers in ``dtype`` and scores it with
+    :func:`exact_match`. ``limit`` keeps only the first that many examples.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    examples = read_task_file(Path(eval_jsonl))[:limit]
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
+    return exact_match(model, tokenizer, examples, batch_size=batch_size, max_new_tokens=max_new_tokens)
+
+
+def exact_match(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    examples: Sequence[TaskExample],
+    batch_size: int = 128,
+    max_new_tokens: int = 8,
+) -> float:
+    """Return the share (0..1) of ``examples`` whose greedy completion equals the answer.
+
+    Works on an in-memory model, e.g. a fake-quantised one that cannot be saved and reloaded with
+    transformers. Prompts are decoded greedily in batches with left padding; each completion
+    stops at ``</s>`` or at the first newline and is compared, stripped, to the expected answer.
+    """
+    import torch
+
+    original_padding_side = tokenizer.padding_side
+    tokenizer.padding_side = "left"
+    model.eval()
+    matches = 0
+    try:
+        for start in range(0, len(examples), batch_size):
+            chunk = examples[start : start + batch_size]
+            inputs = tokenizer(
+                [e.prompt for e in chunk],
+                return_tensors="pt",
+                padding=True,
+                return_token_type_ids=False,
+            ).to(model.device)
+            with torch.no_grad():
+                # PreTrainedModel does not declare generate(); its GenerationMixin subclasses do.
+                output_ids = model.generate(  # type: ignore[operator]
+                    **inputs,
+                    max_new_tokens=max_new_tokens,
+                    do_sample=False,
+                    pad_token_id=tokenizer.pad_token_id,
+                )
+            completions = tokenizer.batch_decode(
+                output_ids[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True
+            )
+            matches += sum(
+                completion.split("\n", 1)[0].strip() == example.answer
+                for completion, example in zip(completions, chunk, strict=True)
+            )
+    finally:
+        tokenizer.padding_side = original_padding_side
+    return matches / len(examples)

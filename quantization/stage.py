@@ -27,7 +27,7 @@ from enginesmith.artefacts import (
     QualityReport,
     QuantizedCheckpoint,
 )
-from enginesmith.assets import task_eval_path
+from enginesmith.assets import read_task
 from enginesmith.checkpoints.digest import file_sha256
 from enginesmith.checkpoints.inspect import read_config
 from enginesmith.checkpoints.models import Checkpoint, CheckpointFile
@@ -304,9 +304,9 @@ def _check_block_size(hf_config: dict[str, Any], recipe: RecipeSpec, group_size:
 def _task_exact_match(model: Any, tokenizer: Any, task: str | None) -> float | None:
     if task is None:
         return None
-    from quantization.tiny_models import exact_match, read_eval_jsonl
+    from quantization.quality import exact_match
 
-    return exact_match(model, tokenizer, read_eval_jsonl(task_eval_path(task)))
+    return exact_match(model, tokenizer, read_task(task))
 
 
 def _decoder_type(hf_config: dict[str, Any]) -> str:

@@ -72,7 +72,7 @@ TINY_REPO_ID = "enginesmith/tiny-llama-addition"
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The shipped tiny model (a Llama trained on addition), copied so a test may modify its copy."""
-    from quantization.tiny_models import copy_tiny_model
+    from enginesmith.assets import copy_tiny_model
 
     return copy_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-llama")
 

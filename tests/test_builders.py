@@ -214,7 +214,7 @@ def test_serve_starts_vllm_cpu_and_answers_a_completion(int4_cpu_quantized, tmp_
 
     import httpx
 
-    from builders.process import stop_group
+    from enginesmith.process import stop_group
     from tests.conftest import REPO_ROOT, needs_vllm_cpu
     from tests.waiting import wait_for_health
 

@@ -91,7 +91,7 @@ def _serve_and_ask(artefact_dir: Path, tmp_path: Path, question: str) -> str:
     """Start the artefact with the command `enginesmith serve --print` gives a user; ask one chat question."""
     import httpx
 
-    from builders.process import stop_group
+    from enginesmith.process import stop_group
     from tests.waiting import wait_for_health
     from validation.server import free_port
 

@@ -8,17 +8,15 @@ Log-likelihood tasks run only against a server that has shown it returns prompt 
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import httpx
 from pydantic import BaseModel
 
-from enginesmith.assets import task_eval_path
+from enginesmith.assets import read_task, task_eval_path
 from validation.loadgen import API_PATHS, Api, completion_payload
 from validation.server import Endpoint
 from validation.tasks import answer_matches, task_spec
@@ -56,19 +54,14 @@ def greedy_completions(endpoint: Endpoint, prompts: Sequence[str], max_tokens: i
     return asyncio.run(_greedy_completions(endpoint, prompts, max_tokens, stop=stop, api=api))
 
 
-def read_task(task: str, limit: int | None = None) -> list[dict[str, Any]]:
-    rows = [json.loads(line) for line in task_eval_path(task).read_text().splitlines() if line.strip()]
-    return rows[:limit] if limit else rows
-
-
 def task_exact_match(endpoint: Endpoint, task: str, limit: int | None = None,
                      api: Api = "completions") -> tuple[TaskScore, list[str]]:
     """Greedy completions of the task's prompts (stopped at a newline) compared with the answers by the task's
     own rule (``validation.tasks``)."""
     spec = task_spec(task)
     rows = read_task(task, limit)
-    completions = greedy_completions(endpoint, [r["prompt"] for r in rows], spec.max_tokens, stop=["\n"], api=api)
-    hits = sum(answer_matches(c, r["answer"], spec, aliases=r.get("aliases"))
+    completions = greedy_completions(endpoint, [r.prompt for r in rows], spec.max_tokens, stop=["\n"], api=api)
+    hits = sum(answer_matches(c, r.answer, spec, aliases=r.aliases)
                for c, r in zip(completions, rows, strict=True))
     metric = "exact_match" if spec.match == "exact" else "word_match"
     return TaskScore(task=task, metric=metric, value=hits / len(rows), examples=len(rows),

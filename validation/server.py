@@ -15,8 +15,8 @@ from pathlib import Path
 
 import httpx
 
-from builders.process import stop_group
 from enginesmith.errors import TransientError, UserError
+from enginesmith.process import stop_group
 
 LOOPBACK = "127.0.0.1"
 

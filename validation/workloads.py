@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from enginesmith.assets import task_eval_path
+from enginesmith.assets import read_task
 from enginesmith.errors import UserError
 from enginesmith.specs import WorkloadSpec
 
@@ -137,11 +137,11 @@ def _sharegpt_prompts(tokenizer: Tokenizer, workload: WorkloadSpec) -> list[Prom
 
 def _task_prompts(tokenizer: Tokenizer, workload: WorkloadSpec) -> list[Prompt]:
     task = workload.accuracy_tasks[0] if workload.accuracy_tasks else "addition"
-    rows = [json.loads(line) for line in task_eval_path(task).read_text().splitlines() if line.strip()]
+    rows = read_task(task)
     prompts = []
     for index in range(workload.num_prompts):
         row = rows[index % len(rows)]
-        prompt_len = len(tokenizer.encode(row["prompt"], add_special_tokens=False).ids)
-        prompts.append(Prompt(text=row["prompt"], prompt_len=prompt_len, output_len=workload.output_len,
-                              answer=row["answer"]))
+        prompt_len = len(tokenizer.encode(row.prompt, add_special_tokens=False).ids)
+        prompts.append(Prompt(text=row.prompt, prompt_len=prompt_len, output_len=workload.output_len,
+                              answer=row.answer))
     return prompts
