@@ -104,14 +104,13 @@ def _reference_errors(
 def task_errors(config: PipelineConfig) -> list[tuple[tuple[str | int, ...], str, str]]:
     """Accuracy tasks that validation does not know how to ask and score: every cell would fail after quantise and
     build."""
-    from validation.tasks import TASKS
+    from validation.tasks import resolve_task
 
     errors: list[tuple[tuple[str | int, ...], str, str]] = []
     for task_index, task in enumerate(config.workload.accuracy_tasks):
-        if task not in TASKS:
-            errors.append(
-                (("workload", "accuracy_tasks", task_index), f"unknown accuracy task {task!r}",
-                 f"known tasks: {', '.join(sorted(TASKS))} (every cell would fail in validation, after quantise "
-                 "and build)")
-            )
+        try:
+            resolve_task(task)
+        except ConfigError as exc:
+            errors.append((("workload", "accuracy_tasks", task_index), exc.message,
+                           f"{exc.hint} (every cell would fail in validation, after quantise and build)"))
     return errors

@@ -71,6 +71,7 @@ class Gathered(BaseModel):
 
     models: dict[str, ModelFacts]
     task_problems: list[str]
+    task_datasets: list[Check] = []  # each lm-eval task's Hub dataset: reachable, or why it was not checked
     calibration: Check
     vllm_verdicts: dict[str, str | None]  # a serve command (joined) → None if vLLM accepts it, else its reason
     vllm_parser: str | None
@@ -120,8 +121,35 @@ def gather(config: PipelineConfig, config_dir: Path, catalogue: Catalogue, *,
     if calibration.ok is None:
         skipped.append(f"calibration: {calibration.detail}")
     task_problems = [f"{message}; {hint}" for _, message, hint in task_errors(config)]
-    return Gathered(models=models, task_problems=task_problems, calibration=calibration, vllm_verdicts=verdicts,
-                    vllm_parser=parser), plan, skipped
+    task_datasets = [] if task_problems else _task_dataset_checks(config)
+    skipped += [f"tasks: {c.detail}" for c in task_datasets if c.ok is None]
+    return Gathered(models=models, task_problems=task_problems, task_datasets=task_datasets, calibration=calibration,
+                    vllm_verdicts=verdicts, vllm_parser=parser), plan, skipped
+
+
+def _task_dataset_checks(config: PipelineConfig) -> list[Check]:
+    """lm-eval's registry tasks download their datasets from the Hub on the validation node."""
+    from huggingface_hub import constants
+
+    from validation.tasks import resolve_task
+
+    checks = []
+    for task in map(resolve_task, config.workload.accuracy_tasks):
+        if task.dataset is None:
+            continue
+        if constants.HF_HUB_OFFLINE:
+            checks.append(Check(name="tasks", ok=None, detail=f"{task.name} downloads {task.dataset} on the "
+                                                              "validation node (not checked offline)"))
+            continue
+        from huggingface_hub import HfApi
+
+        try:
+            HfApi().dataset_info(task.dataset)
+            checks.append(Check(name="tasks", ok=True, detail=f"{task.name}: Hub dataset {task.dataset} reachable"))
+        except Exception as exc:
+            checks.append(Check(name="tasks", ok=False, detail=f"{task.name}: Hub dataset {task.dataset} not "
+                                                               f"reachable ({type(exc).__name__})"))
+    return checks
 
 
 def _calibration_check(config: PipelineConfig) -> Check:
@@ -192,6 +220,7 @@ def judge_cell(cell: Cell, config: PipelineConfig, gathered: Gathered) -> CellPr
     checks.append(Check(name="tasks", ok=not gathered.task_problems,
                         detail="; ".join(gathered.task_problems) or ", ".join(config.workload.accuracy_tasks)
                         or "none asked for"))
+    checks += [c for c in gathered.task_datasets if c.ok is not None]
     if not cell.recipe.is_passthrough:
         checks.append(gathered.calibration)
     checks.append(_runtime_check(cell))

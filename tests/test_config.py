@@ -81,6 +81,24 @@ def test_an_accuracy_task_that_does_not_exist_is_refused_when_the_config_loads(w
     assert "gsm8k-mini" in caught.value.message and "facts" in (caught.value.hint or "")
 
 
+def test_lm_eval_registry_tasks_are_named_as_lm_eval_names_them(write_config, minimal):
+    """#15 item 2: a task is a shipped one or one of lm-eval's registry, checked against lm-eval's own task index
+    when the config loads; a group (mmlu) is refused with what to name instead."""
+    from validation.tasks import resolve_task
+
+    path = write_config(minimal + "workload:\n  name: w\n  accuracy_tasks: [facts, gsm8k, "
+                                  "mmlu_abstract_algebra_generative]\n")
+    assert load_pipeline_config(path).workload.accuracy_tasks[1] == "gsm8k"
+    gsm8k = resolve_task("gsm8k")
+    assert (gsm8k.source, gsm8k.output_type, gsm8k.dataset) == ("lm-eval", "generate_until", "openai/gsm8k")
+    assert resolve_task("mmlu_abstract_algebra").needs_prompt_logprobs  # multiple choice: log-likelihoods
+    assert not resolve_task("facts").needs_prompt_logprobs
+    group = write_config(minimal + "workload:\n  name: w\n  accuracy_tasks: [mmlu]\n", name="group.yaml")
+    with pytest.raises(ConfigError) as caught:
+        load_pipeline_config(group)
+    assert "group" in caught.value.message and "mmlu_abstract_algebra_generative" in (caught.value.hint or "")
+
+
 def test_unknown_recipe_lists_known_recipes(write_config, minimal):
     path = write_config(minimal.replace("recipes: [bf16, fp8]", "recipes: [fp4]"))
     with pytest.raises(ConfigError) as caught:

@@ -19,7 +19,7 @@ from pydantic import BaseModel
 from enginesmith.assets import read_task, task_eval_path
 from validation.loadgen import API_PATHS, Api, completion_payload
 from validation.server import Endpoint
-from validation.tasks import answer_matches, task_spec
+from validation.tasks import AccuracyTask, answer_matches, task_spec
 
 
 class TaskScore(BaseModel):
@@ -153,7 +153,7 @@ metric_list:
     aggregation: mean
     higher_is_better: true
 """
-WORD_SCORING_MODULE = """from validation.tasks import answer_matches, task_spec
+WORD_SCORING_MODULE = """from validation.tasks import AccuracyTask, answer_matches, task_spec
 
 
 def process_results(doc, results):
@@ -165,32 +165,54 @@ def process_results(doc, results):
 def lm_eval_task(endpoint: Endpoint, task: str, tokenizer_dir: Path, limit: int | None = None) -> TaskScore:
     """Run a shipped task (generate_until) through lm-eval, offline: ``local-completions`` for completion tasks,
     ``local-chat-completions`` with the server's chat template for chat tasks, scored by the task's own rule."""
-    import os
-
-    from lm_eval import simple_evaluate
-    from lm_eval.tasks import TaskManager
-
     spec = task_spec(task)
-    chat = spec.api == "chat"
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    metric = "exact_match" if spec.match == "exact" else "word_match"
     with tempfile.TemporaryDirectory() as include_dir:
         name = f"enginesmith_{task}"
         scoring = EXACT_SCORING if spec.match == "exact" else WORD_SCORING
         Path(include_dir, f"{name}.yaml").write_text(
             TASK_YAML.format(name=name, data=task_eval_path(task), max_tokens=spec.max_tokens, scoring=scoring))
         Path(include_dir, "enginesmith_scoring.py").write_text(WORD_SCORING_MODULE.format(task=task))
-        results = simple_evaluate(
-            model="local-chat-completions" if chat else "local-completions",
-            model_args={"model": endpoint.model,
-                        "base_url": f"{endpoint.base_url}{API_PATHS['chat' if chat else 'completions']}",
-                        "tokenizer": str(tokenizer_dir), "tokenized_requests": False, "num_concurrent": 4,
-                        "max_retries": 2},
-            tasks=[name], task_manager=TaskManager(include_path=include_dir), limit=limit,
-            log_samples=False, apply_chat_template=chat,
-        )
+        value, count = _run_lm_eval(endpoint, name, tokenizer_dir, chat=spec.api == "chat", metric=metric,
+                                    include_dir=include_dir, limit=limit)
+    return TaskScore(task=task, metric=metric, value=value, examples=count or limit or 0, source="lm-eval")
+
+
+def lm_eval_registry_task(endpoint: Endpoint, task: AccuracyTask, tokenizer_dir: Path, *, api: Api,
+                          limit: int | None = None) -> TaskScore:
+    """A task of lm-eval's registry with its own prompts, few-shot and generation settings (its dataset comes from
+    the Hub). Generation tasks go through the workload's API; log-likelihood tasks through ``local-completions``,
+    which needs a server that returns prompt logprobs."""
+    chat = api == "chat" and not task.needs_prompt_logprobs
+    value, count = _run_lm_eval(endpoint, task.name, tokenizer_dir, chat=chat, metric=None, include_dir=None,
+                                limit=limit)
+    return TaskScore(task=task.name, metric=task.output_type, value=value, examples=count or limit or 0,
+                     source="lm-eval")
+
+
+def _run_lm_eval(endpoint: Endpoint, name: str, tokenizer_dir: Path, *, chat: bool, metric: str | None,
+                 include_dir: str | None, limit: int | None) -> tuple[float, int]:
+    """lm-eval's ``simple_evaluate`` against the server; the task's value for ``metric`` (None: its first metric,
+    e.g. gsm8k's ``exact_match,strict-match``) and how many examples it scored."""
+    import os
+
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    if include_dir is not None:
+        os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # a shipped task reads its own file, never the Hub
+    results = simple_evaluate(
+        model="local-chat-completions" if chat else "local-completions",
+        model_args={"model": endpoint.model,
+                    "base_url": f"{endpoint.base_url}{API_PATHS['chat' if chat else 'completions']}",
+                    "tokenizer": str(tokenizer_dir), "tokenized_requests": False, "num_concurrent": 4,
+                    "max_retries": 2},
+        tasks=[name], task_manager=TaskManager(include_path=include_dir) if include_dir else TaskManager(),
+        limit=limit, log_samples=False, apply_chat_template=chat,
+    )
     assert results is not None
-    metric = "exact_match" if spec.match == "exact" else "word_match"
     metrics = results["results"][name]
-    value = next(v for k, v in metrics.items() if k.startswith(metric) and "stderr" not in k)
-    count = results.get("n-samples", {}).get(name, {}).get("effective", limit or 0)
-    return TaskScore(task=task, metric=metric, value=float(value), examples=int(count), source="lm-eval")
+    value = next(v for k, v in metrics.items() if isinstance(v, int | float) and "stderr" not in k and k != "alias"
+                 and (metric is None or k.startswith(metric)))
+    count = results.get("n-samples", {}).get(name, {}).get("effective", 0)
+    return float(value), int(count)

@@ -33,6 +33,7 @@ from validation.accuracy import (
     greedy_agreement,
     greedy_completions,
     lm_eval_available,
+    lm_eval_registry_task,
     lm_eval_task,
     perplexity,
     task_exact_match,
@@ -43,7 +44,7 @@ from validation.metrics import BenchmarkResult, Spread
 from validation.report import Comparison, SideReport, ValidationReport
 from validation.sampling import UsageSampler
 from validation.server import Endpoint, external_endpoint, free_port, running_server
-from validation.tasks import task_spec
+from validation.tasks import resolve_task, task_spec
 from validation.workloads import build_prompts, perplexity_windows
 
 GREEDY_AGREEMENT_PROMPTS = 32
@@ -158,10 +159,16 @@ def _write_cached(path: Path, results: SideAccuracy) -> None:
 def _measure_accuracy(endpoint: Endpoint, workload: WorkloadSpec, prompts: list[str], tokenizer_dir: Path,
                       capabilities: ServerCapabilities) -> SideAccuracy:
     accuracy: list[TaskScore] = []
-    for task_name in workload.accuracy_tasks:
-        accuracy.append(task_exact_match(endpoint, task_name, api=task_spec(task_name).api)[0])
-        if lm_eval_available():
-            accuracy.append(lm_eval_task(endpoint, task_name, tokenizer_dir))
+    # lm-eval's registry tasks first: a shipped task's lm-eval run switches the datasets library offline for the
+    # rest of the process (it reads its own file), and a registry task downloads its dataset from the Hub.
+    tasks = sorted(map(resolve_task, workload.accuracy_tasks), key=lambda t: t.source == "shipped")
+    for task in tasks:
+        if task.source == "shipped":
+            accuracy.append(task_exact_match(endpoint, task.name, api=task_spec(task.name).api)[0])
+            if lm_eval_available():
+                accuracy.append(lm_eval_task(endpoint, task.name, tokenizer_dir))
+        elif capabilities.prompt_logprobs or not task.needs_prompt_logprobs:
+            accuracy.append(lm_eval_registry_task(endpoint, task, tokenizer_dir, api=workload.api))
     completions = greedy_completions(endpoint, prompts[:GREEDY_AGREEMENT_PROMPTS], workload.greedy_agreement_tokens,
                                      api=workload.api)
     measured_perplexity = None
@@ -227,8 +234,10 @@ def judge(comparison: Comparison, gates: GateSpec, recipe_id: str, *, final: boo
     cand, ref = comparison.candidate, comparison.reference
     unobservable = [f"{r.role}: {r.all_at_once_c1[0]} of {r.all_at_once_c1[1]} requests got all their tokens at once"
                     for r in (cand, ref) if r.levels_c1 and not r.tpot_c1_observable]
-    drops = {f"{c.task}/{c.source}": 100 * (r.value - c.value)
-             for c, r in zip(cand.accuracy, ref.accuracy, strict=True)}
+    # Matched by name: a log-likelihood task is scored only on a side that returns prompt logprobs.
+    reference_scores = {(r.task, r.source): r.value for r in ref.accuracy}
+    drops = {f"{c.task}/{c.source}": 100 * (reference_scores[(c.task, c.source)] - c.value)
+             for c in cand.accuracy if (c.task, c.source) in reference_scores}
     return evaluate_gates(gates, recipe_id, throughput_ratio=comparison.throughput_ratios,
                           tpot_ratio=comparison.tpot_ratios, accuracy_drops_points=drops,
                           perplexity_increase=comparison.perplexity_increase,
@@ -295,6 +304,9 @@ def validate(candidate: ServerSide, reference: ServerSide, *, workload: Workload
         if not side_report.capabilities.prompt_logprobs and side_report.role in ("candidate", "reference"):
             skipped = (f"; the perplexity of {workload.perplexity_text} was not measured on it, so there is no "
                        "perplexity gate" if workload.perplexity_text else "")
+            unscored = [t.name for t in map(resolve_task, workload.accuracy_tasks) if t.needs_prompt_logprobs]
+            if unscored:
+                skipped += f"; {', '.join(unscored)} (scored from log-likelihoods) not run on it, so not gated"
             notes.append(f"{side_report.role} returns no prompt logprobs: generation tasks only{skipped}.")
     if baselines:
         notes.append("Baselines (" + ", ".join(f"{b.role}: {b.name}" for b in baselines) + ") are measured for "

@@ -1,4 +1,8 @@
-"""How each shipped task is asked and scored. Pure.
+"""Which accuracy tasks exist and how each is asked and scored.
+
+A task is one of the shipped ones below (asked and scored by enginesmith, and by lm-eval over the same file), or a
+task of lm-evaluation-harness's registry by its name (``gsm8k``, ``mmlu_abstract_algebra_generative``), run by
+lm-eval with that task's own prompts, few-shot and generation settings; those download their dataset from the Hub.
 
 - ``addition`` (the tiny model's): a completion prompt ``"123+45="``; the completion, stripped, must equal the sum.
 - ``facts`` (for instruct models): one user message with a one-word answer; instruct models answer in a
@@ -9,7 +13,9 @@
 from __future__ import annotations
 
 import re
-from typing import Literal
+from functools import cache
+from pathlib import Path
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
@@ -37,6 +43,59 @@ def task_spec(name: str) -> TaskSpec:
     except KeyError:
         raise ConfigError(f"no scoring rule for task {name!r}", field="workload.accuracy_tasks",
                           hint=f"known tasks: {', '.join(sorted(TASKS))}") from None
+
+
+class AccuracyTask(BaseModel):
+    """A task as validation will run it."""
+
+    name: str
+    source: Literal["shipped", "lm-eval"]
+    output_type: str  # lm-eval's: generate_until, multiple_choice, loglikelihood, loglikelihood_rolling
+    dataset: str | None = None  # the Hub dataset an lm-eval task downloads
+
+    @property
+    def needs_prompt_logprobs(self) -> bool:
+        """Scored from the prompt's log-likelihoods, which only some servers return (trtllm-serve does not)."""
+        return self.output_type != "generate_until"
+
+
+def resolve_task(name: str) -> AccuracyTask:
+    """A shipped task, else a task of lm-eval's registry; raises a ConfigError naming what exists."""
+    if name in TASKS:
+        return AccuracyTask(name=name, source="shipped", output_type="generate_until")
+    index = _lm_eval_index()
+    if index is None:
+        raise ConfigError(f"accuracy task {name!r} is not shipped, and lm-eval (which knows the others) is not "
+                          "installed here", field="workload.accuracy_tasks",
+                          hint=f"shipped tasks: {', '.join(sorted(TASKS))}; pip install 'enginesmith[validation]'")
+    entry = index.get(name)
+    if entry is None or entry.yaml_path is None:
+        raise ConfigError(f"unknown accuracy task {name!r}", field="workload.accuracy_tasks",
+                          hint=f"shipped tasks: {', '.join(sorted(TASKS))}, or a task name lm-eval lists "
+                               "(lm-eval ls tasks)")
+    if entry.kind.name != "TASK":
+        raise ConfigError(f"{name!r} is an lm-eval {entry.kind.name.lower()}, not one task", field="workload."
+                          "accuracy_tasks", hint="name its tasks (each is gated on its own), e.g. "
+                                                 "mmlu_abstract_algebra_generative")
+    config = _task_yaml(entry.yaml_path)
+    return AccuracyTask(name=name, source="lm-eval", output_type=str(config.get("output_type", "generate_until")),
+                        dataset=config.get("dataset_path"))
+
+
+@cache
+def _lm_eval_index() -> dict[str, Any] | None:
+    """lm-eval's task index (reading it takes seconds: only when a name is not shipped)."""
+    try:
+        from lm_eval.tasks import TaskManager
+    except ImportError:
+        return None
+    return dict(TaskManager().task_index)
+
+
+def _task_yaml(path: Path) -> dict[str, Any]:
+    from lm_eval.tasks._yaml_loader import load_yaml  # resolves the task's includes, without importing its code
+
+    return dict(load_yaml(path, resolve_func=False))
 
 
 def words(text: str) -> set[str]:
