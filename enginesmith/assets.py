@@ -53,6 +53,13 @@ def read_paragraphs(source: str) -> list[str]:
 
 
 def task_eval_path(task: str) -> Path:
+    """A shipped task's eval set, or a local task file named by its path (``*.jsonl``)."""
+    if task.endswith(".jsonl"):
+        local = Path(task).expanduser()
+        if not local.is_file():
+            raise ConfigError("task file not found", path=local, field="workload.accuracy_tasks",
+                              hint="a JSONL file of {\"prompt\", \"answer\"} lines, or a shipped task name")
+        return local
     path = ASSETS_DIR / "tasks" / f"{task}-eval.jsonl"
     if not path.is_file():
         known = sorted(p.name.removesuffix("-eval.jsonl") for p in (ASSETS_DIR / "tasks").glob("*-eval.jsonl"))
@@ -85,7 +92,8 @@ def read_task_file(path: Path) -> list[TaskExample]:
 
 
 def read_task(task: str, limit: int | None = None) -> list[TaskExample]:
-    """The examples of a shipped task (``assets/tasks/<task>-eval.jsonl``), the first ``limit`` of them."""
+    """The examples of a shipped task (``assets/tasks/<task>-eval.jsonl``) or a local task file, the first ``limit``
+    of them."""
     examples = read_task_file(task_eval_path(task))
     return examples[:limit] if limit else examples
 

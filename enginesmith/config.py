@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from enginesmith.errors import ConfigError
+from enginesmith.errors import ConfigError, UserError
 from enginesmith.specs import PipelineConfig, RecipeCatalogue, RecipeSpec, TargetCatalogue, TargetSpec
 from enginesmith.yamlio import YamlDocument, format_loc
 
@@ -110,7 +110,9 @@ def task_errors(config: PipelineConfig) -> list[tuple[tuple[str | int, ...], str
     for task_index, task in enumerate(config.workload.accuracy_tasks):
         try:
             resolve_task(task)
-        except ConfigError as exc:
-            errors.append((("workload", "accuracy_tasks", task_index), exc.message,
-                           f"{exc.hint} (every cell would fail in validation, after quantise and build)"))
+        except UserError as exc:  # an unknown name, or a local task file that is missing or not a task
+            where = f" ({exc.where})" if exc.where and not isinstance(exc, ConfigError) else ""
+            errors.append((("workload", "accuracy_tasks", task_index), exc.message + where,
+                           f"{exc.hint or 'fix the task file'} (every cell would fail in validation, after quantise "
+                           "and build)"))
     return errors

@@ -99,6 +99,24 @@ def test_lm_eval_registry_tasks_are_named_as_lm_eval_names_them(write_config, mi
     assert "group" in caught.value.message and "mmlu_abstract_algebra_generative" in (caught.value.hint or "")
 
 
+def test_a_local_task_file_is_a_task_and_its_bad_lines_are_named(write_config, minimal, tmp_path):
+    from enginesmith.assets import read_task
+    from validation.tasks import resolve_task, task_spec
+
+    good = tmp_path / "capitals.jsonl"
+    good.write_text('{"prompt": "Capital of France:", "answer": " Paris"}\n\n{"prompt": "2+2=", "answer": "4"}\n')
+    path = write_config(minimal + f"workload:\n  name: w\n  accuracy_tasks: [{good}]\n")
+    assert load_pipeline_config(path).workload.accuracy_tasks == [str(good)]
+    assert resolve_task(str(good)).source == "local" and task_spec(str(good)).match == "exact"
+    assert [e.answer for e in read_task(str(good))] == [" Paris", "4"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "a", "answer": "b"}\n{"prompt": "no answer"}\n')
+    broken = write_config(minimal + f"workload:\n  name: w\n  accuracy_tasks: [{bad}]\n", name="bad.yaml")
+    with pytest.raises(ConfigError) as caught:
+        load_pipeline_config(broken)
+    assert f"{bad}:2" in caught.value.message and caught.value.field == "workload.accuracy_tasks[0]"
+
+
 def test_unknown_recipe_lists_known_recipes(write_config, minimal):
     path = write_config(minimal.replace("recipes: [bf16, fp8]", "recipes: [fp4]"))
     with pytest.raises(ConfigError) as caught:

@@ -161,9 +161,9 @@ def _measure_accuracy(endpoint: Endpoint, workload: WorkloadSpec, prompts: list[
     accuracy: list[TaskScore] = []
     # lm-eval's registry tasks first: a shipped task's lm-eval run switches the datasets library offline for the
     # rest of the process (it reads its own file), and a registry task downloads its dataset from the Hub.
-    tasks = sorted(map(resolve_task, workload.accuracy_tasks), key=lambda t: t.source == "shipped")
+    tasks = sorted(map(resolve_task, workload.accuracy_tasks), key=lambda t: t.source != "lm-eval")
     for task in tasks:
-        if task.source == "shipped":
+        if task.source != "lm-eval":
             accuracy.append(task_exact_match(endpoint, task.name, api=task_spec(task.name).api)[0])
             if lm_eval_available():
                 accuracy.append(lm_eval_task(endpoint, task.name, tokenizer_dir))

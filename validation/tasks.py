@@ -1,8 +1,10 @@
 """Which accuracy tasks exist and how each is asked and scored.
 
-A task is one of the shipped ones below (asked and scored by enginesmith, and by lm-eval over the same file), or a
-task of lm-evaluation-harness's registry by its name (``gsm8k``, ``mmlu_abstract_algebra_generative``), run by
-lm-eval with that task's own prompts, few-shot and generation settings; those download their dataset from the Hub.
+A task is one of the shipped ones below (asked and scored by enginesmith, and by lm-eval over the same file); a local
+JSONL file of ``{"prompt", "answer"}`` lines by its path (asked over /v1/completions, the first line of the greedy
+completion scored by exact match, up to 32 tokens); or a task of lm-evaluation-harness's registry by its name
+(``gsm8k``, ``mmlu_abstract_algebra_generative``), run by lm-eval with that task's own prompts, few-shot and
+generation settings; those download their dataset from the Hub.
 
 - ``addition`` (the tiny model's): a completion prompt ``"123+45="``; the completion, stripped, must equal the sum.
 - ``facts`` (for instruct models): one user message with a one-word answer; instruct models answer in a
@@ -33,11 +35,15 @@ TASKS: dict[str, TaskSpec] = {t.name: t for t in [
     TaskSpec(name="addition", api="completions", match="exact", max_tokens=8),
     TaskSpec(name="facts", api="chat", match="word", max_tokens=16),
 ]}
+LOCAL_TASK_SUFFIX = ".jsonl"
 
 _WORD = re.compile(r"[\w'-]+", re.UNICODE)
 
 
 def task_spec(name: str) -> TaskSpec:
+    """How a shipped or local task is asked and scored."""
+    if name.endswith(LOCAL_TASK_SUFFIX):
+        return TaskSpec(name=name, api="completions", match="exact", max_tokens=32)
     try:
         return TASKS[name]
     except KeyError:
@@ -49,7 +55,7 @@ class AccuracyTask(BaseModel):
     """A task as validation will run it."""
 
     name: str
-    source: Literal["shipped", "lm-eval"]
+    source: Literal["shipped", "local", "lm-eval"]
     output_type: str  # lm-eval's: generate_until, multiple_choice, loglikelihood, loglikelihood_rolling
     dataset: str | None = None  # the Hub dataset an lm-eval task downloads
 
@@ -63,6 +69,11 @@ def resolve_task(name: str) -> AccuracyTask:
     """A shipped task, else a task of lm-eval's registry; raises a ConfigError naming what exists."""
     if name in TASKS:
         return AccuracyTask(name=name, source="shipped", output_type="generate_until")
+    if name.endswith(LOCAL_TASK_SUFFIX):
+        from enginesmith.assets import read_task
+
+        read_task(name)  # the file exists and every line is an example
+        return AccuracyTask(name=name, source="local", output_type="generate_until")
     index = _lm_eval_index()
     if index is None:
         raise ConfigError(f"accuracy task {name!r} is not shipped, and lm-eval (which knows the others) is not "
