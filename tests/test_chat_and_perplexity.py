@@ -65,3 +65,18 @@ def test_greedy_chat_completions_are_deterministic(vllm_cpu_server):
     prompts = ["3+4=", "250+250="]
     assert greedy_completions(vllm_cpu_server, prompts, 6, api="chat") == \
         greedy_completions(vllm_cpu_server, prompts, 6, api="chat")
+
+
+def test_a_local_task_file_scores_the_same_by_enginesmith_and_by_lm_eval(vllm_cpu_server, tiny_model_dir, tmp_path):
+    """#15 item 2: a task given by its path is asked and scored like a shipped one, by our exact match and by
+    lm-eval's local-completions over the same file, and the two agree on the shipped addition examples it copies."""
+    from enginesmith.assets import task_eval_path
+    from validation.accuracy import lm_eval_task
+
+    local = tmp_path / "my-sums.jsonl"
+    local.write_text("\n".join(task_eval_path("addition").read_text().splitlines()[:40]) + "\n")
+    ours, _ = task_exact_match(vllm_cpu_server, str(local))
+    theirs = lm_eval_task(vllm_cpu_server, str(local), tiny_model_dir)
+    shipped, _ = task_exact_match(vllm_cpu_server, "addition", limit=40)
+    assert ours.task == theirs.task == str(local) and ours.examples == theirs.examples == 40
+    assert ours.value == theirs.value == shipped.value >= 0.8

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -168,7 +169,7 @@ def lm_eval_task(endpoint: Endpoint, task: str, tokenizer_dir: Path, limit: int 
     spec = task_spec(task)
     metric = "exact_match" if spec.match == "exact" else "word_match"
     with tempfile.TemporaryDirectory() as include_dir:
-        name = f"enginesmith_{task}"
+        name = "enginesmith_" + re.sub(r"[^a-z0-9_]", "_", Path(task).stem.lower())
         scoring = EXACT_SCORING if spec.match == "exact" else WORD_SCORING
         Path(include_dir, f"{name}.yaml").write_text(
             TASK_YAML.format(name=name, data=task_eval_path(task), max_tokens=spec.max_tokens, scoring=scoring))
