@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -161,3 +162,15 @@ def check_with_vllm_parser(argument_lists: list[list[str]], *, python: str) -> t
                         where=python, hint="check the vLLM environment: run ./scripts/setup-vllm-cpu.sh")
     answer = json.loads(done.stdout)
     return [None if result["ok"] else str(result["error"]) for result in answer["results"]], str(answer["vllm"])
+
+
+def installed_runtime_version(runtime: str) -> str | None:
+    """The version of a vLLM runtime where it would run here (None: not installed here, or not a vLLM runtime)."""
+    if runtime == "vllm-cpu":
+        done = subprocess.run([vllm_cpu_python(), "-c", "import importlib.metadata as m; print(m.version('vllm-cpu'))"],
+                              capture_output=True, text=True, timeout=60)
+        return done.stdout.strip() or None if done.returncode == 0 else None
+    if runtime == "vllm" and shutil.which("vllm"):
+        done = subprocess.run(["vllm", "--version"], capture_output=True, text=True, timeout=120)
+        return done.stdout.strip().splitlines()[-1] if done.returncode == 0 and done.stdout.strip() else None
+    return None

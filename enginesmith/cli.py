@@ -111,21 +111,7 @@ def plan(
     # Hub branches stay unresolved here (no network needed to plan); the nightly resolves them to commit shas.
     _, result = plan_config(config, default_catalogue(), resolve_hub=False)
     if json_output:
-        print_json(
-            {
-                "config": result.config_name,
-                "cells": [
-                    {
-                        "id": c.id, "model": c.model.id, "repo": c.model.repo, "revision": c.source_revision,
-                        "revision_pinned": c.revision_pinned, "recipe": c.recipe.id, "target": c.target.id,
-                        "tp": c.tp, "pp": c.pp, "kind": c.kind, "status": c.status, "key": c.key,
-                        "keys": c.stage_keys.model_dump(), "reasons": [v.model_dump() for v in c.violations],
-                        "awq_block": c.awq_block.model_dump() if c.awq_block else None,
-                    }
-                    for c in result.cells
-                ],
-            }
-        )
+        print_json({"config": result.config_name, "cells": [c.listing() for c in result.cells]})
         return
     rows = []
     for c in result.cells:

@@ -78,6 +78,16 @@ class Cell(BaseModel):
     def reason(self) -> str:
         return "; ".join(f"[{v.rule}] {v.message}" for v in self.violations)
 
+    def listing(self) -> dict[str, object]:
+        """The cell as ``enginesmith plan --json`` lists it."""
+        return {
+            "id": self.id, "model": self.model.id, "repo": self.model.repo, "revision": self.source_revision,
+            "revision_pinned": self.revision_pinned, "recipe": self.recipe.id, "target": self.target.id,
+            "tp": self.tp, "pp": self.pp, "profile": self.profile_name, "kind": self.kind, "status": self.status,
+            "key": self.key, "keys": self.stage_keys.model_dump(), "reasons": [v.model_dump() for v in self.violations],
+            "awq_block": self.awq_block.model_dump() if self.awq_block else None,
+        }
+
 
 class Plan(BaseModel):
     config_name: str

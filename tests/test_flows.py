@@ -228,3 +228,27 @@ def test_a_profile_the_config_does_not_have_is_refused_naming_the_parameter():
     with pytest.raises(ConfigError) as caught:
         cell_for(BuildCellParams(profile="no-such-profile"))
     assert caught.value.field == "params.profile" and "default" in (caught.value.hint or "")
+
+
+def test_validation_refuses_a_vllm_other_than_the_one_its_key_names(tmp_path):
+    """#15 item 1: the validation key names the configured vLLM; a node with another one is refused before any server
+    starts, naming both versions."""
+    from enginesmith.checkpoints.pull import local_checkpoint
+    from enginesmith.config import default_catalogue
+    from enginesmith.errors import UserError
+    from enginesmith.plan_sources import plan_config
+    from flows import steps
+    from tests.conftest import needs_vllm_cpu
+
+    needs_vllm_cpu()
+    text = (REPO_ROOT / "configs" / "examples" / "tiny-cpu.yaml").read_text()
+    text = text.replace("../../enginesmith/assets/tiny-llama", str(REPO_ROOT / "enginesmith" / "assets" / "tiny-llama"))
+    config_path = tmp_path / "pinned.yaml"
+    config_path.write_text(text + '\ntoolchains:\n  vllm: {vllm: "0.31.0"}\n')
+    config, plan = plan_config(config_path, default_catalogue())
+    cell = plan.cells[0]
+    checkpoint = local_checkpoint(REPO_ROOT / "enginesmith" / "assets" / "tiny-llama")
+    with pytest.raises(UserError) as caught:
+        steps.validate(cell, tmp_path / "no-artefact", checkpoint, config, tmp_path / "work")
+    assert "0.31.0" in caught.value.message and "0.32.0" in caught.value.message
+    assert caught.value.where == "toolchains.vllm" and not (tmp_path / "work").exists()
