@@ -40,7 +40,7 @@ def plan_loaded(config: PipelineConfig, config_dir: Path, catalogue: Catalogue, 
                                                    trust_remote_code=model.trust_remote_code).commit_sha
         elif resolve_hub:
             revisions[model.id] = resolve_revision(source, model.revision)
-        shape = model_shape(source, model.revision)
+        shape = model_shape(source, revisions.get(model.id, model.revision), fetch=resolve_hub)
         if shape is not None:
             shapes[model.id] = shape
     return plan_matrix(config, catalogue, calibration_fingerprint=calibration_fingerprint(config.calibration.dataset),

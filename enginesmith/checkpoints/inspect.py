@@ -55,10 +55,11 @@ def describe(checkpoint_dir: Path, names: list[str]) -> dict[str, Any]:
     }
 
 
-def model_shape(source: str, revision: str = "main") -> ModelShape | None:
-    """The layer widths of a local directory's or a Hub repo's ``config.json``; for a Hub repo only from the
-    local Hub cache (planning makes no network calls). None where it cannot be read: planning then keeps the
-    recipes' defaults and the quantize stage checks the widths before it loads any weights."""
+def model_shape(source: str, revision: str = "main", *, fetch: bool = False) -> ModelShape | None:
+    """The layer widths of a local directory's or a Hub repo's ``config.json``; for a Hub repo from the local Hub
+    cache, or with ``fetch`` downloaded (one small file: what a planner that resolves revisions does, so the
+    nightly and build-cell plan a cell alike). None where it cannot be read: planning then keeps the recipes'
+    defaults and the quantize stage checks the widths before it loads any weights."""
     from enginesmith.shapes import ModelShape
 
     local = Path(source.removeprefix("file://")).expanduser()
@@ -67,9 +68,12 @@ def model_shape(source: str, revision: str = "main") -> ModelShape | None:
             provenance = local / "provenance.json"
             return ModelShape.from_config(read_config(local),
                                           json.loads(provenance.read_text()) if provenance.is_file() else None)
-        from huggingface_hub import try_to_load_from_cache
+        from huggingface_hub import hf_hub_download, try_to_load_from_cache
 
-        path = try_to_load_from_cache(source, "config.json", revision=revision)
+        from enginesmith.secrets import hf_token
+
+        path = (hf_hub_download(source, "config.json", revision=revision, token=hf_token()) if fetch
+                else try_to_load_from_cache(source, "config.json", revision=revision))
         if not isinstance(path, str):
             return None
         return ModelShape.from_config(json.loads(Path(path).read_text()))
