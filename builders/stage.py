@@ -43,6 +43,9 @@ class BuildRequest(BaseModel):
     out_dir: str
     model_id: str
     toolchains: Toolchains = Toolchains()
+    # The GPUs an hf-quantized artefact is served over (an engine's come from its TensorRT-LLM checkpoint).
+    tp: int = 1
+    pp: int = 1
     skip_gpu_check: bool = False
     timeout_s: float = DEFAULT_BUILD_TIMEOUT_S
 
@@ -99,7 +102,8 @@ def _build_once(request: BuildRequest, gpus: list[DetectedGpu] | None) -> Artefa
     source = quantized.source
     artefact = Artefact(
         key=request.key, kind=request.kind, target=request.target.id, target_sm=request.target.sm,
-        tp=quantized.tp, pp=quantized.pp,
+        tp=quantized.tp if request.kind == "trtllm-engine" else request.tp,
+        pp=quantized.pp if request.kind == "trtllm-engine" else request.pp,
         lineage=Lineage(
             model_id=request.model_id, repo_id=source.repo_id, commit_sha=source.commit_sha,
             checkpoint_key=source.key, recipe=request.recipe.id, quantize_key=quantized.key,
@@ -107,7 +111,8 @@ def _build_once(request: BuildRequest, gpus: list[DetectedGpu] | None) -> Artefa
             calibration_sha256=quantized.calibration.content_sha256 if quantized.calibration else None,
         ),
         versions=versions, build_gpu=build_gpu, build_config=build_config, runtimes=runtimes,
-        serve=serve_recipes(request.kind, request.recipe, request.profile, runtimes), quality=quantized.quality,
+        serve=serve_recipes(request.kind, request.recipe, request.profile, runtimes, tp=request.tp, pp=request.pp),
+        quality=quantized.quality,
         files=[CheckpointFile(path=str(p.relative_to(staging)), size=p.stat().st_size, sha256=file_sha256(p))
                for p in sorted(staging.rglob("*")) if p.is_file()],
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -129,16 +134,19 @@ def artefact_runtimes(kind: ArtefactKind, recipe: RecipeSpec, target: TargetSpec
     return list(support.runtimes) if support else []
 
 
-def serve_recipes(kind: ArtefactKind, recipe: RecipeSpec, profile: BuildProfile,
-                  runtimes: list[str]) -> list[ServeRecipe]:
+def serve_recipes(kind: ArtefactKind, recipe: RecipeSpec, profile: BuildProfile, runtimes: list[str], *,
+                  tp: int = 1, pp: int = 1) -> list[ServeRecipe]:
+    """How each runtime serves the artefact; an engine's parallelism is in the engine, an HF checkpoint's is a
+    flag of its server."""
     if kind == "trtllm-engine":
         return [trtllm_engine_recipe()]
     recipes = []
     for runtime in runtimes:
         if runtime == "trtllm-pytorch":
-            recipes.append(trtllm_pytorch_recipe())
+            recipes.append(trtllm_pytorch_recipe(tp=tp, pp=pp))
         elif runtime == "vllm":
-            recipes.append(vllm_recipe("{artefact_dir}/model", profile, kv_cache_fp8=recipe.kv_cache == "fp8"))
+            recipes.append(vllm_recipe("{artefact_dir}/model", profile, kv_cache_fp8=recipe.kv_cache == "fp8",
+                                       tp=tp, pp=pp))
         elif runtime == "vllm-cpu":
             recipes.append(vllm_cpu_recipe("{artefact_dir}/model", profile))
     return recipes
@@ -155,7 +163,9 @@ def _refuse_incompatible(request: BuildRequest) -> None:
     model = ModelSpec(id=request.model_id, repo=source.repo_id,
                       params_b=(source.parameter_count / 1e9) if source.parameter_count else None)
     found = violations(CellRequest(model=model, recipe=request.recipe, target=request.target, kind=request.kind,
-                                   tp=request.quantized.tp, pp=request.quantized.pp, toolchains=request.toolchains))
+                                   tp=request.quantized.tp if request.kind == "trtllm-engine" else request.tp,
+                                   pp=request.quantized.pp if request.kind == "trtllm-engine" else request.pp,
+                                   toolchains=request.toolchains))
     if found:
         raise IncompatibleError("; ".join(f"[{v.rule}] {v.message}" for v in found),
                                 where=f"{request.recipe.id} → {request.target.id} ({request.kind})",

@@ -3,6 +3,7 @@ reader of task files."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -113,3 +114,10 @@ def copy_tiny_model(dest: Path | str) -> Path:
         if source.is_file():
             shutil.copy2(source, dest_path / source.name)
     return dest_path
+
+
+def task_fingerprints(tasks: list[str]) -> dict[str, str]:
+    """``sha256:<hex>`` of each local task file's bytes, by its name in the config: a key that holds a task's name
+    must change when the file behind it does (shipped tasks change only with the package)."""
+    return {task: "sha256:" + hashlib.sha256(task_eval_path(task).read_bytes()).hexdigest()
+            for task in tasks if task.endswith(".jsonl")}

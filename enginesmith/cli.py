@@ -345,9 +345,10 @@ def build(
             raise UserError(f"{quantized_dir} was quantised under key {quantized.key[:12]}; cell {planned.id} "
                             f"quantises under {planned.stage_keys.quantize[:12]}", where=str(quantized_dir),
                             hint=f"enginesmith quantize --config {config} --cell {planned.id}")
-        built = read_artefact(steps.build(planned, quantized, steps.workdir(pipeline), pipeline))
+        built_dir = steps.build(planned, quantized, steps.workdir(pipeline), pipeline)
+        built = read_artefact(built_dir)
         assert built is not None
-        _print_built(built, json_output)
+        _print_built(built, json_output, str(built_dir))
         return
     if target is None:
         raise UserError("give --target (or --config and --cell)", where="enginesmith build")
@@ -535,6 +536,7 @@ def validate(
     report = run_validation(candidate_side, reference_side, workload=chosen_workload, gates=gates,
                             recipe_id=recipe_id, target_id=target_id, tokenizer_dir=tokenizer_dir, out_dir=out_dir,
                             baselines=baselines)
+    report.artefact_key = artefact.key if artefact else None
     written = write_report(report, out_dir)
     if json_output:
         print_json(report)

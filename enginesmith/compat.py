@@ -14,14 +14,14 @@ from functools import cached_property
 
 from pydantic import BaseModel
 
-from enginesmith.memory import GIB, serving_need
+from enginesmith.memory import cell_needs
 from enginesmith.shapes import BlockSizeChoice, ModelShape, choose_awq_block_size
 from enginesmith.specs import ArtefactKind, ModelSpec, RecipeSpec, TargetSpec, Toolchains
 
 # TensorRT-LLM release → the ModelOpt minor version its wheel pins (nvidia-modelopt[torch]~=X.Y.0). A
 # TensorRT-LLM checkpoint exported by another ModelOpt is refused here rather than by trtllm-build.
 TRTLLM_MODELOPT_PINS: dict[str, str] = {"1.2.0": "0.37", "1.2.1": "0.37"}
-REFERENCE_BYTES_PER_PARAM = 2  # the BF16 reference validation serves beside the candidate
+REFERENCE_BYTES_PER_PARAM = 2  # the plan assumes a BF16 checkpoint (preflight reads the real dtype)
 # The TensorRT engine backend was frozen after 1.2 and removed after 1.3.0rc20.
 LAST_ENGINE_BACKEND_MINOR = (1, 2)
 
@@ -92,16 +92,12 @@ def _parallel_fits_node(cell: CellRequest) -> str | None:
 def _fits_memory(cell: CellRequest) -> str | None:
     if cell.model.params_b is None:
         return None
-    parameters, world, device_bytes = cell.model.params_b * 1e9, cell.tp * cell.pp, int(cell.target.memory_gib * GIB)
-    # Validation serves the BF16 checkpoint as the reference on the same tp×pp GPUs.
-    needs = [
-        serving_need("candidate", parameters * cell.recipe.weight_bytes_per_param, world, device_bytes=device_bytes),
-        serving_need("reference", parameters * REFERENCE_BYTES_PER_PARAM, world, device_bytes=device_bytes),
-    ]
+    needs = cell_needs(cell.model.params_b * 1e9, REFERENCE_BYTES_PER_PARAM, cell.recipe, cell.target, tp=cell.tp,
+                       pp=cell.pp)
     short = [need.describe() for need in needs if not need.fits]
     if not short:
         return None
-    return f"{cell.model.id} with {cell.recipe.id} at tp×pp={world} on {cell.target.id}: {'; '.join(short)}"
+    return f"{cell.model.id} with {cell.recipe.id} at tp×pp={cell.tp * cell.pp} on {cell.target.id}: {'; '.join(short)}"
 
 
 def _engine_backend_version(cell: CellRequest) -> str | None:
@@ -161,8 +157,9 @@ RULES: tuple[Rule, ...] = (
          "rest (FP8 needs SM ≥ 8.9, INT4/INT8 are refused on SM 10.0–11.9, NVFP4 needs Blackwell, W4A8 "
          "AWQ SM 8.9–9.0).", _recipe_on_sm),
     Rule("parallel-fits-node", "an engine runs on exactly tp×pp GPUs of one node.", _parallel_fits_node),
-    Rule("fits-memory", "the weights (plus runtime overhead) must fit the memory of tp×pp GPUs, the candidate's and "
-         "the BF16 reference's it is validated against.", _fits_memory),
+    Rule("fits-memory", "each stage must fit the SKU's memory: quantising on one of its nodes, and serving the "
+         "candidate and the BF16 reference it is validated against on tp×pp GPUs (weights plus runtime overhead).",
+         _fits_memory),
     Rule("engine-backend-version", "TensorRT-LLM's engine backend exists only up to 1.2.x.",
          _engine_backend_version),
     Rule("awq-block-fits", "INT4 AWQ packs each weight row in blocks along its input width; ModelOpt's export "

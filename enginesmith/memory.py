@@ -12,6 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel
 
+from enginesmith.specs import RecipeSpec, TargetSpec
+
 GIB = 1024**3
 # Serving holds more than the weights: activations, CUDA graphs, and a minimum of KV cache.
 SERVING_OVERHEAD = 1.2
@@ -23,7 +25,9 @@ CPU_CALIBRATION_FACTOR = 3.0
 GPU_CALIBRATION_FACTOR = 1.3
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "float8_e4m3fn": 1}
 
-Stage = Literal["quantize", "build", "candidate", "reference"]
+Stage = Literal["quantize", "candidate", "reference"]
+# vLLM serves a checkpoint stored in fp32 in 16 bits (its dtype "auto"); the reference is never wider.
+SERVED_REFERENCE_BYTES = 2
 
 
 class MemoryNeed(BaseModel):
@@ -74,3 +78,19 @@ def quantize_need(parameters: int, *, on_gpu: bool, checkpoint_dtype_bytes: int,
                       basis=f"{parameters / 1e9:.2f} B parameters × {checkpoint_dtype_bytes} bytes × "
                             f"{GPU_CALIBRATION_FACTOR:g} over {devices} GPU(s)",
                       available_per_device_bytes=device_bytes)
+
+
+def cell_needs(parameters: float, checkpoint_dtype_bytes: int, recipe: RecipeSpec, target: TargetSpec, *, tp: int,
+               pp: int) -> list[MemoryNeed]:
+    """Memory per stage of one cell on its SKU: quantise on one node of it (on GPUs the checkpoint in its dtype spread
+    over the node's GPUs; on the CPU in fp32), and serve the candidate and the reference over the cell's tp×pp
+    devices (an engine build holds one rank's weights, as its serving does). The plan passes the config's params_b
+    and BF16; preflight the checkpoint's own count and dtype."""
+    device_bytes, world = int(target.memory_gib * GIB), tp * pp
+    return [
+        quantize_need(int(parameters), on_gpu=not target.is_cpu, checkpoint_dtype_bytes=checkpoint_dtype_bytes,
+                      devices=target.gpus_per_node, device_bytes=device_bytes),
+        serving_need("candidate", parameters * recipe.weight_bytes_per_param, world, device_bytes=device_bytes),
+        serving_need("reference", parameters * min(checkpoint_dtype_bytes, SERVED_REFERENCE_BYTES), world,
+                     device_bytes=device_bytes),
+    ]

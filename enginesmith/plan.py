@@ -110,6 +110,7 @@ def plan_matrix(
     calibration_fingerprint: str,
     source_revisions: Mapping[str, str] | None = None,
     model_shapes: Mapping[str, ModelShape] | None = None,
+    task_fingerprints: Mapping[str, str] | None = None,
 ) -> Plan:
     """Expand every matrix block into cells.
 
@@ -117,7 +118,8 @@ def plan_matrix(
     digest of a local directory). A model whose revision is a branch or tag and that is not in the map is
     keyed by that name and marked ``revision_pinned=False``: its key holds only until the branch moves.
     ``model_shapes`` maps a model id to its layer widths (from its config.json), for the shape rules; a model
-    without one is planned with the recipe's defaults. A cell listed by two blocks is an error.
+    without one is planned with the recipe's defaults. ``task_fingerprints`` maps a local task file's name to its
+    content hash (it enters the validation key). A cell listed by two blocks is an error.
     """
     source_revisions = source_revisions or {}
     model_shapes = model_shapes or {}
@@ -140,6 +142,7 @@ def plan_matrix(
                 _plan_cell(
                     config, this_id, model, revision, catalogue.recipes[recipe_id], catalogue.targets[target_id],
                     kind, tp, pp, block.profile, calibration_fingerprint, model_shapes.get(model_id),
+                    dict(task_fingerprints or {}),
                 )
             )
     return Plan(config_name=config.name, cells=cells)
@@ -158,6 +161,7 @@ def _plan_cell(
     profile_name: str,
     calibration_fingerprint: str,
     shape: ModelShape | None,
+    task_fingerprints: dict[str, str],
 ) -> Cell:
     request = CellRequest(model=model, recipe=recipe, target=target, kind=kind, tp=tp, pp=pp,
                           toolchains=config.toolchains, shape=shape)
@@ -166,7 +170,7 @@ def _plan_cell(
     calibration = None if recipe.is_passthrough else _calibration_plan(config, recipe, calibration_fingerprint)
     awq_block = request.awq_block
     keys = stage_keys(config, model, revision, keyed_recipe(recipe, awq_block.size if awq_block else None), target,
-                      kind, tp, pp, resolved_profile, calibration)
+                      kind, tp, pp, resolved_profile, calibration, task_fingerprints)
     return Cell(
         id=this_id, model=model, source_revision=revision,
         revision_pinned=is_commit_sha(revision) or revision.startswith("sha256:"),
@@ -199,6 +203,7 @@ def stage_keys(
     pp: int,
     profile: BuildProfile,
     calibration: CalibrationPlan | None,
+    task_fingerprints: dict[str, str] | None = None,
 ) -> StageKeys:
     """The four stage keys of a cell (inputs documented in ``enginesmith.keys``)."""
     tools = config.toolchains
@@ -218,6 +223,8 @@ def stage_keys(
             "max_tpot_ratio": config.gates.max_tpot_ratio,
             "max_accuracy_drop_points": config.gates.max_drop_for(recipe.id),
         },
+        # Only when there are local task files, so the keys of configs without them stay as they were.
+        **({"task_files": task_fingerprints} if task_fingerprints else {}),
     })
     return StageKeys(checkpoint=checkpoint, quantize=quantize, build=build, validation=validation)
 

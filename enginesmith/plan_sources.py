@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from enginesmith.assets import task_fingerprints
 from enginesmith.calibration import calibration_fingerprint
 from enginesmith.checkpoints.inspect import model_shape
 from enginesmith.checkpoints.pull import local_checkpoint, resolve_revision
@@ -44,7 +45,8 @@ def plan_loaded(config: PipelineConfig, config_dir: Path, catalogue: Catalogue, 
         if shape is not None:
             shapes[model.id] = shape
     return plan_matrix(config, catalogue, calibration_fingerprint=calibration_fingerprint(config.calibration.dataset),
-                       source_revisions=revisions, model_shapes=shapes)
+                       source_revisions=revisions, model_shapes=shapes,
+                       task_fingerprints=task_fingerprints(config.workload.accuracy_tasks))
 
 
 def plan_config(config_path: Path, catalogue: Catalogue, *,

@@ -9,6 +9,7 @@ needs, a serve command vLLM refuses). ``gather`` does the I/O (Hub or its cache,
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 from typing import Literal
 
@@ -16,8 +17,8 @@ from pydantic import BaseModel
 
 from enginesmith.checkpoints.survey import CheckpointSurvey, survey
 from enginesmith.config import Catalogue, load_pipeline_config, task_errors
-from enginesmith.errors import UserError
-from enginesmith.memory import GIB, MemoryNeed, quantize_need, serving_need
+from enginesmith.errors import TransientError, UserError
+from enginesmith.memory import MemoryNeed, cell_needs
 from enginesmith.plan import Cell, Plan, plan_matrix
 from enginesmith.plan_sources import model_source
 from enginesmith.specs import PipelineConfig
@@ -99,6 +100,8 @@ def gather(config: PipelineConfig, config_dir: Path, catalogue: Catalogue, *,
     for model in config.models:
         try:
             models[model.id] = ModelFacts(survey=survey(model, model_source(model, config_dir)))
+        except TransientError:
+            raise  # the Hub not answering says nothing about the cells: the caller's retry decides
         except UserError as exc:
             models[model.id] = ModelFacts(survey=None, problem=exc.message + (f" ({exc.hint})" if exc.hint else ""))
     calibration = _calibration_check(config)
@@ -109,7 +112,8 @@ def gather(config: PipelineConfig, config_dir: Path, catalogue: Catalogue, *,
     plan = plan_matrix(
         config, catalogue, calibration_fingerprint=fingerprint,
         source_revisions={m: f.survey.commit_sha for m, f in models.items() if f.survey},
-        model_shapes={m: f.survey.shape for m, f in models.items() if f.survey and f.survey.shape})
+        model_shapes={m: f.survey.shape for m, f in models.items() if f.survey and f.survey.shape},
+        task_fingerprints=_task_fingerprints(config))
     verdicts: dict[str, str | None] = {}
     parser = None
     if parse_with_vllm:
@@ -135,6 +139,10 @@ def _task_dataset_checks(config: PipelineConfig) -> list[Check]:
 
     checks = []
     for task in map(resolve_task, config.workload.accuracy_tasks):
+        if not task.checked:
+            checks.append(Check(name="tasks", ok=None, detail=f"{task.name} not checked: lm-eval is not installed "
+                                                              "here (it must be where validation runs)"))
+            continue
         if task.dataset is None:
             continue
         if constants.HF_HUB_OFFLINE:
@@ -146,10 +154,21 @@ def _task_dataset_checks(config: PipelineConfig) -> list[Check]:
         try:
             HfApi().dataset_info(task.dataset)
             checks.append(Check(name="tasks", ok=True, detail=f"{task.name}: Hub dataset {task.dataset} reachable"))
-        except Exception as exc:
-            checks.append(Check(name="tasks", ok=False, detail=f"{task.name}: Hub dataset {task.dataset} not "
-                                                               f"reachable ({type(exc).__name__})"))
+        except Exception as exc:  # a missing dataset blocks; the Hub not answering is for the retry to judge
+            missing = getattr(getattr(exc, "response", None), "status_code", None) in (401, 403, 404)
+            checks.append(Check(name="tasks", ok=False if missing else None,
+                                detail=f"{task.name}: Hub dataset {task.dataset} "
+                                       f"{'not found' if missing else 'not checked'} ({type(exc).__name__})"))
     return checks
+
+
+def _task_fingerprints(config: PipelineConfig) -> dict[str, str]:
+    from enginesmith.assets import task_fingerprints
+
+    try:
+        return task_fingerprints(config.workload.accuracy_tasks)
+    except UserError:
+        return {}  # a missing task file: the tasks check reports it on every cell
 
 
 def _calibration_check(config: PipelineConfig) -> Check:
@@ -190,7 +209,7 @@ def serve_commands(cell: Cell) -> list[list[str]]:
     recipes = [reference_recipe(Path(CHECKPOINT_PLACEHOLDER), on_cpu=cell.target.is_cpu, profile=cell.profile,
                                 tp=cell.tp, pp=cell.pp)]
     recipes += serve_recipes(cell.kind, cell.recipe, cell.profile,
-                             artefact_runtimes(cell.kind, cell.recipe, cell.target))
+                             artefact_runtimes(cell.kind, cell.recipe, cell.target), tp=cell.tp, pp=cell.pp)
     return [vllm_serve_arguments(r, artefact_dir=Path(ARTEFACT_PLACEHOLDER)) for r in recipes
             if r.runtime in ("vllm", "vllm-cpu")]
 
@@ -206,7 +225,10 @@ def _parse_serve_commands(plan: Plan) -> tuple[dict[str, str | None], str | None
     for cell in plan.buildable:
         for argv in serve_commands(cell):
             unique.setdefault(" ".join(argv), argv)
-    verdicts, version = check_with_vllm_parser(list(unique.values()), python=python)
+    try:
+        verdicts, version = check_with_vllm_parser(list(unique.values()), python=python)
+    except (UserError, subprocess.TimeoutExpired, ValueError, KeyError) as exc:
+        return {}, None, f"vLLM's parser did not run: {exc}"
     return dict(zip(unique, verdicts, strict=True)), f"vLLM {version} ({python})", None
 
 
@@ -224,7 +246,7 @@ def judge_cell(cell: Cell, config: PipelineConfig, gathered: Gathered) -> CellPr
     if not cell.recipe.is_passthrough:
         checks.append(gathered.calibration)
     checks.append(_runtime_check(cell))
-    for argv in serve_commands(cell) if gathered.vllm_parser else []:
+    for argv in serve_commands(cell) if gathered.vllm_parser and cell.status == "build" else []:
         refusal = gathered.vllm_verdicts.get(" ".join(argv))
         checks.append(Check(name="vllm-args", ok=refusal is None,
                             detail=refusal or "accepted by vLLM's parser: " + " ".join(argv[1:])))
@@ -248,26 +270,10 @@ def _model_checks(cell: Cell, found: CheckpointSurvey) -> list[Check]:
     parameters = found.parameters or (int(declared * 1e9) if declared else None)
     if parameters is None:
         checks.append(Check(name="memory", ok=None, detail="no parameter count: memory not checked"))
-    elif cell.target.is_cpu:
-        checks.append(Check(name="memory", ok=None, detail="cpu target: the worker's host memory is checked by "
-                                                          "each stage where it runs"))
     else:
-        checks += [_memory_check(need, cell) for need in stage_needs(cell, parameters, found.dtype_bytes)]
+        needs = cell_needs(parameters, found.dtype_bytes, cell.recipe, cell.target, tp=cell.tp, pp=cell.pp)
+        checks += [_memory_check(need, cell) for need in needs]
     return checks
-
-
-def stage_needs(cell: Cell, parameters: int, checkpoint_dtype_bytes: int) -> list[MemoryNeed]:
-    """Memory per stage on the cell's SKU: quantise on one node of it (the checkpoint spread over its GPUs), build and
-    serve the candidate over tp×pp GPUs (an engine build holds one rank's weights, as serving does), and serve the
-    BF16 reference over the same GPUs."""
-    device_bytes = int(cell.target.memory_gib * GIB)
-    world = cell.tp * cell.pp
-    return [
-        quantize_need(parameters, on_gpu=True, checkpoint_dtype_bytes=checkpoint_dtype_bytes,
-                      devices=cell.target.gpus_per_node, device_bytes=device_bytes),
-        serving_need("candidate", parameters * cell.recipe.weight_bytes_per_param, world, device_bytes=device_bytes),
-        serving_need("reference", parameters * checkpoint_dtype_bytes, world, device_bytes=device_bytes),
-    ]
 
 
 def _memory_check(need: MemoryNeed, cell: Cell) -> Check:

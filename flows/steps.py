@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from builders.stage import BuildRequest, build_artefact, read_artefact
 from enginesmith.artefacts import ExportFormat, QuantizedCheckpoint
+from enginesmith.assets import task_fingerprints
 from enginesmith.checkpoints.models import Checkpoint
 from enginesmith.checkpoints.pull import pull_checkpoint
 from enginesmith.errors import ConfigError, UserError
@@ -89,6 +90,7 @@ def build(cell: Cell, quantized: QuantizedCheckpoint, work: Path, config: Pipeli
     build_artefact(BuildRequest(
         quantized=quantized, recipe=cell.recipe, target=cell.target, kind=cell.kind, profile=cell.profile,
         key=cell.stage_keys.build, out_dir=str(out_dir), model_id=cell.model.id, toolchains=config.toolchains,
+        tp=cell.tp, pp=cell.pp,
     ))
     return out_dir
 
@@ -128,8 +130,10 @@ def validate(cell: Cell, artefact_dir: Path, checkpoint: Checkpoint, config: Pip
     reference.env.update(placement.reference_env)
     # Only deterministic results (greedy accuracy and completions) are reused across cells; performance is
     # measured in every run, interleaved with the candidate's.
-    accuracy_key = stage_key("reference-accuracy", {"checkpoint": checkpoint.key, "runtime": reference.runtime,
-                                                    "target": cell.target.id, "workload": config.workload})
+    accuracy_key = stage_key("reference-accuracy", {
+        "checkpoint": checkpoint.key, "runtime": reference.runtime, "target": cell.target.id,
+        "workload": config.workload, "parallel": {"tp": cell.tp, "pp": cell.pp},
+        "task_files": task_fingerprints(config.workload.accuracy_tasks)})
     out_dir = work / REPORTS_DIR / cell.stage_keys.validation[:16]
     tokenizer_dir = artefact_dir / ("tokenizer" if cell.kind == "trtllm-engine" else "model")
     report = run_validation(

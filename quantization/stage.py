@@ -206,8 +206,11 @@ def _run(request: QuantizeRequest, staging: Path) -> QuantizedCheckpoint:
                 task_exact_match_quantized=_task_exact_match(model, tokenizer, request.task),
             )
             # Round weights and scales to BF16 as the export will hold them, and keep the logits of those
-            # weights alone (activation quantizers off): what the dequantised export must reproduce.
-            model = model.to(torch.bfloat16).float()
+            # weights alone (activation quantizers off): what the dequantised export must reproduce. On the CPU
+            # they are computed in fp32 again (fast there); on GPUs the model stays in BF16 (no fp32 copy).
+            model = model.to(torch.bfloat16)
+            if device == "cpu":
+                model = model.float()
             with weight_quantizers_only(model):
                 weight_only_logits = held_out_logits(model, data.held_out)
         # Export casts only the quantised layers; cast the rest so the export is BF16 throughout.

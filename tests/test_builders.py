@@ -237,3 +237,18 @@ def test_serve_starts_vllm_cpu_and_answers_a_completion(int4_cpu_quantized, tmp_
     finally:
         stop_group(process)
         log.close()
+
+
+def test_an_hf_quantized_artefact_is_served_over_its_cells_gpus():
+    """Review of #15: the reference was given --tensor-parallel-size and the candidate was not; both runtimes of an
+    hf-quantized artefact now get the cell's tp and pp (an engine's are inside the engine)."""
+    from builders.stage import serve_recipes
+    from enginesmith.config import default_catalogue
+    from enginesmith.specs import BuildProfile
+
+    fp8 = default_catalogue().recipe("fp8")
+    trtllm, vllm = serve_recipes("hf-quantized", fp8, BuildProfile(), ["trtllm-pytorch", "vllm"], tp=2, pp=2)
+    assert trtllm.argv[-4:] == ["--tp_size", "2", "--pp_size", "2"]
+    assert "--tensor-parallel-size" in vllm.argv and "--pipeline-parallel-size" in vllm.argv
+    single = serve_recipes("hf-quantized", fp8, BuildProfile(), ["trtllm-pytorch", "vllm"])
+    assert not any("--tp_size" in r.argv or "--tensor-parallel-size" in r.argv for r in single)

@@ -109,6 +109,14 @@ def test_a_local_task_file_is_a_task_and_its_bad_lines_are_named(write_config, m
     assert load_pipeline_config(path).workload.accuracy_tasks == [str(good)]
     assert resolve_task(str(good)).source == "local" and task_spec(str(good)).match == "exact"
     assert [e.answer for e in read_task(str(good))] == [" Paris", "4"]
+    # The file's content is in the validation key: an edited task file is validated again, not taken as cached.
+    from enginesmith.config import default_catalogue
+    from enginesmith.plan_sources import plan_config
+
+    before = plan_config(path, default_catalogue(), resolve_hub=False)[1].cells[0].stage_keys
+    good.write_text(good.read_text() + '{"prompt": "3+3=", "answer": "6"}\n')
+    after = plan_config(path, default_catalogue(), resolve_hub=False)[1].cells[0].stage_keys
+    assert after.validation != before.validation and after.build == before.build
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "a", "answer": "b"}\n{"prompt": "no answer"}\n')
     broken = write_config(minimal + f"workload:\n  name: w\n  accuracy_tasks: [{bad}]\n", name="bad.yaml")

