@@ -3,6 +3,7 @@ whole process group stopped on timeout or Ctrl-C."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -71,14 +72,30 @@ def run_logged(
 
 
 def stop_group(process: subprocess.Popen[str], grace_s: float = 10.0) -> None:
-    """SIGTERM the process group, then SIGKILL it if it has not exited within ``grace_s``."""
+    """SIGTERM the process group, then SIGKILL it if it has not gone within ``grace_s``. Returns once the whole group
+    is gone, not only its leader: a server's workers (vLLM's engine core) outlive it by moments and still write to
+    the log they share."""
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
         try:
             os.killpg(process.pid, sig)
         except ProcessLookupError:
             return
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=wait_s)
+        if _group_gone(process.pid, wait_s):
             return
-        except subprocess.TimeoutExpired:
-            continue
+
+
+def _group_gone(pgid: int, wait_s: float) -> bool:
+    """Whether no process is left in group ``pgid`` (polled until ``wait_s``: signal 0 only asks)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)

@@ -252,3 +252,19 @@ def test_an_hf_quantized_artefact_is_served_over_its_cells_gpus():
     assert "--tensor-parallel-size" in vllm.argv and "--pipeline-parallel-size" in vllm.argv
     single = serve_recipes("hf-quantized", fp8, BuildProfile(), ["trtllm-pytorch", "vllm"])
     assert not any("--tp_size" in r.argv or "--tensor-parallel-size" in r.argv for r in single)
+
+
+def test_stopping_a_server_waits_for_its_whole_process_group(tmp_path):
+    """A server's workers (vLLM's engine core) outlive its leader by moments and write to the shared log: the
+    nightly's second run saw a log change after the first returned. stop_group returns once the group is gone."""
+    import subprocess
+
+    from enginesmith.process import stop_group
+
+    late = tmp_path / "late.log"
+    worker = f'trap "sleep 1; echo late >> {late}; exit" TERM; sleep 30 & wait'
+    process = subprocess.Popen(["sh", "-c", f"({worker}) & sleep 30"], start_new_session=True, text=True)
+    subprocess.run(["sh", "-c", f"while ! pgrep -g {process.pid} -f 'sleep 30' >/dev/null; do sleep 0.05; done"],
+                   timeout=30, check=True)
+    stop_group(process)
+    assert late.read_text() == "late\n"
