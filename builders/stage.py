@@ -49,6 +49,13 @@ class BuildRequest(BaseModel):
     skip_gpu_check: bool = False
     timeout_s: float = DEFAULT_BUILD_TIMEOUT_S
 
+    @property
+    def parallel(self) -> tuple[int, int]:
+        """The artefact's (tp, pp): an engine's are its TensorRT-LLM checkpoint's, an HF checkpoint's the request's."""
+        if self.kind == "trtllm-engine":
+            return self.quantized.tp, self.quantized.pp
+        return self.tp, self.pp
+
 
 def read_artefact(artefact_dir: Path) -> Artefact | None:
     path = artefact_dir / ARTEFACT_FILE
@@ -102,8 +109,7 @@ def _build_once(request: BuildRequest, gpus: list[DetectedGpu] | None) -> Artefa
     source = quantized.source
     artefact = Artefact(
         key=request.key, kind=request.kind, target=request.target.id, target_sm=request.target.sm,
-        tp=quantized.tp if request.kind == "trtllm-engine" else request.tp,
-        pp=quantized.pp if request.kind == "trtllm-engine" else request.pp,
+        tp=request.parallel[0], pp=request.parallel[1],
         lineage=Lineage(
             model_id=request.model_id, repo_id=source.repo_id, commit_sha=source.commit_sha,
             checkpoint_key=source.key, recipe=request.recipe.id, quantize_key=quantized.key,
@@ -111,7 +117,8 @@ def _build_once(request: BuildRequest, gpus: list[DetectedGpu] | None) -> Artefa
             calibration_sha256=quantized.calibration.content_sha256 if quantized.calibration else None,
         ),
         versions=versions, build_gpu=build_gpu, build_config=build_config, runtimes=runtimes,
-        serve=serve_recipes(request.kind, request.recipe, request.profile, runtimes, tp=request.tp, pp=request.pp),
+        serve=serve_recipes(request.kind, request.recipe, request.profile, runtimes, tp=request.parallel[0],
+                            pp=request.parallel[1]),
         quality=quantized.quality,
         files=[CheckpointFile(path=str(p.relative_to(staging)), size=p.stat().st_size, sha256=file_sha256(p))
                for p in sorted(staging.rglob("*")) if p.is_file()],
@@ -163,8 +170,7 @@ def _refuse_incompatible(request: BuildRequest) -> None:
     model = ModelSpec(id=request.model_id, repo=source.repo_id,
                       params_b=(source.parameter_count / 1e9) if source.parameter_count else None)
     found = violations(CellRequest(model=model, recipe=request.recipe, target=request.target, kind=request.kind,
-                                   tp=request.quantized.tp if request.kind == "trtllm-engine" else request.tp,
-                                   pp=request.quantized.pp if request.kind == "trtllm-engine" else request.pp,
+                                   tp=request.parallel[0], pp=request.parallel[1],
                                    toolchains=request.toolchains))
     if found:
         raise IncompatibleError("; ".join(f"[{v.rule}] {v.message}" for v in found),

@@ -15,6 +15,7 @@ from enginesmith.errors import ConfigError, UserError
 ASSETS_DIR = Path(__file__).resolve().parent / "assets"
 TINY_MODEL_DIR = ASSETS_DIR / "tiny-llama"
 BUILTIN_PREFIX = "builtin:"
+LOCAL_TASK_SUFFIX = ".jsonl"  # an accuracy task named by a path to its file
 
 
 def builtin_calibration_names() -> list[str]:
@@ -55,7 +56,7 @@ def read_paragraphs(source: str) -> list[str]:
 
 def task_eval_path(task: str) -> Path:
     """A shipped task's eval set, or a local task file named by its path (``*.jsonl``)."""
-    if task.endswith(".jsonl"):
+    if task.endswith(LOCAL_TASK_SUFFIX):
         local = Path(task).expanduser()
         if not local.is_file():
             raise ConfigError("task file not found", path=local, field="workload.accuracy_tasks",
@@ -120,4 +121,4 @@ def task_fingerprints(tasks: list[str]) -> dict[str, str]:
     """``sha256:<hex>`` of each local task file's bytes, by its name in the config: a key that holds a task's name
     must change when the file behind it does (shipped tasks change only with the package)."""
     return {task: "sha256:" + hashlib.sha256(task_eval_path(task).read_bytes()).hexdigest()
-            for task in tasks if task.endswith(".jsonl")}
+            for task in tasks if task.endswith(LOCAL_TASK_SUFFIX)}

@@ -516,11 +516,10 @@ def validate(
             raise UserError("the reference is neither a checkpoint directory nor a URL", where="--reference")
         profile = default_catalogue().target(target_id).build_defaults if target_id in default_catalogue().targets \
             else BuildProfile()
-        reference_side = ServerSide(role="reference", name="reference", runtime="vllm-cpu" if on_cpu else "vllm",
-                                    recipe=reference_recipe(reference_dir, on_cpu=on_cpu, profile=profile,
-                                                            tp=artefact.tp if artefact else 1,
-                                                            pp=artefact.pp if artefact else 1),
-                                    root=reference_dir)
+        reference_serve = reference_recipe(reference_dir, on_cpu=on_cpu, profile=profile,
+                                           tp=artefact.tp if artefact else 1, pp=artefact.pp if artefact else 1)
+        reference_side = ServerSide(role="reference", name="reference", runtime=reference_serve.runtime,
+                                    recipe=reference_serve, root=reference_dir)
         if is_url:
             tokenizer_dir = reference_dir
     gates = GateSpec()

@@ -14,14 +14,13 @@ from functools import cached_property
 
 from pydantic import BaseModel
 
-from enginesmith.memory import cell_needs
+from enginesmith.memory import SERVED_REFERENCE_BYTES, cell_needs
 from enginesmith.shapes import BlockSizeChoice, ModelShape, choose_awq_block_size
 from enginesmith.specs import ArtefactKind, ModelSpec, RecipeSpec, TargetSpec, Toolchains
 
 # TensorRT-LLM release → the ModelOpt minor version its wheel pins (nvidia-modelopt[torch]~=X.Y.0). A
 # TensorRT-LLM checkpoint exported by another ModelOpt is refused here rather than by trtllm-build.
 TRTLLM_MODELOPT_PINS: dict[str, str] = {"1.2.0": "0.37", "1.2.1": "0.37"}
-REFERENCE_BYTES_PER_PARAM = 2  # the plan assumes a BF16 checkpoint (preflight reads the real dtype)
 # The TensorRT engine backend was frozen after 1.2 and removed after 1.3.0rc20.
 LAST_ENGINE_BACKEND_MINOR = (1, 2)
 
@@ -92,7 +91,8 @@ def _parallel_fits_node(cell: CellRequest) -> str | None:
 def _fits_memory(cell: CellRequest) -> str | None:
     if cell.model.params_b is None:
         return None
-    needs = cell_needs(cell.model.params_b * 1e9, REFERENCE_BYTES_PER_PARAM, cell.recipe, cell.target, tp=cell.tp,
+    # The plan assumes a BF16 checkpoint; preflight reads the real dtype.
+    needs = cell_needs(cell.model.params_b * 1e9, SERVED_REFERENCE_BYTES, cell.recipe, cell.target, tp=cell.tp,
                        pp=cell.pp)
     short = [need.describe() for need in needs if not need.fits]
     if not short:

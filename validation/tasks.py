@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from enginesmith.assets import LOCAL_TASK_SUFFIX
 from enginesmith.errors import ConfigError
 
 
@@ -35,7 +36,6 @@ TASKS: dict[str, TaskSpec] = {t.name: t for t in [
     TaskSpec(name="addition", api="completions", match="exact", max_tokens=8),
     TaskSpec(name="facts", api="chat", match="word", max_tokens=16),
 ]}
-LOCAL_TASK_SUFFIX = ".jsonl"
 
 _WORD = re.compile(r"[\w'-]+", re.UNICODE)
 

@@ -10,12 +10,14 @@ comes from the index's ``total_size``. Online the repo is listed and the safeten
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
 
 from enginesmith.checkpoints.files import SAFETENSORS_INDEX, needed_files, refuse_remote_code
+from enginesmith.checkpoints.inspect import model_shape, read_config
 from enginesmith.checkpoints.pull import hub_error, local_checkpoint
 from enginesmith.errors import UserError
 from enginesmith.memory import dtype_bytes
@@ -39,14 +41,10 @@ def survey(model: ModelSpec, source: str) -> CheckpointSurvey:
     if model.is_local:
         checkpoint = local_checkpoint(Path(source), allow_pickle=model.allow_pickle,
                                       trust_remote_code=model.trust_remote_code)
-        config = json.loads((Path(source) / "config.json").read_text())
-        provenance_path = Path(source) / "provenance.json"
-        provenance = json.loads(provenance_path.read_text()) if provenance_path.is_file() else None
         return CheckpointSurvey(
-            commit_sha=checkpoint.commit_sha, weight_files=[f.path for f in checkpoint.files if
-                                                            f.path.endswith((".safetensors", ".bin"))],
+            commit_sha=checkpoint.commit_sha, weight_files=_weight_files(f.path for f in checkpoint.files),
             parameters=checkpoint.parameter_count, parameters_from="safetensors headers",
-            dtype_bytes=dtype_bytes(checkpoint.dtype), shape=_shape(config, provenance))
+            dtype_bytes=dtype_bytes(read_config(Path(source))), shape=model_shape(source))
     check_revision(model.revision)
     from huggingface_hub import constants
 
@@ -58,11 +56,15 @@ def survey(model: ModelSpec, source: str) -> CheckpointSurvey:
         raise hub_error(exc, source, model.revision) from None
 
 
-def _shape(config: dict[str, Any], provenance: dict[str, Any] | None = None) -> ModelShape | None:
+def _shape(config: dict[str, Any]) -> ModelShape | None:
     try:
-        return ModelShape.from_config(config, provenance)
+        return ModelShape.from_config(config)
     except (KeyError, TypeError, ValueError):
         return None
+
+
+def _weight_files(names: Iterable[str]) -> list[str]:
+    return [name for name in names if name.endswith((".safetensors", ".bin"))]
 
 
 def _offline(model: ModelSpec, repo_id: str) -> CheckpointSurvey:
@@ -77,7 +79,7 @@ def _offline(model: ModelSpec, repo_id: str) -> CheckpointSurvey:
                          read_json=lambda name: _read_json(snapshot / name))
     config = _read_json(snapshot / "config.json")
     refuse_remote_code(config, cached, where=where, trust_remote_code=model.trust_remote_code)
-    value_bytes = dtype_bytes(config.get("torch_dtype") or config.get("dtype"))
+    value_bytes = dtype_bytes(config)
     total_size = ((index or {}).get("metadata") or {}).get("total_size")
     parameters, parameters_from = None, "unknown offline"
     if total_size:
@@ -88,8 +90,7 @@ def _offline(model: ModelSpec, repo_id: str) -> CheckpointSurvey:
         parameters, parameters_from = safetensors_parameter_count(snapshot / "model.safetensors"), "safetensors header"
     notes = [] if all(name in cached for name in names) else [
         "offline: shards not in the cache are taken as the index names them (not listed on the Hub)"]
-    return CheckpointSurvey(commit_sha=snapshot.name, weight_files=[n for n in names if n.endswith((".safetensors",
-                                                                                                    ".bin"))],
+    return CheckpointSurvey(commit_sha=snapshot.name, weight_files=_weight_files(names),
                             parameters=parameters, parameters_from=parameters_from, dtype_bytes=value_bytes,
                             shape=_shape(config), notes=notes)
 
@@ -115,9 +116,9 @@ def _online(model: ModelSpec, repo_id: str) -> CheckpointSurvey:
     if any(name.endswith(".safetensors") for name in names):
         counts = api.get_safetensors_metadata(repo_id, revision=sha).parameter_count
         parameters = sum(counts.values())
-    return CheckpointSurvey(commit_sha=sha, weight_files=[n for n in names if n.endswith((".safetensors", ".bin"))],
+    return CheckpointSurvey(commit_sha=sha, weight_files=_weight_files(names),
                             parameters=parameters, parameters_from="safetensors headers on the Hub",
-                            dtype_bytes=dtype_bytes(config.get("torch_dtype") or config.get("dtype")),
+                            dtype_bytes=dtype_bytes(config),
                             shape=_shape(config))
 
 
