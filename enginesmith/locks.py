@@ -7,6 +7,7 @@ then finds the output finished.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 from collections.abc import Iterator
@@ -14,11 +15,16 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 log = logging.getLogger(__name__)
+_LOCKS_UNSUPPORTED = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
 
 
 @contextmanager
-def exclusive(lock_path: Path, *, waiting_message: str | None = None) -> Iterator[None]:
-    """Hold an exclusive lock on ``lock_path`` (created with its folder); log ``waiting_message`` if it is held."""
+def exclusive(lock_path: Path, *, waiting_message: str | None = None, best_effort: bool = False) -> Iterator[None]:
+    """Hold an exclusive lock on ``lock_path`` (created with its folder); log ``waiting_message`` if it is held.
+
+    ``best_effort``: on a filesystem that refuses locks (some NFS mounts answer ``ENOLCK``), go on without one, for
+    callers that stay correct unlocked and lock only to avoid duplicate work.
+    """
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     with lock_path.open("a") as handle:
         try:
@@ -27,6 +33,12 @@ def exclusive(lock_path: Path, *, waiting_message: str | None = None) -> Iterato
             if waiting_message:
                 log.warning("%s", waiting_message)
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        except OSError as exc:
+            if not best_effort or exc.errno not in _LOCKS_UNSUPPORTED:
+                raise
+            log.warning("%s cannot be locked (%s); going on without the lock", lock_path, exc.strerror)
+            yield
+            return
         try:
             yield
         finally:

@@ -1,24 +1,44 @@
 """The local blob cache that pulls share: verified blobs by digest, partial downloads, and pulled artefacts.
 
 ```
-<cache>/blobs/sha256/<hex>            verified, read-only; pulled artefacts hard-link to these
-<cache>/partial/<hex>.part            an unfinished download; a later pull continues it
-<cache>/partial/<hex>.lock            held while one process downloads that blob
-<cache>/artefacts/<model>/<key16>/    the default destination of a pull
+<cache>/blobs/sha256/<hex>                        verified, read-only; pulled artefacts hard-link to these
+<cache>/partial/<hex>.part                        an unfinished download, parked for the next pull to continue
+<cache>/partial/<hex>.<host>.<pid>.<nonce>.part   the same, claimed by the process downloading it now
+<cache>/partial/<hex>.lock                        held while one process downloads that blob
+<cache>/artefacts/<model>/<key16>/                the default destination of a pull
 ```
+
+Two pulls must never append to one file, and the lock alone cannot promise that: on NFS, Lustre and GPFS, where
+GPU clusters keep shared caches, ``flock`` can succeed for every caller. So a download claims its partial file by
+renaming it to a name only this process uses (a rename is atomic there too; of two claimants one finds the file
+gone and starts a fresh one). The lock is kept where it works, to spare the second download;
+``ENGINESMITH_CACHE_LOCKS=off`` skips it on a filesystem known to lie or to refuse locks.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+import socket
+import time
+import uuid
 from contextlib import AbstractContextManager
 from pathlib import Path
 
+from enginesmith.errors import UserError
 from enginesmith.locks import exclusive
 
+log = logging.getLogger(__name__)
+
 CACHE_ENV = "ENGINESMITH_CACHE_DIR"
+LOCKS_ENV = "ENGINESMITH_CACHE_LOCKS"
 DEFAULT_CACHE_DIR = ".enginesmith/cache"
 READ_ONLY = 0o444
+PART_SUFFIX = ".part"
+# A claimed partial file of another host (whose processes this one cannot see) is taken over once it has not grown
+# for this long: its download has died.
+ABANDONED_CLAIM_S = 3600.0
 
 
 def default_cache_dir() -> Path:
@@ -26,15 +46,36 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get(CACHE_ENV) or DEFAULT_CACHE_DIR)
 
 
+def locks_from_environment() -> bool:
+    """``ENGINESMITH_CACHE_LOCKS``: ``on`` (the default) or ``off``."""
+    value = os.environ.get(LOCKS_ENV, "on").strip().lower()
+    if value in ("on", "1", "true", "yes", ""):
+        return True
+    if value in ("off", "0", "false", "no"):
+        return False
+    raise UserError(f"{value!r} is not on or off", where=LOCKS_ENV,
+                    hint="set it to off where the cache's filesystem has no working flock (some NFS, Lustre, GPFS)")
+
+
 class BlobCache:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, use_locks: bool | None = None) -> None:
         self.root = root
+        self.use_locks = locks_from_environment() if use_locks is None else use_locks
 
     def blob(self, digest: str) -> Path:
         return self.root / "blobs" / "sha256" / digest
 
     def part(self, digest: str) -> Path:
-        return self.root / "partial" / f"{digest}.part"
+        """Where an interrupted download of ``digest`` is parked for the next pull."""
+        return self.root / "partial" / f"{digest}{PART_SUFFIX}"
+
+    def partials(self, digest: str) -> list[Path]:
+        """Every partial file of ``digest``: the parked one and those claimed by running or dead downloads."""
+        directory = self.root / "partial"
+        try:
+            return sorted(p for p in directory.iterdir() if p.name.startswith(digest) and p.name.endswith(PART_SUFFIX))
+        except FileNotFoundError:
+            return []
 
     def has(self, digest: str, size: int) -> bool:
         try:
@@ -43,23 +84,84 @@ class BlobCache:
             return False
 
     def partial_bytes(self, digest: str) -> int:
-        try:
-            return self.part(digest).stat().st_size
-        except FileNotFoundError:
-            return 0
+        """The longest partial download of ``digest`` on disk (what the next pull can continue from at best)."""
+        return max((_size_or_zero(p) for p in self.partials(digest)), default=0)
 
     def default_dest(self, model: str, key: str) -> Path:
         return self.root / "artefacts" / model / key[:16]
 
-    def commit(self, digest: str) -> Path:
-        """Move a verified partial download into place, read-only (pulled files are hard links to it)."""
+    def claim_partial(self, digest: str) -> Path:
+        """A partial file of ``digest`` that only this process writes: the parked one or a dead download's (the
+        longest one this process can take), renamed to a name of its own; a fresh name when none can be taken."""
+        own = self.root / "partial" / f"{digest}.{_host()}.{os.getpid()}.{uuid.uuid4().hex[:8]}{PART_SUFFIX}"
+        own.parent.mkdir(parents=True, exist_ok=True)
+        candidates = [p for p in self.partials(digest) if p == self.part(digest) or _abandoned(p, digest)]
+        for candidate in sorted(candidates, key=_size_or_zero, reverse=True):
+            try:
+                os.rename(candidate, own)
+                return own
+            except FileNotFoundError:  # another process claimed it first
+                continue
+        return own
+
+    def park_partial(self, claimed: Path, digest: str) -> None:
+        """Leave an interrupted download where the next pull finds it (keeping the longer of two parked ones)."""
+        if not claimed.exists():
+            return
+        parked = self.part(digest)
+        if _size_or_zero(claimed) >= _size_or_zero(parked):
+            os.replace(claimed, parked)
+        else:
+            claimed.unlink(missing_ok=True)
+
+    def commit(self, claimed: Path, digest: str) -> Path:
+        """Move a verified download into place, read-only (pulled files are hard links to it)."""
         final = self.blob(digest)
         final.parent.mkdir(parents=True, exist_ok=True)
-        part = self.part(digest)
-        part.chmod(READ_ONLY)
-        os.replace(part, final)
+        claimed.chmod(READ_ONLY)
+        os.replace(claimed, final)
         return final
 
     def locked(self, digest: str) -> AbstractContextManager[None]:
-        """Hold the download of one blob, so two pulls sharing this cache never append to the same partial file."""
-        return exclusive(self.root / "partial" / f"{digest}.lock")
+        """Hold the download of one blob where locks work, so a second pull waits and finds it cached."""
+        if not self.use_locks:
+            return contextlib.nullcontext()
+        return exclusive(self.root / "partial" / f"{digest}.lock", best_effort=True)
+
+
+def _host() -> str:
+    return "".join(c if c.isalnum() or c == "-" else "_" for c in socket.gethostname())[:32] or "host"
+
+
+def _size_or_zero(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def _abandoned(path: Path, digest: str) -> bool:
+    """A claimed partial file whose download is gone: its process on this host has exited, or (another host's) it
+    has not grown for ``ABANDONED_CLAIM_S``."""
+    fields = path.name.removeprefix(digest + ".").removesuffix(PART_SUFFIX).split(".")
+    if len(fields) != 3:
+        return False
+    host, pid_text, _ = fields
+    if host == _host() and pid_text.isdigit():
+        return not _process_alive(int(pid_text))
+    try:
+        return time.time() - path.stat().st_mtime > ABANDONED_CLAIM_S
+    except FileNotFoundError:
+        return False
+
+
+def _process_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True  # another thread of this process: never this download's own claim, but alive
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
 import shutil
 import threading
 import uuid
+from collections.abc import Generator, Iterator
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,9 +24,10 @@ from typing import Literal
 from pydantic import BaseModel, computed_field
 
 from enginesmith.artefacts import ARTEFACT_FILE
+from enginesmith.diskspace import disk_filled_error, is_disk_full, require_free_space, same_filesystem
 from enginesmith.errors import UserError
-from registry.cache import BlobCache
-from registry.errors import IntegrityError, UnsafePathError
+from registry.cache import CACHE_ENV, LOCKS_ENV, BlobCache
+from registry.errors import IntegrityError, RegistryUnavailableError, UnsafePathError
 from registry.manifest import PULL_RECORD_FILE, Manifest, unsafe_path_reason, utc_timestamp
 from registry.store import RegistryStore
 from registry.transfer import (
@@ -38,7 +41,14 @@ from registry.transfer import (
 
 DEFAULT_PULL_JOBS = 8
 FETCH_ATTEMPTS = 2
+# Reads of one blob cut in a row without a byte arriving before the pull gives up (the count restarts on progress).
+RESUME_ATTEMPTS = 5
+RESUME_BACKOFF_S = 0.5
+RESUME_BACKOFF_MAX_S = 8.0
 READ_AHEAD_CHUNKS = 16  # 4 MiB of network chunks, 64 MiB of local ones, per blob in flight
+_DISK_HINT = f"free some space, or point {CACHE_ENV} (the cache) and --dest at a larger disk"
+
+log = logging.getLogger(__name__)
 
 
 class PlannedBlob(BaseModel):
@@ -148,13 +158,31 @@ def pull_artefact(
     )
     if dry_run:
         return result
+    _check_free_space(plan, cache, dest)
     to_fetch = [b for b in plan.blobs if b.state != "cached"]
-    stats = _fetch_all(store, cache, to_fetch, jobs, limiter, progress)
-    result.resumed_bytes = sum(s.resumed_bytes for s in stats)
-    result.downloaded_bytes = sum(s.downloaded_bytes for s in stats)
-    result.refetched = [blob.label for blob, s in zip(to_fetch, stats, strict=True) if s.refetched]
-    result.linked_files, result.copied_files = _lay_out(store.location, manifest, cache, dest)
+    what = f"pulling {manifest.ref}"
+    try:
+        stats = _fetch_all(store, cache, to_fetch, jobs, limiter, progress)
+        result.resumed_bytes = sum(s.resumed_bytes for s in stats)
+        result.downloaded_bytes = sum(s.downloaded_bytes for s in stats)
+        result.refetched = [blob.label for blob, s in zip(to_fetch, stats, strict=True) if s.refetched]
+        result.linked_files, result.copied_files = _lay_out(store.location, manifest, cache, dest)
+    except OSError as exc:
+        if is_disk_full(exc):
+            raise disk_filled_error(cache.root, what=what, where=str(cache.root), hint=_DISK_HINT) from None
+        raise
     return result
+
+
+def _check_free_space(plan: PullPlan, cache: BlobCache, dest: Path) -> None:
+    """Before anything is written: room for what is fetched in the cache, and for a copy at ``dest`` where the two
+    are on different filesystems (hard links need none)."""
+    what = f"pulling {plan.model}@{plan.key[:12]}"
+    require_free_space(cache.root, plan.bytes_to_fetch, what=what, where=f"{cache.root} ({CACHE_ENV})",
+                       hint=_DISK_HINT)
+    if not same_filesystem(cache.root, dest):
+        require_free_space(dest, plan.total_bytes, what=f"{what} (copied: {dest} is on another filesystem than the "
+                           "cache)", where="--dest", hint=_DISK_HINT)
 
 
 def _fetch_all(store: RegistryStore, cache: BlobCache, blobs: list[PlannedBlob], jobs: int,
@@ -184,46 +212,111 @@ def _fetch_blob(store: RegistryStore, cache: BlobCache, blob: PlannedBlob, limit
     with cache.locked(blob.sha256):
         if cache.has(blob.sha256, blob.size):  # another pull sharing this cache fetched it meanwhile
             return stats
-        part = cache.part(blob.sha256)
-        part.parent.mkdir(parents=True, exist_ok=True)
         for attempt in range(1, FETCH_ATTEMPTS + 1):
-            offset = cache.partial_bytes(blob.sha256)
-            if offset > blob.size:
-                part.unlink()
-                offset = 0
-            digest = hashlib.sha256()
-            if offset:
-                with part.open("rb", buffering=0) as kept:
-                    digest = sha256_file(kept, offset)
-            if attempt == 1:
-                stats.resumed_bytes = offset
-            if progress is not None:
-                progress.started(blob.label, blob.size, offset)
-            written = 0
-            part.touch(exist_ok=True)
+            claimed = cache.claim_partial(blob.sha256)
             try:
-                if offset < blob.size:
-                    with part.open("ab", buffering=0) as writer, contextlib.closing(
-                        read_ahead(store.read_blob(blob.sha256, offset), READ_AHEAD_CHUNKS)
-                    ) as chunks:
-                        written = write_hashing(chunks, writer, digest, limit_bytes=blob.size - offset,
-                                                limiter=limiter, progress=progress, name=blob.label, cancel=cancel)
-            finally:
+                offset = _size_or_zero(claimed)
+                if offset > blob.size:
+                    claimed.unlink()
+                    offset = 0
+                digest = hashlib.sha256()
+                if offset:
+                    with claimed.open("rb", buffering=0) as kept:
+                        digest = sha256_file(kept, offset)
+                if attempt == 1:
+                    stats.resumed_bytes = offset
                 if progress is not None:
-                    progress.finished(blob.label)
-            stats.downloaded_bytes += written
-            if offset + written == blob.size and digest.hexdigest() == blob.sha256:
-                cache.commit(blob.sha256)
-                return stats
-            part.unlink(missing_ok=True)
+                    progress.started(blob.label, blob.size, offset)
+                try:
+                    written = _download_resuming(store, blob, claimed, offset, digest, limiter, progress, cancel)
+                finally:
+                    if progress is not None:
+                        progress.finished(blob.label)
+                stats.downloaded_bytes += written
+                if offset + written == blob.size and digest.hexdigest() == blob.sha256:
+                    cache.commit(claimed, blob.sha256)
+                    return stats
+            except BaseException as error:
+                if is_disk_full(error):
+                    claimed.unlink(missing_ok=True)  # the next pull starts this blob again, on a disk with room
+                else:
+                    cache.park_partial(claimed, blob.sha256)
+                raise
+            claimed.unlink(missing_ok=True)
             stats.refetched = True
             if attempt == FETCH_ATTEMPTS:
                 raise IntegrityError(
                     f"{', '.join(blob.paths)}: fetched twice, and the bytes ({offset + written} of {blob.size}) "
                     f"do not match sha256 {blob.sha256}",
-                    where=store.location, hint="the blob in the registry is damaged; re-publish the artefact",
+                    where=store.location,
+                    hint="the blob in the registry is damaged (re-publish the artefact), or another process wrote "
+                         f"to the same partial file: where the cache's filesystem has no working flock (NFS, Lustre, "
+                         f"GPFS) set {LOCKS_ENV}=off",
                 )
     return stats
+
+
+class _SourceInterrupted(Exception):
+    """The registry stopped sending a blob mid-way (as opposed to this side failing to write it)."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+def _interruptible(chunks: Iterator[bytes]) -> Generator[bytes, None, None]:
+    try:
+        yield from chunks
+    except (RegistryUnavailableError, OSError) as exc:
+        raise _SourceInterrupted(exc) from exc
+
+
+def _download_resuming(store: RegistryStore, blob: PlannedBlob, part: Path, offset: int, digest: hashlib._Hash,
+                       limiter: RateLimiter | None, progress: TransferProgress | None,
+                       cancel: threading.Event) -> int:
+    """Append the blob from ``offset`` to ``part``, continuing from where a cut read stopped; returns bytes written.
+
+    The retry budget counts failures in a row without a byte arriving, and starts again whenever bytes arrive, so a
+    flaky connection that keeps delivering finishes, and a dead server fails after ``RESUME_ATTEMPTS`` tries.
+    """
+    start = offset
+    failures_in_a_row = 0
+    with part.open("ab", buffering=0) as writer:
+        while offset < blob.size:
+            try:
+                with contextlib.closing(
+                    read_ahead(_interruptible(store.read_blob(blob.sha256, offset)), READ_AHEAD_CHUNKS)
+                ) as chunks:
+                    write_hashing(chunks, writer, digest, limit_bytes=blob.size - offset, limiter=limiter,
+                                  progress=progress, name=blob.label, cancel=cancel)
+                return os.fstat(writer.fileno()).st_size - start
+            except _SourceInterrupted as interrupted:
+                reached = os.fstat(writer.fileno()).st_size
+                failures_in_a_row = 1 if reached > offset else failures_in_a_row + 1
+                offset = reached
+                if failures_in_a_row >= RESUME_ATTEMPTS:
+                    cause = interrupted.cause
+                    reason = cause.message if isinstance(cause, UserError) else f"{type(cause).__name__}: {cause}"
+                    raise RegistryUnavailableError(
+                        f"{reason}; {blob.label}: fetched {offset - start} bytes in this pull, {offset} of "
+                        f"{blob.size} are in the cache after {failures_in_a_row} tries without progress",
+                        where=store.location,
+                        hint=f"check that the server is up; run the same command again and it resumes from byte "
+                             f"{offset}",
+                    ) from None
+                wait_s = min(RESUME_BACKOFF_MAX_S, RESUME_BACKOFF_S * 2 ** (failures_in_a_row - 1))
+                log.warning("%s: the read stopped at byte %d of %d (%s); resuming there in %.1f s (try %d of %d)",
+                            blob.label, offset, blob.size, interrupted, wait_s, failures_in_a_row + 1, RESUME_ATTEMPTS)
+                if cancel.wait(wait_s):
+                    raise TransferCancelled(blob.label) from None
+    return offset - start
+
+
+def _size_or_zero(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
 
 
 def _check_dest(dest: Path) -> None:

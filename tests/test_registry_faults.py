@@ -84,13 +84,13 @@ def test_a_pull_killed_half_way_resumes_without_fetching_finished_bytes(tmp_path
     env = registry_env(str(store.root), cache_dir)
     dest = tmp_path / "served"
     weights = next(f for f in artefact.files if f.path == "weights.safetensors")
-    part = BlobCache(cache_dir).part(str(weights.sha256))
+    cache = BlobCache(cache_dir)
     log = tmp_path / "pull.log"
     puller = start_cli("pull", "tiny-llama", "--dest", str(dest), "--jobs", "1", "--limit-rate", "4M", env=env,
                        log=log)
-    kill_when(puller, lambda: 4 * MIB <= size_or_zero(part) < weights.size,
+    kill_when(puller, lambda: 4 * MIB <= cache.partial_bytes(str(weights.sha256)) < weights.size,
               "at least 4 MiB, not all, of the weights in the cache's partial file", timeout_s=KILL_WAIT_S, log=log)
-    kept = size_or_zero(part)
+    kept = cache.partial_bytes(str(weights.sha256))
     assert 0 < kept < weights.size and not dest.exists()
     finished = sum(p.stat().st_size for p in (cache_dir / "blobs" / "sha256").glob("*")) if (
         cache_dir / "blobs").exists() else 0
@@ -101,7 +101,7 @@ def test_a_pull_killed_half_way_resumes_without_fetching_finished_bytes(tmp_path
     assert resumed["cached_bytes"] == finished
     assert resumed["downloaded_bytes"] == sum(b["size"] for b in resumed["plan"]["blobs"]) - kept - finished
     assert file_digests(dest, [f.path for f in artefact.files]) == {f.path: f.sha256 for f in artefact.files}
-    assert not part.exists()
+    assert cache.partials(str(weights.sha256)) == []  # the killed download's claimed file was taken over
 
 
 def test_a_damaged_partial_download_is_deleted_and_fetched_again(tmp_path: Path) -> None:
@@ -163,7 +163,7 @@ def test_the_first_failure_stops_the_other_downloads_and_keeps_their_progress(
         pull_artefact(store, manifest, dest=tmp_path / "dest", cache=cache, progress=hold)
     monkeypatch.undo()
 
-    kept = size_or_zero(cache.part(str(a.sha256)))
+    kept = size_or_zero(cache.part(str(a.sha256)))  # parked under the shared name
     assert 0 < kept < a.size  # a.safetensors stopped part-way, and what it had stays for the next pull
     store.put_blob(str(b.sha256), write_artefact(tmp_path / "again", files=files) / "b.safetensors")
     resumed = pull_artefact(store, manifest, dest=tmp_path / "dest", cache=cache)
@@ -187,7 +187,7 @@ def test_a_blob_that_stays_wrong_fails_the_pull_naming_the_file(tmp_path: Path) 
     assert "re-publish" in failed.stderr and "Traceback" not in failed.stderr
     assert not (tmp_path / "dest").exists()
     cache = BlobCache(tmp_path / "cache")
-    assert not cache.blob(str(weights.sha256)).exists() and not cache.part(str(weights.sha256)).exists()
+    assert not cache.blob(str(weights.sha256)).exists() and cache.partials(str(weights.sha256)) == []
 
 
 @pytest.mark.parametrize("escaping_path", ["../../escaped.txt", "/tmp/enginesmith-escaped.txt"])

@@ -25,7 +25,6 @@ from tests.registry_helpers import (
     file_digests,
     read_artefact,
     registry_env,
-    size_or_zero,
     start_cli,
     tiny_files,
     write_artefact,
@@ -170,14 +169,14 @@ def test_a_server_stopped_mid_pull_is_a_clear_error_and_the_next_pull_resumes(tm
         env = registry_env(server.registry_url("stopped"), cache_dir, server.env)
         cli_json("publish", str(source), env=env)
         weights = next(f for f in artefact.files if f.path == "weights.safetensors")
-        part = BlobCache(cache_dir).part(str(weights.sha256))
+        cache = BlobCache(cache_dir)
         dest = tmp_path / "served"
         log = tmp_path / "pull.log"
         puller = start_cli("pull", "tiny-llama", "--dest", str(dest), "--jobs", "1", "--limit-rate", "8M", env=env,
                            log=log)
         try:
             # Stopped while it holds 4 MiB (not all) of the weights, the puller cannot finish before the server dies.
-            pause_when(puller, lambda: 4 * MIB <= size_or_zero(part) < weights.size,
+            pause_when(puller, lambda: 4 * MIB <= cache.partial_bytes(str(weights.sha256)) < weights.size,
                        "at least 4 MiB, not all, of the weights in the cache's partial file", timeout_s=60, log=log)
             server.stop(kill=True)
             resume(puller)
@@ -193,7 +192,7 @@ def test_a_server_stopped_mid_pull_is_a_clear_error_and_the_next_pull_resumes(tm
         assert code == 1, message
         assert "stopped answering" in message and "run the same command again" in message
         assert "Traceback" not in message
-        kept = size_or_zero(part)
+        kept = cache.partial_bytes(str(weights.sha256))
         assert 4 * MIB <= kept < weights.size and not dest.exists()
 
         server.start()

@@ -1,0 +1,99 @@
+"""Run inside a private mount namespace (``unshare --user --map-root-user --mount``): mount a tmpfs of a given
+size, run one pull scenario onto it, and print what was seen as JSON (the mount vanishes with the namespace).
+
+    python tests/small_disk.py SCENARIO MOUNT_POINT SIZE_MIB REGISTRY
+
+``pull-cli``: ``enginesmith pull`` with its cache and destination on the small disk.
+``pull-filled``: a pull in this process whose first write is followed by another writer filling the disk.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT))
+
+
+def files_under(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+def free_bytes(path: Path) -> int:
+    stat = os.statvfs(path)
+    return stat.f_bavail * stat.f_frsize
+
+
+def pull_cli(mount_point: Path, registry: Path) -> dict:
+    free_before = free_bytes(mount_point)
+    env = {**os.environ, "ENGINESMITH_REGISTRY": str(registry), "ENGINESMITH_CACHE_DIR": str(mount_point / "cache")}
+    finished = subprocess.run([sys.executable, "-m", "enginesmith", "pull", "tiny-llama", "--dest",
+                               str(mount_point / "dest")], capture_output=True, text=True, env=env, cwd=REPO_ROOT)
+    return {"returncode": finished.returncode, "stderr": finished.stderr, "free_before": free_before,
+            "files_after": files_under(mount_point)}
+
+
+class FillDiskAfterFirstWrite:
+    """Progress that, after the pull's first write, fills the disk from another file (as another job would)."""
+
+    def __init__(self, filler: Path) -> None:
+        self.filler = filler
+        self.filled = False
+
+    def started(self, name: str, total_bytes: int, done_bytes: int) -> None:
+        pass
+
+    def advanced(self, name: str, bytes_count: int) -> None:
+        if self.filled:
+            return
+        self.filled = True
+        block = b"\0" * (1024 * 1024)
+        with self.filler.open("wb") as handle:
+            try:
+                while True:
+                    handle.write(block)
+                    handle.flush()
+            except OSError:
+                pass
+
+    def finished(self, name: str) -> None:
+        pass
+
+
+def pull_filled(mount_point: Path, registry: Path) -> dict:
+    from registry.cache import BlobCache
+    from registry.catalog import find_manifest
+    from registry.local import LocalStore
+    from registry.names import Ref
+    from registry.pull import pull_artefact
+
+    store = LocalStore(registry)
+    manifest = find_manifest(store, Ref("tiny-llama", channel="latest"))
+    cache = BlobCache(mount_point / "cache")
+    dest = mount_point / "dest"
+    seen: dict = {"error": None, "message": ""}
+    try:
+        pull_artefact(store, manifest, dest=dest, cache=cache,
+                      progress=FillDiskAfterFirstWrite(mount_point / "filler"))
+    except Exception as exc:  # reported to the test, which asserts on it
+        seen = {"error": type(exc).__name__, "message": str(exc)}
+    digest = str(manifest.artefact.files[0].sha256)
+    blobs_dir = cache.root / "blobs" / "sha256"
+    return {**seen, "partials": [str(p) for p in cache.partials(digest)],
+            "blobs": files_under(blobs_dir) if blobs_dir.exists() else [], "dest_exists": dest.exists(),
+            "staging": [p.name for p in mount_point.iterdir() if p.name.startswith(".")]}
+
+
+def main() -> None:
+    scenario, mount_point, size_mib, registry = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mib}m", "tmpfs", str(mount_point)], check=True)
+    scenarios = {"pull-cli": pull_cli, "pull-filled": pull_filled}
+    print(json.dumps(scenarios[scenario](mount_point, registry)))
+
+
+if __name__ == "__main__":
+    main()
