@@ -27,6 +27,7 @@ from enginesmith.artefacts import (
 from enginesmith.checkpoints.digest import file_sha256
 from enginesmith.checkpoints.models import CheckpointFile
 from enginesmith.compat import CellRequest, violations
+from enginesmith.diskspace import disk_filled_error, is_disk_full, require_free_space
 from enginesmith.errors import IncompatibleError, UserError
 from enginesmith.gpus import DetectedGpu, detect
 from enginesmith.locks import output_lock
@@ -62,6 +63,9 @@ def read_artefact(artefact_dir: Path) -> Artefact | None:
     return Artefact.model_validate_json(path.read_text()) if path.is_file() else None
 
 
+DISK_HINT = "free some space, or give --out on a larger disk"
+
+
 def build_artefact(request: BuildRequest, *, gpus: list[DetectedGpu] | None = None) -> Artefact:
     """Build (or find already built) the artefact; ``gpus`` defaults to what NVML sees here."""
     with output_lock(Path(request.out_dir), "build"):
@@ -89,7 +93,26 @@ def _build_once(request: BuildRequest, gpus: list[DetectedGpu] | None) -> Artefa
 
     staging = out_dir.with_name(out_dir.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
+    what = f"building the {request.kind} artefact of {request.model_id} for {request.target.id}"
+    require_free_space(staging, _input_bytes(request), what=what, where="--out", hint=DISK_HINT)
     staging.mkdir(parents=True)
+    try:
+        return _build_into(request, staging, out_dir, build_gpu)
+    except OSError as exc:
+        if not is_disk_full(exc):
+            raise
+        shutil.rmtree(staging, ignore_errors=True)
+        raise disk_filled_error(out_dir.parent, what=what, where="--out", hint=DISK_HINT) from None
+
+
+def _input_bytes(request: BuildRequest) -> int:
+    """What the build writes is about the size of what it reads: the engine or the HF checkpoint it copies."""
+    source = Path(request.quantized.out_dir) / ("trtllm" if request.kind == "trtllm-engine" else "hf")
+    return sum(p.stat().st_size for p in source.rglob("*") if p.is_file())
+
+
+def _build_into(request: BuildRequest, staging: Path, out_dir: Path, build_gpu: GpuInfo | None) -> Artefact:
+    quantized = request.quantized
     versions = {k: v for k, v in quantized.versions.items()}
     build_config: dict[str, object] = {"profile": request.profile.model_dump(exclude_none=True)}
     if request.kind == "trtllm-engine":

@@ -31,6 +31,7 @@ from enginesmith.assets import read_task
 from enginesmith.checkpoints.digest import file_sha256
 from enginesmith.checkpoints.inspect import read_config
 from enginesmith.checkpoints.models import Checkpoint, CheckpointFile
+from enginesmith.diskspace import disk_filled_error, is_disk_full, require_free_space
 from enginesmith.errors import UserError
 from enginesmith.locks import output_lock
 from enginesmith.memory import dtype_bytes, quantize_need
@@ -82,6 +83,9 @@ def installed_versions() -> dict[str, str]:
             "transformers": transformers.__version__}
 
 
+DISK_HINT = "free some space, or give --out on a larger disk"
+
+
 def quantize_checkpoint(request: QuantizeRequest) -> QuantizedCheckpoint:
     with output_lock(Path(request.out_dir), "quantize"):
         return _quantize_once(request)
@@ -108,16 +112,38 @@ def _quantize_once(request: QuantizeRequest) -> QuantizedCheckpoint:
     _check_versions(request.expected_versions or {}, installed_versions())
     staging = out_dir.with_name(out_dir.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)  # what an interrupted run left: start clean
+    what = f"quantising {request.checkpoint.repo_id} ({request.recipe.id})"
+    require_free_space(staging, output_bytes(request), what=what, where="--out", hint=DISK_HINT)
     staging.mkdir(parents=True)
     # ModelOpt prints progress to stdout; keep stdout for results (``--json``).
-    with contextlib.redirect_stdout(sys.stderr):
-        result = _run(request, staging)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            result = _run(request, staging)
+    except OSError as exc:
+        if not is_disk_full(exc):
+            raise
+        shutil.rmtree(staging, ignore_errors=True)
+        raise disk_filled_error(out_dir.parent, what=what, where="--out", hint=DISK_HINT) from None
     (staging / METADATA_FILE).write_text(result.model_dump_json(indent=2))
     (staging / COMPLETE_MARKER).write_text(request.key + "\n")
     if out_dir.exists():
         out_dir.rmdir()
     staging.rename(out_dir)
     return result
+
+
+def output_bytes(request: QuantizeRequest) -> int:
+    """About what the exports take on disk: each format holds every weight at the recipe's width (a passthrough
+    copies the checkpoint; ``hf-bf16`` is 16-bit)."""
+    checkpoint = request.checkpoint
+    parameters = checkpoint.parameter_count or checkpoint.total_bytes // 2
+    quantised_bytes = parameters * request.recipe.weight_bytes_per_param
+    per_format = {
+        "hf": checkpoint.total_bytes if request.recipe.is_passthrough else quantised_bytes,
+        "trtllm": quantised_bytes,
+        "hf-bf16": parameters * 2,
+    }
+    return int(sum(per_format[fmt] for fmt in request.formats))
 
 
 @contextmanager

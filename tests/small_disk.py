@@ -1,16 +1,20 @@
-"""Run inside a private mount namespace (``unshare --user --map-root-user --mount``): mount a tmpfs of a given
-size, run one pull scenario onto it, and print what was seen as JSON (the mount vanishes with the namespace).
+"""A small disk for the tests: a size-limited tmpfs mounted in a private mount namespace (``unshare --user
+--map-root-user --mount``, which needs no root on the host), so a test sees a real full filesystem without touching
+the machine's. ``on_small_disk`` runs this file as a script in such a namespace; the script mounts the tmpfs, runs
+one scenario onto it and prints what it saw as JSON (the mount vanishes with the namespace).
 
-    python tests/small_disk.py SCENARIO MOUNT_POINT SIZE_MIB REGISTRY
+    python tests/small_disk.py SCENARIO MOUNT_POINT SIZE_MIB ARG...
 
-``pull-cli``: ``enginesmith pull`` with its cache and destination on the small disk.
-``pull-filled``: a pull in this process whose first write is followed by another writer filling the disk.
+``pull-cli REGISTRY``: ``enginesmith pull`` with its cache and destination on the small disk.
+``pull-filled REGISTRY``: a pull in this process whose first write is followed by another writer filling the disk.
+``cli ARG...``: ``enginesmith ARG...`` with ``{disk}`` in the arguments replaced by the mount point.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -88,11 +92,43 @@ def pull_filled(mount_point: Path, registry: Path) -> dict:
             "staging": [p.name for p in mount_point.iterdir() if p.name.startswith(".")]}
 
 
+def cli(mount_point: Path, *args: str) -> dict:
+    free_before = free_bytes(mount_point)
+    argv = [arg.replace("{disk}", str(mount_point)) for arg in args]
+    finished = subprocess.run([sys.executable, "-m", "enginesmith", *argv], capture_output=True, text=True,
+                              cwd=REPO_ROOT)
+    return {"returncode": finished.returncode, "stderr": finished.stderr, "free_before": free_before,
+            "files_after": files_under(mount_point)}
+
+
+def namespaces_allowed() -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
+                            "mount -t tmpfs -o size=1m tmpfs /mnt"], capture_output=True)
+    return probe.returncode == 0
+
+
+def on_small_disk(tmp_path: Path, size_mib: int, scenario: str, *args: str) -> dict:
+    """Run ``SCENARIO ARGS`` in its own mount namespace with a ``size_mib`` tmpfs at ``tmp_path/small``; returns
+    what it printed."""
+    mount_point = tmp_path / "small"
+    mount_point.mkdir(parents=True)
+    command = ["unshare", "--user", "--map-root-user", "--mount", sys.executable, __file__, scenario,
+               str(mount_point), str(size_mib), *args]
+    finished = subprocess.run(command, capture_output=True, text=True, cwd=REPO_ROOT, timeout=600)
+    assert finished.returncode == 0, finished.stderr
+    return json.loads(finished.stdout)
+
+
 def main() -> None:
-    scenario, mount_point, size_mib, registry = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
+    scenario, mount_point, size_mib, args = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
     subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mib}m", "tmpfs", str(mount_point)], check=True)
-    scenarios = {"pull-cli": pull_cli, "pull-filled": pull_filled}
-    print(json.dumps(scenarios[scenario](mount_point, registry)))
+    if scenario == "cli":
+        seen = cli(mount_point, *args)
+    else:
+        seen = {"pull-cli": pull_cli, "pull-filled": pull_filled}[scenario](mount_point, Path(args[0]))
+    print(json.dumps(seen))
 
 
 if __name__ == "__main__":

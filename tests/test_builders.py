@@ -15,6 +15,9 @@ from enginesmith.errors import UserError
 from enginesmith.specs import BuildProfile
 from quantization.stage import read_completed
 from tests.conftest import as_exported_in_trtllm_image, make_fake_trtllm_env, run_cli
+from tests.small_disk import namespaces_allowed, on_small_disk
+
+requires_mount_namespace = pytest.mark.skipif(not namespaces_allowed(), reason="needs `unshare --user --mount`")
 
 CALIBRATION = ["--samples", "16", "--seq-len", "32", "--batch-size", "8"]
 
@@ -268,3 +271,16 @@ def test_stopping_a_server_waits_for_its_whole_process_group(tmp_path):
                    timeout=30, check=True)
     stop_group(process)
     assert late.read_text() == "late\n"
+
+
+@requires_mount_namespace
+def test_quantize_and_build_onto_a_disk_too_small_fail_before_writing(tiny_model_dir, fp8_quantized, tmp_path):
+    quantize = on_small_disk(tmp_path / "q", 1, "cli", "quantize", str(tiny_model_dir), "--recipe", "fp8",
+                             "--out", "{disk}/fp8", *CALIBRATION)
+    build = on_small_disk(tmp_path / "b", 1, "cli", "build", str(fp8_quantized), "--out", "{disk}/art",
+                          "--target", "h100-sxm", "--kind", "hf-quantized")
+    for seen, what in [(quantize, "quantising"), (build, "building the hf-quantized artefact")]:
+        assert seen["returncode"] == 2, seen["stderr"]
+        assert f"not enough disk for {what}" in seen["stderr"] and "--out" in seen["stderr"]
+        assert f"{seen['free_before']} free" in seen["stderr"] and "Traceback" not in seen["stderr"]
+        assert [f for f in seen["files_after"] if not f.endswith(".lock")] == []  # the output lock: empty

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from enginesmith.checkpoints.pull import _check_free_disk, local_checkpoint
+from enginesmith.checkpoints.pull import local_checkpoint
+from enginesmith.diskspace import require_free_space
 from enginesmith.errors import UserError
 from enginesmith.secrets import register_secret, scrub
 from tests.conftest import REPO_ROOT, TINY_REPO_ID, run_cli
@@ -168,8 +169,10 @@ def test_local_directory_is_keyed_by_content(tmp_path, tiny_model_dir):
 
 def test_free_disk_check_refuses_with_the_numbers(tmp_path):
     with pytest.raises(UserError) as caught:
-        _check_free_disk(tmp_path / "not" / "yet", 10**15, "org/huge@main")
-    assert "not enough disk" in caught.value.message and "GiB free" in caught.value.message
+        require_free_space(tmp_path / "not" / "yet", 10**15, what="downloading org/huge@main", where="org/huge@main",
+                           hint="free some space")
+    assert "not enough disk for downloading org/huge@main" in caught.value.message
+    assert "GiB free" in caught.value.message and f"{10**15} bytes needed" in caught.value.message
 
 
 def _sharded_with_consolidated(tiny_model_dir: Path, out: Path) -> Path:

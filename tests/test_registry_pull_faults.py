@@ -5,10 +5,6 @@ filled by someone else mid-pull (a size-limited tmpfs in a private mount namespa
 from __future__ import annotations
 
 import errno
-import json
-import shutil
-import subprocess
-import sys
 import uuid
 from collections.abc import Generator
 from pathlib import Path
@@ -23,7 +19,6 @@ from registry.names import Ref
 from registry.publish import publish_artefact
 from registry.pull import RESUME_ATTEMPTS, pull_artefact
 from registry.s3 import S3Store
-from tests.conftest import REPO_ROOT
 from tests.cutting_proxy import CuttingProxy
 from tests.registry_helpers import (
     MIB,
@@ -37,6 +32,7 @@ from tests.registry_helpers import (
 )
 from tests.seaweedfs import BUCKET, SeaweedServer, requires_weed
 from tests.seaweedfs import seaweedfs_fixture as seaweedfs_fixture  # provides the `seaweedfs` fixture
+from tests.small_disk import namespaces_allowed, on_small_disk
 from tests.waiting import pause_when, resume, wait_for
 
 WAIT_S = 60  # a safety net: the tests wait for what they observe
@@ -157,29 +153,9 @@ def test_two_pulls_into_one_cache_without_working_locks_write_separate_files_and
 
 # --- a disk too small, and one filled mid-pull ------------------------------------------------------------
 
-def _namespaces_allowed() -> bool:
-    if shutil.which("unshare") is None:
-        return False
-    probe = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
-                            "mount -t tmpfs -o size=1m tmpfs /mnt"], capture_output=True)
-    return probe.returncode == 0
-
-
 requires_mount_namespace = pytest.mark.skipif(
-    not _namespaces_allowed(), reason="needs `unshare --user --mount` and tmpfs mounts (util-linux, unprivileged "
-                                      "user namespaces)")
-
-
-def on_small_disk(tmp_path: Path, size_mib: int, scenario: str, registry: Path) -> dict:
-    """Run ``tests/small_disk.py SCENARIO`` in its own mount namespace, with a ``size_mib`` tmpfs at
-    ``tmp_path/small``; returns what it printed (JSON)."""
-    mount_point = tmp_path / "small"
-    mount_point.mkdir()
-    command = ["unshare", "--user", "--map-root-user", "--mount", sys.executable, str(REPO_ROOT / "tests" /
-               "small_disk.py"), scenario, str(mount_point), str(size_mib), str(registry)]
-    finished = subprocess.run(command, capture_output=True, text=True, cwd=REPO_ROOT, timeout=300)
-    assert finished.returncode == 0, finished.stderr
-    return json.loads(finished.stdout)
+    not namespaces_allowed(), reason="needs `unshare --user --mount` and tmpfs mounts (util-linux, unprivileged "
+                                     "user namespaces)")
 
 
 @requires_mount_namespace
@@ -188,7 +164,7 @@ def test_a_pull_onto_a_disk_too_small_fails_before_writing_naming_bytes_needed_a
     store = LocalStore(tmp_path / "registry")
     publish_artefact(store, write_artefact(tmp_path / "build", files=files))
 
-    seen = on_small_disk(tmp_path, 16, "pull-cli", store.root)
+    seen = on_small_disk(tmp_path, 16, "pull-cli", str(store.root))
 
     assert seen["returncode"] == 2, seen
     assert "not enough disk" in seen["stderr"] and "Traceback" not in seen["stderr"]
@@ -203,7 +179,7 @@ def test_a_disk_filled_by_someone_else_mid_pull_fails_cleanly_and_keeps_nothing_
     store = LocalStore(tmp_path / "registry")
     publish_artefact(store, write_artefact(tmp_path / "build", files=files))
 
-    seen = on_small_disk(tmp_path, 96, "pull-filled", store.root)
+    seen = on_small_disk(tmp_path, 96, "pull-filled", str(store.root))
 
     assert seen["error"] == "DiskFullError", seen
     assert "the disk filled while pulling tiny-llama@" in seen["message"]

@@ -19,6 +19,7 @@ from enginesmith.checkpoints.digest import directory_digest, file_sha256
 from enginesmith.checkpoints.files import needed_files, refuse_remote_code
 from enginesmith.checkpoints.inspect import describe, read_config
 from enginesmith.checkpoints.models import Checkpoint, CheckpointFile
+from enginesmith.diskspace import require_free_space
 from enginesmith.errors import TransientError, UserError
 from enginesmith.secrets import hf_token, scrub
 from enginesmith.specs import check_revision
@@ -124,7 +125,9 @@ def _download(repo_id: str, revision: str, token: str | None, dest: Path | None,
 
     files = [CheckpointFile(path=n, size=_size(siblings[n]), sha256=_lfs_sha256(siblings[n])) for n in names]
     target_dir = dest or Path(constants.HF_HUB_CACHE)
-    _check_free_disk(target_dir, sum(f.size for f in files), where)
+    require_free_space(target_dir, sum(f.size for f in files), what=f"downloading {where}", where=where,
+                       hint="free some space, or point HF_HUB_CACHE (or --dest) at a larger disk",
+                       headroom_bytes=DISK_HEADROOM_BYTES)
     snapshot = Path(snapshot_download(repo_id, revision=commit_sha, allow_patterns=names, token=token,
                                       local_dir=dest))
     return Checkpoint(
@@ -173,20 +176,6 @@ def _cached_sha256(path: Path) -> str | None:
     """In the Hub cache an LFS file's blob is named by its sha256 (other blobs by their git sha1)."""
     blob_name = path.resolve().name
     return blob_name if _SHA256.match(blob_name) else None
-
-
-def _check_free_disk(target_dir: Path, needed_bytes: int, where: str) -> None:
-    existing = target_dir
-    while not existing.exists():
-        existing = existing.parent
-    free = shutil.disk_usage(existing).free
-    if needed_bytes + DISK_HEADROOM_BYTES > free:
-        raise UserError(
-            f"not enough disk: the download needs {needed_bytes / GIB:.2f} GiB (+{DISK_HEADROOM_BYTES / GIB:.0f} GiB "
-            f"headroom) but {existing} has {free / GIB:.2f} GiB free",
-            where=where,
-            hint="free some space, or point HF_HUB_CACHE (or --dest) at a larger disk",
-        )
 
 
 def hub_error(exc: Exception, repo_id: str, revision: str) -> UserError:
