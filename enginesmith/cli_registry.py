@@ -235,7 +235,7 @@ def pull(
     from registry.cache import BlobCache, default_cache_dir
     from registry.choose import choose
     from registry.names import parse_ref
-    from registry.pull import plan_pull, pull_artefact
+    from registry.pull import check_free_space, plan_pull, pull_artefact
 
     store: RegistryStore
     if from_bundle:
@@ -255,6 +255,8 @@ def pull(
     cache = BlobCache(cache_dir or default_cache_dir())
     destination = dest or cache.default_dest(manifest.model, manifest.key)
     plan = plan_pull(manifest, cache, destination, store.location)
+    if not dry_run:
+        check_free_space(plan, cache, destination)  # before the progress bar, which would say it had started
     started = time.monotonic()
     with _transfer_progress(enabled=not (json_output or dry_run), verb="pulling",
                             total_bytes=plan.bytes_to_fetch) as progress:

@@ -158,7 +158,7 @@ def pull_artefact(
     )
     if dry_run:
         return result
-    _check_free_space(plan, cache, dest)
+    check_free_space(plan, cache, dest)
     to_fetch = [b for b in plan.blobs if b.state != "cached"]
     what = f"pulling {manifest.ref}"
     try:
@@ -174,9 +174,9 @@ def pull_artefact(
     return result
 
 
-def _check_free_space(plan: PullPlan, cache: BlobCache, dest: Path) -> None:
-    """Before anything is written: room for what is fetched in the cache, and for a copy at ``dest`` where the two
-    are on different filesystems (hard links need none)."""
+def check_free_space(plan: PullPlan, cache: BlobCache, dest: Path) -> None:
+    """Raises ``DiskFullError`` unless there is room, before anything is written, for what is fetched in the cache,
+    and for a copy at ``dest`` where the two are on different filesystems (hard links need none)."""
     what = f"pulling {plan.model}@{plan.key[:12]}"
     require_free_space(cache.root, plan.bytes_to_fetch, what=what, where=f"{cache.root} ({CACHE_ENV})",
                        hint=_DISK_HINT)
