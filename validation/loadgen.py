@@ -12,9 +12,12 @@ measured. The one-off requests (probe, health, accuracy) stay on httpx.
 from __future__ import annotations
 
 import asyncio
+import itertools
+import logging
 import random
 import time
-from collections.abc import Callable, Sequence
+import uuid
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -29,6 +32,8 @@ from validation.server import Endpoint
 from validation.sse import record_from_stream
 
 REQUEST_TIMEOUT_S = 600
+
+log = logging.getLogger(__name__)
 
 
 class ServerCapabilities(BaseModel):
@@ -67,32 +72,35 @@ def rejected_field_message(status: int, body: str) -> str:
 
 
 async def send_one(session: aiohttp.ClientSession, endpoint: Endpoint, payload: dict[str, object],
-                   prompt_len: int, bench_start: float, request_id: str | None = None,
-                   api: Api = "completions") -> RequestRecord:
-    """One streamed completion; each SSE line is stamped with the arrival time of the bytes that ended it. Chat
-    streams are read by the same rules (vLLM's openai-chat backend counts choices-bearing chunks alike)."""
+                   prompt_len: int, bench_start: float, request_id: str, api: Api = "completions") -> RequestRecord:
+    """One streamed completion sent with ``x-request-id: request_id``; each SSE line is stamped with the arrival
+    time of the bytes that ended it. Chat streams are read by the same rules (vLLM's openai-chat backend counts
+    choices-bearing chunks alike). Never raises for what the server or the network did: that fails this request
+    alone, with its reason and id in the record."""
     start = time.perf_counter()
     lines: list[tuple[float, str]] = []
     pending = b""
-    headers = {"x-request-id": request_id} if request_id else None
+
+    def failed(reason: str) -> RequestRecord:
+        return RequestRecord(success=False, prompt_len=prompt_len, start_s=start - bench_start,
+                             request_id=request_id, error=reason[:300])
+
     try:
-        async with session.post(f"{endpoint.base_url}{API_PATHS[api]}", json=payload, headers=headers) as response:
+        async with session.post(f"{endpoint.base_url}{API_PATHS[api]}", json=payload,
+                                headers={"x-request-id": request_id}) as response:
             if response.status != 200:
                 body = (await response.read()).decode(errors="replace")
-                return RequestRecord(success=False, prompt_len=prompt_len, start_s=start - bench_start,
-                                     error=rejected_field_message(response.status, body))
+                return failed(rejected_field_message(response.status, body))
             async for chunk in response.content.iter_any():
                 elapsed = time.perf_counter() - start
                 *complete, pending = (pending + chunk).split(b"\n")
                 lines.extend((elapsed, line.decode(errors="replace")) for line in complete)
         if pending:
             lines.append((time.perf_counter() - start, pending.decode(errors="replace")))
-        # Parsed inside this request's own failure boundary: one malformed line fails this request, not the level.
-        return record_from_stream(lines, prompt_len=prompt_len, start_s=start - bench_start)
+        return record_from_stream(lines, prompt_len=prompt_len, start_s=start - bench_start, request_id=request_id)
     except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
-        prefix = f"[{request_id}] " if request_id else ""
-        return RequestRecord(success=False, prompt_len=prompt_len, start_s=start - bench_start,
-                             error=f"{prefix}{type(exc).__name__}: {exc}"[:300])
+        # ValueError: chunks that parse but hold values no record can take (a token count that is not a number).
+        return failed(f"{type(exc).__name__}: {exc}")
 
 
 @dataclass(frozen=True)
@@ -125,9 +133,9 @@ class LevelIncompleteError(UserError):
 
 
 class ArrivalSchedule:
-    """Send times (seconds after the level starts) computed from one seeded generator, so each request is sent
-    at its absolute time and sleep overshoots do not add up. All at once without a rate; Poisson (burstiness 1)
-    or gamma otherwise, with the mean gap 1/rate (shape = burstiness, scale = 1/(rate·burstiness)), as vLLM."""
+    """Send times (seconds after the level starts) drawn from one seeded generator: all at once without a rate;
+    Poisson (burstiness 1) or gamma otherwise, with the mean gap 1/rate (shape = burstiness,
+    scale = 1/(rate·burstiness)), as vLLM."""
 
     def __init__(self, request_rate: float | None, burstiness: float, seed: int) -> None:
         self.request_rate, self.burstiness = request_rate, burstiness
@@ -141,17 +149,58 @@ class ArrivalSchedule:
         return self._next_s
 
 
+def arrival_times_s(request_rate: float, burstiness: float, seed: int, *, min_requests: int,
+                    min_duration_s: float) -> list[float]:
+    """A request-rate level's whole send schedule, computed before its first send: at least ``min_requests``
+    times, and the first time past ``min_duration_s`` (the level stops sending once both are met, so it never
+    runs off the end)."""
+    schedule = ArrivalSchedule(request_rate, burstiness, seed)
+    times_s = [schedule.next_send_s()]
+    while len(times_s) < min_requests or times_s[-1] < min_duration_s:
+        times_s.append(schedule.next_send_s())
+    return times_s
+
+
+async def send_on_schedule(send_times_s: Iterable[float], start_request: Callable[[int], None], *,
+                           slots: asyncio.Semaphore, stop: Callable[[int], bool], origin_s: float,
+                           clock: Callable[[], float] = time.perf_counter,
+                           sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> int:
+    """Start request ``i`` at ``origin_s + send_times_s[i]`` on ``clock`` (or as soon after as one of ``slots`` is
+    free), until ``stop(requests started)``; returns how many were started. Each request is held to its absolute
+    time, not to a gap after the one before, so a late wake-up or a stalled start does not push back the ones
+    after it. ``start_request`` must not block; whatever it starts releases its slot when done."""
+    started = 0
+    for send_at_s in send_times_s:
+        if stop(started):
+            break
+        await slots.acquire()
+        if stop(started):
+            slots.release()
+            break
+        delay_s = origin_s + send_at_s - clock()
+        if delay_s > 0:
+            await sleep(delay_s)
+        start_request(started)
+        started += 1
+    return started
+
+
 async def _send_for(client: aiohttp.ClientSession, endpoint: Endpoint, prompts: Sequence[tuple[str, int, int]],
-                    plan: LevelPlan, capabilities: ServerCapabilities, *, seed: int, label: str,
-                    on_done: Callable[[], None] | None) -> tuple[list[RequestRecord], float]:
+                    plan: LevelPlan, capabilities: ServerCapabilities, *, seed: int, id_prefix: str,
+                    on_done: Callable[[], None] | None, first_index: int = 0) -> tuple[list[RequestRecord], float]:
     """Send requests, cycling through ``prompts``, until at least ``plan.min_requests`` have been sent and
-    ``plan.min_duration_s`` has passed; then wait for those in flight. Returns the records and the duration
-    (first send to last completion)."""
+    ``plan.min_duration_s`` has passed; then wait for those in flight. Request ``i`` is sent with
+    ``x-request-id: <id_prefix>-<first_index + i>``. Returns the records and the duration (first send to last
+    completion)."""
     target = plan.min_requests if plan.min_requests is not None else len(prompts)
-    semaphore = asyncio.Semaphore(plan.concurrency)
-    schedule = ArrivalSchedule(plan.request_rate, plan.burstiness, seed)
+    slots = asyncio.Semaphore(plan.concurrency)
+    send_times_s: Iterable[float] = itertools.repeat(0.0)
+    if plan.request_rate is not None:
+        send_times_s = arrival_times_s(plan.request_rate, plan.burstiness, seed, min_requests=target,
+                                       min_duration_s=plan.min_duration_s)
     records: list[RequestRecord] = []
     failed = 0
+    tasks: list[asyncio.Task[None]] = []
     bench_start = time.perf_counter()
 
     async def one(index: int) -> None:
@@ -161,29 +210,26 @@ async def _send_for(client: aiohttp.ClientSession, endpoint: Endpoint, prompts: 
             payload = completion_payload(endpoint, text, output_len, stream=True, capabilities=capabilities,
                                          api=plan.api)
             record = await send_one(client, endpoint, payload, prompt_len, bench_start,
-                                    request_id=f"{label}-{index}" if label else None, api=plan.api)
+                                    request_id=f"{id_prefix}-{first_index + index}", api=plan.api)
         finally:
-            semaphore.release()
+            slots.release()
         records.append(record)
-        failed += not record.success
+        if not record.success:
+            failed += 1
+            log.warning("request %s failed: %s", record.request_id, record.error)
         if on_done:
             on_done()
 
-    def enough(sent: int) -> bool:
+    def stop(sent: int) -> bool:
+        elapsed_s = time.perf_counter() - bench_start
         # Every request failing fast must not flood the server for the whole minimum duration.
-        return sent >= target and (time.perf_counter() - bench_start >= plan.min_duration_s or failed >= target)
+        enough = sent >= target and (elapsed_s >= plan.min_duration_s or failed >= target)
+        return enough or elapsed_s > plan.timeout_s
 
-    tasks: list[asyncio.Task[None]] = []
-    while not enough(len(tasks)):
-        if time.perf_counter() - bench_start > plan.timeout_s:
-            break
-        send_at = bench_start + schedule.next_send_s()
-        await semaphore.acquire()
-        if enough(len(tasks)):
-            semaphore.release()
-            break
-        await asyncio.sleep(max(0.0, send_at - time.perf_counter()))
-        tasks.append(asyncio.create_task(one(len(tasks))))
+    def start_request(index: int) -> None:
+        tasks.append(asyncio.create_task(one(index)))
+
+    await send_on_schedule(send_times_s, start_request, slots=slots, stop=stop, origin_s=bench_start)
     remaining_s = max(1.0, plan.timeout_s - (time.perf_counter() - bench_start))
     done, pending = await asyncio.wait(tasks, timeout=remaining_s) if tasks else (set(), set())
     for task in pending:
@@ -192,7 +238,7 @@ async def _send_for(client: aiohttp.ClientSession, endpoint: Endpoint, prompts: 
     if pending or len(tasks) < target:
         completed = sum(r.success for r in records)
         raise LevelIncompleteError(
-            f"{label or 'level'} at concurrency {plan.concurrency}: {len(records)} of {max(target, len(tasks))} "
+            f"{id_prefix} at concurrency {plan.concurrency}: {len(records)} of {max(target, len(tasks))} "
             f"requests finished ({completed} completed) in {duration:.0f} s",
             where=f"workload.level_timeout_s ({plan.timeout_s:g} s)",
             hint="raise level_timeout_s, or lower min_requests, min_duration_s or output_len")
@@ -209,9 +255,9 @@ class WarmUp:
 
 
 async def _warm_up(client: aiohttp.ClientSession, endpoint: Endpoint, prompts: Sequence[tuple[str, int, int]],
-                   plan: LevelPlan, capabilities: ServerCapabilities, label: str) -> WarmUp:
+                   plan: LevelPlan, capabilities: ServerCapabilities, run_id: str) -> WarmUp:
     """Batches at the level's concurrency until two batches' output throughputs agree within the tolerance (or
-    ``warmup_max_s`` has passed)."""
+    ``warmup_max_s`` has passed). Warm-up request ids are ``<run_id>-warmup-<i>``, counted across batches."""
     batch = LevelPlan(concurrency=plan.concurrency, min_requests=max(plan.warmup_requests, 4 * plan.concurrency),
                       timeout_s=plan.timeout_s, api=plan.api)
     started = time.perf_counter()
@@ -219,7 +265,7 @@ async def _warm_up(client: aiohttp.ClientSession, endpoint: Endpoint, prompts: S
     sent = 0
     while True:
         records, duration = await _send_for(client, endpoint, prompts, batch, capabilities, seed=0,
-                                            label=f"{label}-warmup" if label else "", on_done=None)
+                                            id_prefix=f"{run_id}-warmup", first_index=sent, on_done=None)
         sent += len(records)
         throughput = sum(r.output_tokens for r in records if r.success) / duration
         if previous is not None and abs(throughput - previous) <= plan.warmup_tolerance * previous:
@@ -230,16 +276,16 @@ async def _warm_up(client: aiohttp.ClientSession, endpoint: Endpoint, prompts: S
 
 
 async def _run_level(endpoint: Endpoint, prompts: Sequence[tuple[str, int, int]], plan: LevelPlan, *,
-                     capabilities: ServerCapabilities, seed: int, slo: SLO | None, label: str,
+                     capabilities: ServerCapabilities, seed: int, slo: SLO | None, run_id: str,
                      on_done: Callable[[], None] | None) -> BenchmarkResult:
     connector = aiohttp.TCPConnector(limit=max(plan.concurrency, 1) + 4)
     timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as client:
         warmup = WarmUp()
         if plan.warmup_requests:
-            warmup = await _warm_up(client, endpoint, prompts, plan, capabilities, label)
-        records, duration = await _send_for(client, endpoint, prompts, plan, capabilities, seed=seed, label=label,
-                                            on_done=on_done)
+            warmup = await _warm_up(client, endpoint, prompts, plan, capabilities, run_id)
+        records, duration = await _send_for(client, endpoint, prompts, plan, capabilities, seed=seed,
+                                            id_prefix=run_id, on_done=on_done)
     result = summarize(records, duration, concurrency=plan.concurrency, request_rate=plan.request_rate, slo=slo)
     return result.model_copy(update={"warmup_requests": warmup.requests, "warmup_s": warmup.seconds,
                                      "warmup_steady": warmup.steady})
@@ -250,10 +296,11 @@ def run_level(endpoint: Endpoint, prompts: Sequence[tuple[str, int, int]], plan:
               on_done: Callable[[], None] | None = None) -> BenchmarkResult:
     """One load level of ``prompts`` ``(text, prompt_len, output_len)``: the warm-up, then the measurement.
 
-    ``label`` prefixes each request's ``x-request-id`` (``<label>-<index>``), so a failure can be found in the
-    server's log."""
+    Every request carries ``x-request-id: <run>-<index>`` (warm-up: ``<run>-warmup-<index>``), where the run is
+    ``label`` or, without one, a fresh 8-hex-digit id; failed requests are logged and summarised in the result's
+    ``errors`` with their ids, so each can be found in the server's log."""
     return asyncio.run(_run_level(endpoint, prompts, plan, capabilities=capabilities, seed=seed, slo=slo,
-                                  label=label, on_done=on_done))
+                                  run_id=label or uuid.uuid4().hex[:8], on_done=on_done))
 
 
 def probe_capabilities(endpoint: Endpoint, probe_prompt: str = "Hello", api: Api = "completions") -> ServerCapabilities:

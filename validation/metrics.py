@@ -6,8 +6,8 @@ Per request (client clock, ``time.perf_counter``):
 - E2EL (latency): request sent → last choices-bearing message (the usage-only chunk and [DONE] don't count).
 - output tokens: ``usage.completion_tokens`` of the stream (re-tokenised text only when the server sends none).
 - TPOT: (E2EL − TTFT) / (output_tokens − 1), only for requests with more than one output token.
-A request fails on a non-200 status, an exception, or a stream without a choices-bearing message; failed
-requests are counted, never dropped.
+A request fails on a non-200 status, an exception, a malformed ``data:`` line, or a stream without a
+choices-bearing message; failed requests are counted, never dropped, and named by their ``x-request-id``.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ class RequestRecord(BaseModel):
     latency_s: float = 0.0
     start_s: float = 0.0  # since the benchmark started
     error: str = ""
+    request_id: str = ""  # the x-request-id it was sent with, to find it in the server's log
 
     @property
     def tpot_s(self) -> float | None:
@@ -204,5 +205,20 @@ def summarize(records: Sequence[RequestRecord], duration_s: float, *, concurrenc
         mean_e2el_ms=stats["e2el"][0], median_e2el_ms=stats["e2el"][1], std_e2el_ms=stats["e2el"][2],
         percentiles_ms=percentiles,
         all_at_once_requests=sum(1 for r in done if r.output_tokens > 1 and r.latency_s <= r.ttft_s), ttfts=ttfts,
-        errors=sorted({r.error for r in records if not r.success})[:10],
+        errors=failure_summary(records),
     )
+
+
+def failure_summary(records: Iterable[RequestRecord], *, reasons: int = 10, ids_per_reason: int = 5) -> list[str]:
+    """One line per distinct failure reason, most frequent first: the reason, how many requests failed with it and
+    the first of their request ids (``"HTTP 500: boom — 3 requests: r1-4, r1-9, r1-17"``)."""
+    ids_by_reason: dict[str, list[str]] = {}
+    for record in records:
+        if not record.success:
+            ids_by_reason.setdefault(record.error, []).append(record.request_id)
+    lines = []
+    for reason, ids in sorted(ids_by_reason.items(), key=lambda item: (-len(item[1]), item[0]))[:reasons]:
+        named = [request_id for request_id in ids if request_id]
+        listed = f": {', '.join(named[:ids_per_reason])}{', …' if len(named) > ids_per_reason else ''}" if named else ""
+        lines.append(f"{reason} — {len(ids)} request{'s' if len(ids) > 1 else ''}{listed}")
+    return lines
