@@ -137,7 +137,7 @@ class BundleStore:
         return None if member is None else member[1]
 
     def put_blob(self, digest: str, source: Path, *, limiter: RateLimiter | None = None,
-                 progress: TransferProgress | None = None, name: str = "") -> None:
+                 progress: TransferProgress | None = None, name: str = "") -> int:
         raise ReadOnlyStoreError("a bundle cannot be written", where=self.location)
 
     def read_blob(self, digest: str, offset: int = 0) -> Generator[bytes, None, None]:
@@ -188,7 +188,7 @@ class BundleStore:
     def list_channels(self, model: str) -> list[str]:
         return sorted(ref.split(":", 1)[1] for ref in self.index.refs if ref.split(":", 1)[0] == model)
 
-    def delete_stale_uploads(self, older_than_s: float) -> int:
+    def delete_stale_uploads(self, older_than_s: float, *, now: float | None = None) -> int:
         return 0
 
     def _read_member(self, name: str) -> bytes:

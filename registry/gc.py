@@ -3,7 +3,8 @@
 Retention: per cell (model, recipe, kind, target, tp, pp) keep the newest ``keep_last`` manifests, and every
 manifest a ref points at. Manifests go before blobs, so no reader ever sees a manifest whose blobs are gone.
 An unreferenced blob younger than the grace period is kept: a publish may have uploaded it and not yet
-written its manifest.
+written its manifest. So is an unfinished upload that stored something within the grace period: a publish may
+still be sending it, or a killed one continue it.
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ def collect_garbage(
             store.delete_manifest(manifest.model, manifest.key)
         for blob in expired:
             store.delete_blob(blob.digest)
-        stale_uploads = store.delete_stale_uploads(grace_s)
+        stale_uploads = store.delete_stale_uploads(grace_s, now=now)
     return GcResult(
         registry=store.location, dry_run=dry_run, keep_last=keep_last, kept_manifests=len(manifests) - len(doomed),
         deleted_manifests=sorted(doomed_refs), deleted_blobs=len(expired), deleted_bytes=sum(b.size for b in expired),

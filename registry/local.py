@@ -59,23 +59,30 @@ class LocalStore:
             return None
 
     def put_blob(self, digest: str, source: Path, *, limiter: RateLimiter | None = None,
-                 progress: TransferProgress | None = None, name: str = "") -> None:
+                 progress: TransferProgress | None = None, name: str = "") -> int:
         final = self.root / blob_path(digest)
         final.parent.mkdir(parents=True, exist_ok=True)
         size = source.stat().st_size
-        with self._temp_file(digest) as temp:
-            digest_of_copy = hashlib.sha256()
-            with source.open("rb", buffering=0) as reader, temp.open("wb", buffering=0) as writer:
-                write_hashing(file_chunks(reader), writer, digest_of_copy, limit_bytes=size, limiter=limiter,
-                              progress=progress, name=name)
-                os.fsync(writer.fileno())
-            if digest_of_copy.hexdigest() != digest:
-                raise IntegrityError(
-                    f"content has sha256 {digest_of_copy.hexdigest()}, not {digest}", where=name or str(source),
-                    hint="the file changed while it was being published; rebuild the artefact",
-                )
-            temp.chmod(READ_ONLY)
-            os.replace(temp, final)
+        if progress is not None:
+            progress.started(name, size, 0)
+        try:
+            with self._temp_file(digest) as temp:
+                digest_of_copy = hashlib.sha256()
+                with source.open("rb", buffering=0) as reader, temp.open("wb", buffering=0) as writer:
+                    write_hashing(file_chunks(reader), writer, digest_of_copy, limit_bytes=size, limiter=limiter,
+                                  progress=progress, name=name)
+                    os.fsync(writer.fileno())
+                if digest_of_copy.hexdigest() != digest:
+                    raise IntegrityError(
+                        f"content has sha256 {digest_of_copy.hexdigest()}, not {digest}", where=name or str(source),
+                        hint="the file changed while it was being published; rebuild the artefact",
+                    )
+                temp.chmod(READ_ONLY)
+                os.replace(temp, final)
+        finally:
+            if progress is not None:
+                progress.finished(name)
+        return 0
 
     def read_blob(self, digest: str, offset: int = 0) -> Generator[bytes, None, None]:
         try:
@@ -168,8 +175,8 @@ class LocalStore:
 
     # --- housekeeping --------------------------------------------------------------------------------
 
-    def delete_stale_uploads(self, older_than_s: float) -> int:
-        cutoff = time.time() - older_than_s
+    def delete_stale_uploads(self, older_than_s: float, *, now: float | None = None) -> int:
+        cutoff = (time.time() if now is None else now) - older_than_s
         removed = 0
         for path in _children(self.root / TMP_DIR):
             with contextlib.suppress(FileNotFoundError):

@@ -38,7 +38,8 @@ class PublishResult(BaseModel):
     files: int
     total_bytes: int
     uploaded_blobs: int
-    uploaded_bytes: int
+    uploaded_bytes: int  # sent by this publish
+    resumed_bytes: int = 0  # of the uploaded blobs, stored already by an interrupted publish, so not sent again
     reused_blobs: int
     channels: list[RefChange]
     unlisted_files: list[str]  # in the directory but not in artefact.json, so not published
@@ -139,22 +140,17 @@ def publish_artefact(
             present = dict(zip(first_file_of, pool.map(store.blob_size, first_file_of), strict=True))
             missing = [entry for digest, entry in first_file_of.items() if present[digest] != entry.size]
 
-            def upload(entry: CheckpointFile) -> None:
+            def upload(entry: CheckpointFile) -> int:
                 assert entry.sha256 is not None
-                if progress is not None:
-                    progress.started(entry.path, entry.size, 0)
-                try:
-                    store.put_blob(entry.sha256, artefact_dir / entry.path, limiter=limiter, progress=progress,
-                                   name=entry.path)
-                finally:
-                    if progress is not None:
-                        progress.finished(entry.path)
+                return store.put_blob(entry.sha256, artefact_dir / entry.path, limiter=limiter, progress=progress,
+                                      name=entry.path)
 
-            list(pool.map(upload, missing))
+            resumed_bytes = sum(pool.map(upload, missing))
         manifest = Manifest(model=model, key=key, published=utc_timestamp(), artefact=artefact, validation=validation)
         result.created = store.create_manifest(model, key, manifest.to_bytes())
         result.uploaded_blobs = len(missing)
-        result.uploaded_bytes = sum(entry.size for entry in missing)
+        result.uploaded_bytes = sum(entry.size for entry in missing) - resumed_bytes
+        result.resumed_bytes = resumed_bytes
         result.reused_blobs = len(first_file_of) - len(missing)
     # Whoever created it (this call, an earlier one, a concurrent one), the stored manifest is the truth.
     stored = load_manifest(store, model, key)

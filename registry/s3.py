@@ -2,24 +2,34 @@
 
 The commit points are S3's conditional writes: a manifest is created with ``If-None-Match: *`` (so it is
 exclusive, and S3 objects are never visible half-written), a ref is moved with ``If-Match: <etag>``.
+
+A big blob goes up as a multipart upload that outlives the process: the next publish of the same blob finds it
+(its key is the blob's), keeps the parts whose size and MD5 match the local file, and sends only the rest.
+Concurrent publishers of one blob may share an upload: every part's bytes are fixed by the blob's digest, so
+writing a part twice, or completing twice, stores the same object.
 Credentials come from boto3's usual chain (environment, ``~/.aws`` files, instance roles); the secret parts
 are registered with ``enginesmith.secrets`` as they are read, so no message or log record can show them.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import hashlib
+import io
 import json
 import re
 import threading
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from enginesmith.errors import UserError
 from enginesmith.secrets import register_secret, scrub
-from registry.errors import NotFoundError, RegistryUnavailableError
+from registry.errors import IntegrityError, NotFoundError, RegistryUnavailableError
 from registry.manifest import utc_timestamp
 from registry.names import (
     MANIFEST_SUFFIX,
@@ -32,11 +42,12 @@ from registry.names import (
     refs_dir,
 )
 from registry.store import BlobInfo, RefState
-from registry.transfer import NETWORK_CHUNK_BYTES, RateLimiter, TransferProgress
+from registry.transfer import NETWORK_CHUNK_BYTES, NoProgress, RateLimiter, TransferProgress
 
-# Parts small enough that a retried part costs little and a loaded server is not handed jobs × threads × part
-# bytes at once (s3transfer raises the part size itself where 10,000 parts would not hold a blob).
+# Parts small enough that a retried or re-sent part costs little and a loaded server is not handed
+# jobs × threads × part bytes at once; each part in flight is held in memory once.
 MULTIPART_PART_BYTES = 16 * 1024 * 1024
+MAX_PARTS = 10_000  # S3's limit per upload: a bigger blob gets bigger parts
 UPLOAD_THREADS_PER_BLOB = 2
 REQUEST_ATTEMPTS = 4
 CONDITIONAL_CONFLICT_RETRIES = 5
@@ -90,23 +101,119 @@ class S3Store:
         return int(head["ContentLength"])
 
     def put_blob(self, digest: str, source: Path, *, limiter: RateLimiter | None = None,
-                 progress: TransferProgress | None = None, name: str = "") -> None:
-        from boto3.s3.transfer import TransferConfig
+                 progress: TransferProgress | None = None, name: str = "") -> int:
+        size = source.stat().st_size
+        progress = progress or NoProgress()
+        if size < self.multipart_part_bytes:
+            progress.started(name, size, 0)
+            try:
+                body = _read_span(source, 0, size, name or str(source))
+                with self._errors(f"uploading {name or source}"):
+                    self._client.put_object(Bucket=self.bucket, Key=self._key(blob_path(digest)),
+                                            Body=_metered(body, limiter, progress, name), ContentLength=size,
+                                            ContentMD5=_content_md5(body), Metadata={"sha256": digest})
+            finally:
+                progress.finished(name)
+            return 0
+        return self._put_in_parts(digest, source, size, limiter, progress, name)
 
-        config = TransferConfig(multipart_threshold=self.multipart_part_bytes,
-                                multipart_chunksize=self.multipart_part_bytes, max_concurrency=UPLOAD_THREADS_PER_BLOB)
+    def _put_in_parts(self, digest: str, source: Path, size: int, limiter: RateLimiter | None,
+                      progress: TransferProgress, name: str) -> int:
+        """Upload ``source`` in parts, continuing an unfinished upload of the same blob; returns the bytes not sent
+        (kept parts, or the whole blob when another publisher finished it first)."""
+        label = name or str(source)
+        key = self._key(blob_path(digest))
+        parts = _split(size, max(self.multipart_part_bytes, -(-size // MAX_PARTS)))
+        upload_id, stored = self._open_upload(key, digest, label)
+        # Counted as done from the start; a part that fails its MD5 check is taken back off before it is sent.
+        claimed: dict[int, list[_StoredPart]] = {}
+        for part in parts:
+            fitting = [candidate for candidate in stored.get(part.number, []) if candidate.size == part.length]
+            if fitting:
+                claimed[part.number] = fitting
+        sent = _Tally()
 
-        def sent(bytes_count: int) -> None:
-            # s3transfer calls this from the thread that reads the file, so sleeping here throttles the upload;
-            # a retried part reports negative counts.
-            if limiter is not None and bytes_count > 0:
-                limiter.consume(bytes_count)
-            if progress is not None:
-                progress.advanced(name, bytes_count)
+        def settle(part: _Part) -> str:
+            """The part's ETag for the completion: the stored part's if it holds these bytes, else a new one's."""
+            body = _read_span(source, part.offset, part.length, label)
+            md5 = hashlib.md5(body, usedforsecurity=False)
+            if part.number in claimed:
+                kept = next((c for c in claimed[part.number] if c.etag.strip('"') == md5.hexdigest()), None)
+                if kept is not None:
+                    return kept.etag
+                progress.advanced(name, -part.length)
+            response = self._upload_request(
+                f"uploading part {part.number} of {len(parts)} of {label}", self._client.upload_part,
+                Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=part.number,
+                Body=_metered(body, limiter, progress, name), ContentLength=part.length,
+                ContentMD5=base64.b64encode(md5.digest()).decode(),
+            )
+            sent.add(part.length)
+            return str(response["ETag"])
 
-        with self._errors(f"uploading {name or source}"):
-            self._client.upload_file(str(source), self.bucket, self._key(blob_path(digest)),
-                                     ExtraArgs={"Metadata": {"sha256": digest}}, Config=config, Callback=sent)
+        progress.started(name, size, sum(part.length for part in parts if part.number in claimed))
+        try:
+            etags = _run_all(settle, parts, threads=UPLOAD_THREADS_PER_BLOB)
+            self._upload_request(
+                f"finishing the upload of {label}", self._client.complete_multipart_upload, Bucket=self.bucket,
+                Key=key, UploadId=upload_id,
+                MultipartUpload={"Parts": [{"PartNumber": p.number, "ETag": etags[p]} for p in parts]},
+            )
+        except _UploadEnded:
+            if self.blob_size(digest) != size:
+                raise RegistryUnavailableError(
+                    f"the multipart upload of {label} was aborted while it ran", where=self.location,
+                    hint="`enginesmith gc` with a short --grace removes uploads in progress; run the same command "
+                         "again",
+                ) from None
+        finally:
+            progress.finished(name)
+        return size - sent.bytes
+
+    def _open_upload(self, key: str, digest: str, label: str) -> tuple[str, dict[int, list[_StoredPart]]]:
+        """The newest unfinished upload of ``key`` with its stored parts, or a new upload with none.
+
+        The newest, so that publishers that come later join the same upload, and older ones are left to ``gc``.
+        """
+        with self._errors(f"looking for an unfinished upload of {label}"):
+            pages = self._client.get_paginator("list_multipart_uploads").paginate(Bucket=self.bucket, Prefix=key)
+            uploads = [u for page in pages for u in page.get("Uploads", []) if u["Key"] == key]
+        for upload in sorted(uploads, key=lambda u: (u["Initiated"], u["UploadId"]), reverse=True):
+            try:
+                return upload["UploadId"], self._stored_parts(key, upload["UploadId"], label)
+            except _UploadEnded:
+                continue  # finished or aborted since the listing
+        with self._errors(f"starting the upload of {label}"):
+            created = self._client.create_multipart_upload(Bucket=self.bucket, Key=key, Metadata={"sha256": digest})
+        return str(created["UploadId"]), {}
+
+    def _stored_parts(self, key: str, upload_id: str, label: str) -> dict[int, list[_StoredPart]]:
+        """Part number → the parts stored under it: one on S3, every one sent on SeaweedFS (which completes with
+        the one whose ETag the completion names)."""
+        stored: dict[int, list[_StoredPart]] = {}
+        pages = self._client.get_paginator("list_parts").paginate(Bucket=self.bucket, Key=key, UploadId=upload_id)
+        with self._upload_errors(f"listing the uploaded parts of {label}"):
+            for page in pages:
+                for part in page.get("Parts", []):
+                    stored.setdefault(int(part["PartNumber"]), []).append(_StoredPart(
+                        size=int(part["Size"]), etag=str(part["ETag"]), modified=part["LastModified"].timestamp()
+                    ))
+        return stored
+
+    def _upload_request(self, action: str, operation: Callable[..., dict[str, Any]], **params: Any) -> dict[str, Any]:
+        with self._upload_errors(action):
+            return operation(**params)
+
+    @contextlib.contextmanager
+    def _upload_errors(self, action: str) -> Iterator[None]:
+        """``_errors``, with an upload that no longer exists raised as ``_UploadEnded``."""
+        with self._errors(action):
+            try:
+                yield
+            except self._client.exceptions.ClientError as exc:
+                if _error_code(exc) == "NoSuchUpload":
+                    raise _UploadEnded from None
+                raise
 
     def read_blob(self, digest: str, offset: int = 0) -> Generator[bytes, None, None]:
         # One stream per blob: with several blobs in flight that beat parallel range requests per blob (fewer
@@ -121,15 +228,17 @@ class S3Store:
                 )
             except self._client.exceptions.ClientError as exc:
                 if _is_missing(exc):
-                    raise NotFoundError(f"blob sha256:{digest} is missing from the registry", where=self.location,
-                                        hint="re-publish the artefact that lists it") from None
+                    raise NotFoundError(
+                        f"blob sha256:{digest} is missing from the registry{_request_ids(exc.response)}",
+                        where=self.location, hint="re-publish the artefact that lists it",
+                    ) from None
                 if _error_code(exc) == "InvalidRange":  # a partial file longer than the blob: nothing to add
                     return
                 raise
         body = response["Body"]
         try:
             while True:
-                with self._errors(action):
+                with self._errors(action, received=response):
                     chunk = body.read(NETWORK_CHUNK_BYTES)
                 if not chunk:
                     return
@@ -220,17 +329,28 @@ class S3Store:
 
     # --- housekeeping --------------------------------------------------------------------------------
 
-    def delete_stale_uploads(self, older_than_s: float) -> int:
-        cutoff = time.time() - older_than_s
+    def delete_stale_uploads(self, older_than_s: float, *, now: float | None = None) -> int:
+        # Idle, not merely old: a publish of a big blob may run for longer than the grace period, and each part it
+        # stores shows that it is alive.
+        cutoff = (time.time() if now is None else now) - older_than_s
         aborted = 0
         with self._errors("listing unfinished uploads"):
-            paginator = self._client.get_paginator("list_multipart_uploads")
-            for page in paginator.paginate(Bucket=self.bucket, Prefix=self._key("")):
-                for upload in page.get("Uploads", []):
-                    if upload["Initiated"].timestamp() < cutoff:
-                        self._client.abort_multipart_upload(Bucket=self.bucket, Key=upload["Key"],
-                                                            UploadId=upload["UploadId"])
-                        aborted += 1
+            pages = self._client.get_paginator("list_multipart_uploads").paginate(Bucket=self.bucket,
+                                                                                   Prefix=self._key(""))
+            uploads = [upload for page in pages for upload in page.get("Uploads", [])]
+        for upload in uploads:
+            if upload["Initiated"].timestamp() >= cutoff:
+                continue
+            try:
+                parts = self._stored_parts(upload["Key"], upload["UploadId"], upload["Key"])
+                if any(part.modified >= cutoff for candidates in parts.values() for part in candidates):
+                    continue
+                self._upload_request(f"aborting the unfinished upload of {upload['Key']}",
+                                     self._client.abort_multipart_upload, Bucket=self.bucket, Key=upload["Key"],
+                                     UploadId=upload["UploadId"])
+            except _UploadEnded:
+                continue  # finished or aborted by someone else meanwhile
+            aborted += 1
         return aborted
 
     # --- plumbing ------------------------------------------------------------------------------------
@@ -267,8 +387,16 @@ class S3Store:
             response_checksum_validation="when_required",
             s3={"addressing_style": "path"} if self.endpoint_url else None,
         )
-        return session.client("s3", endpoint_url=self.endpoint_url, config=config,
-                              region_name=session.region_name or "us-east-1")
+        client = session.client("s3", endpoint_url=self.endpoint_url, config=config,
+                                region_name=session.region_name or "us-east-1")
+        # A body counts towards the rate limit and progress only while it is sent: signing a request over plain
+        # HTTP reads the body once before that. These are the handlers s3transfer registers for the same reason.
+        from s3transfer.utils import signal_not_transferring, signal_transferring
+
+        client.meta.events.register_first("request-created.s3", signal_not_transferring,
+                                          unique_id="s3upload-not-transferring")
+        client.meta.events.register_last("request-created.s3", signal_transferring, unique_id="s3upload-transferring")
+        return client
 
     def _get_or_none(self, object_key: str, action: str) -> tuple[bytes, str] | None:
         with self._errors(action):
@@ -295,8 +423,12 @@ class S3Store:
         return names
 
     @contextlib.contextmanager
-    def _errors(self, action: str) -> Iterator[None]:
-        """Turn boto3's exceptions into errors that say what failed and what to do, with secrets scrubbed."""
+    def _errors(self, action: str, *, received: Mapping[str, Any] | None = None) -> Iterator[None]:
+        """Turn boto3's exceptions into errors that say what failed and what to do, with secrets scrubbed.
+
+        Each names the server's request id (and host id) where there was a response: a storage team asks for them
+        first. ``received`` is the response whose body is being read, for failures part-way through it.
+        """
         import botocore.exceptions as boto_errors
         import urllib3.exceptions
 
@@ -309,23 +441,111 @@ class S3Store:
             raise UserError(f"no AWS credentials found for {self.location}", where="--registry",
                             hint=_CREDENTIALS_HINT) from None
         except boto_errors.ClientError as exc:
-            code, status = _error_code(exc), _status(exc)
+            code, status, ids = _error_code(exc), _status(exc), _request_ids(exc.response)
             if code == "NoSuchBucket":
-                raise UserError(f"bucket {self.bucket!r} does not exist", where=self.location,
+                raise UserError(f"bucket {self.bucket!r} does not exist{ids}", where=self.location,
                                 hint="create the bucket, or check --registry and --s3-endpoint") from None
             if status == 403 or code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
-                raise UserError(scrub(f"access denied ({code}) while {action}"), where=self.location,
+                raise UserError(scrub(f"access denied ({code}) while {action}{ids}"), where=self.location,
                                 hint=_CREDENTIALS_HINT) from None
             if status is not None and status >= 500:
-                raise RegistryUnavailableError(scrub(f"server error {status} ({code}) while {action}"),
+                raise RegistryUnavailableError(scrub(f"server error {status} ({code}) while {action}{ids}"),
                                                where=self.location, hint="try again later") from None
-            raise UserError(scrub(f"{code} while {action}: {exc}"), where=self.location) from None
+            raise UserError(scrub(f"{code} while {action}: {exc}{ids}"), where=self.location) from None
         except unavailable as exc:
+            ids = _request_ids(received) if received is not None else ""
             raise RegistryUnavailableError(
-                scrub(f"the storage stopped answering while {action} ({type(exc).__name__})"), where=self.location,
+                scrub(f"the storage stopped answering while {action} ({type(exc).__name__}){ids}"),
+                where=self.location,
                 hint="check that the server is up; run the same command again and it resumes where it stopped",
             ) from None
 
+
+@dataclass(frozen=True)
+class _Part:
+    number: int  # from 1, as S3 counts
+    offset: int
+    length: int
+
+
+@dataclass(frozen=True)
+class _StoredPart:
+    size: int
+    etag: str  # as the server wrote it, quotes included: the completion must repeat it
+    modified: float  # seconds since the epoch
+
+
+class _UploadEnded(Exception):
+    """The multipart upload is gone: completed by another publisher, or aborted."""
+
+
+class _Tally:
+    """Bytes counted from several threads."""
+
+    def __init__(self) -> None:
+        self.bytes = 0
+        self._lock = threading.Lock()
+
+    def add(self, count: int) -> None:
+        with self._lock:
+            self.bytes += count
+
+
+def _split(size: int, part_bytes: int) -> list[_Part]:
+    return [_Part(number=index + 1, offset=offset, length=min(part_bytes, size - offset))
+            for index, offset in enumerate(range(0, size, part_bytes))]
+
+
+def _read_span(source: Path, offset: int, length: int, label: str) -> bytes:
+    with source.open("rb") as handle:
+        handle.seek(offset)
+        body = handle.read(length)
+    if len(body) != length:
+        raise IntegrityError(f"{label} now ends at byte {offset + len(body)}; it had at least {offset + length}",
+                             where=str(source),
+                             hint="the file changed while it was being published; rebuild the artefact")
+    return body
+
+
+def _content_md5(body: bytes) -> str:
+    """The Content-MD5 header: the server refuses a body that arrives different (BadDigest)."""
+    return base64.b64encode(hashlib.md5(body, usedforsecurity=False).digest()).decode()
+
+
+def _metered(body: bytes, limiter: RateLimiter | None, progress: TransferProgress, name: str) -> Any:
+    """``body`` as a request body that passes the rate limit and reports progress as it is sent (a retry rewinds
+    it, reporting the bytes sent again as negative progress)."""
+    from s3transfer.utils import ReadFileChunk
+
+    def sent(bytes_transferred: int) -> None:
+        if limiter is not None and bytes_transferred > 0:
+            limiter.consume(bytes_transferred)
+        progress.advanced(name, bytes_transferred)
+
+    return ReadFileChunk(io.BytesIO(body), len(body), len(body), callbacks=[sent], enable_callbacks=False)
+
+
+def _run_all(work: Callable[[_Part], str], parts: list[_Part], *, threads: int) -> dict[_Part, str]:
+    """``work`` on every part, ``threads`` at a time; the first failure cancels the parts not yet started."""
+    results: dict[_Part, str] = {}
+    with ThreadPoolExecutor(threads, thread_name_prefix="upload-part") as pool:
+        futures: dict[Future[str], _Part] = {pool.submit(work, part): part for part in parts}
+        try:
+            for future in as_completed(futures):
+                results[futures[future]] = future.result()
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            raise
+    return results
+
+
+def _request_ids(response: Mapping[str, Any]) -> str:
+    """`` (S3 request id …, host id …)`` from a response's metadata, or nothing where it has neither."""
+    metadata = response.get("ResponseMetadata", {})
+    ids = [f"{label} {metadata[field]}" for field, label in (("RequestId", "S3 request id"), ("HostId", "host id"))
+           if metadata.get(field)]
+    return f" ({', '.join(ids)})" if ids else ""
 
 def _error_code(exc: Any) -> str:
     return str(exc.response.get("Error", {}).get("Code", ""))

@@ -47,8 +47,12 @@ class RegistryStore(Protocol):
         ...
 
     def put_blob(self, digest: str, source: Path, *, limiter: RateLimiter | None = None,
-                 progress: TransferProgress | None = None, name: str = "") -> None:
+                 progress: TransferProgress | None = None, name: str = "") -> int:
         """Store ``source`` as blob ``digest``; it becomes visible only when complete.
+
+        Reports its progress under ``name`` (started, advanced, finished), counting bytes an interrupted
+        upload had already stored as done. Returns how many bytes it did not send because they were stored
+        already (0 where the backend cannot resume).
 
         Raises ``IntegrityError`` if the bytes do not hash to ``digest`` (where the backend hashes as it
         copies; the publisher checks beforehand in any case).
@@ -95,8 +99,9 @@ class RegistryStore(Protocol):
 
     def list_channels(self, model: str) -> list[str]: ...
 
-    def delete_stale_uploads(self, older_than_s: float) -> int:
-        """Remove uploads that never completed (temp files, multipart uploads) older than this; returns how many."""
+    def delete_stale_uploads(self, older_than_s: float, *, now: float | None = None) -> int:
+        """Remove uploads that never completed (temp files, multipart uploads) idle for longer than this before
+        ``now`` (default: the current time); returns how many."""
         ...
 
 
