@@ -3,7 +3,8 @@
 Every port is set (free ones, chosen here) and both ``-ip`` and ``-ip.bind`` are 127.0.0.1, so the server
 neither advertises nor listens beyond this machine and parallel runs do not collide; each server gets a
 fresh data directory. Stopping sends SIGTERM to the one process this module started, then SIGKILL.
-Use the session fixture by importing ``seaweedfs_fixture`` into a test module (it provides ``seaweedfs``).
+Use the fixtures by importing them into a test module: ``seaweedfs_fixture`` (one server for the session,
+``seaweedfs``), ``prefix_fixture`` (``prefix``) and ``s3_env_fixture`` (``s3_env``).
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -182,3 +185,26 @@ def seaweedfs_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seaw
     with running_seaweedfs(tmp_path_factory.mktemp("seaweedfs")) as server:
         yield server
 
+
+
+@pytest.fixture(name="prefix")
+def prefix_fixture() -> str:
+    """A key prefix of the test's own in the shared bucket."""
+    return f"test-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture(name="s3_env")
+def s3_env_fixture(seaweedfs: SeaweedServer, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """The server's credentials and endpoint in this process's environment (boto3 reads them from there)."""
+    for name, value in seaweedfs.env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    return seaweedfs.env
+
+
+def s3_client(server: SeaweedServer) -> Any:  # a botocore S3 client of the test's own, beside the store's
+    import boto3
+
+    env = server.env
+    return boto3.client("s3", endpoint_url=server.endpoint, aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+                        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"], region_name="us-east-1")

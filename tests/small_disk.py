@@ -12,12 +12,14 @@ one scenario onto it and prints what it saw as JSON (the mount vanishes with the
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
@@ -101,12 +103,21 @@ def cli(mount_point: Path, *args: str) -> dict:
             "files_after": files_under(mount_point)}
 
 
+@functools.cache
 def namespaces_allowed() -> bool:
     if shutil.which("unshare") is None:
         return False
     probe = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
                             "mount -t tmpfs -o size=1m tmpfs /mnt"], capture_output=True)
     return probe.returncode == 0
+
+
+def requires_mount_namespace(test: Any) -> Any:
+    """Skip ``test`` where this machine allows no private mount namespace with a tmpfs."""
+    import pytest
+
+    return pytest.mark.skipif(not namespaces_allowed(), reason="needs `unshare --user --mount` and tmpfs mounts "
+                              "(util-linux, unprivileged user namespaces)")(test)
 
 
 def on_small_disk(tmp_path: Path, size_mib: int, scenario: str, *args: str) -> dict:

@@ -15,9 +15,7 @@ from enginesmith.errors import UserError
 from enginesmith.specs import BuildProfile
 from quantization.stage import read_completed
 from tests.conftest import as_exported_in_trtllm_image, make_fake_trtllm_env, run_cli
-from tests.small_disk import namespaces_allowed, on_small_disk
-
-requires_mount_namespace = pytest.mark.skipif(not namespaces_allowed(), reason="needs `unshare --user --mount`")
+from tests.small_disk import on_small_disk, requires_mount_namespace
 
 CALIBRATION = ["--samples", "16", "--seq-len", "32", "--batch-size", "8"]
 

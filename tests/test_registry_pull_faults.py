@@ -31,19 +31,12 @@ from tests.registry_helpers import (
     write_artefact,
 )
 from tests.seaweedfs import BUCKET, SeaweedServer, requires_weed
+from tests.seaweedfs import s3_env_fixture as s3_env_fixture  # provides the `s3_env` fixture
 from tests.seaweedfs import seaweedfs_fixture as seaweedfs_fixture  # provides the `seaweedfs` fixture
-from tests.small_disk import namespaces_allowed, on_small_disk
+from tests.small_disk import on_small_disk, requires_mount_namespace
 from tests.waiting import pause_when, resume, wait_for
 
 WAIT_S = 60  # a safety net: the tests wait for what they observe
-
-
-@pytest.fixture
-def s3_env(seaweedfs: SeaweedServer, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    for name, value in seaweedfs.env.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
-    return seaweedfs.env
 
 
 @requires_weed
@@ -152,11 +145,6 @@ def test_two_pulls_into_one_cache_without_working_locks_write_separate_files_and
 
 
 # --- a disk too small, and one filled mid-pull ------------------------------------------------------------
-
-requires_mount_namespace = pytest.mark.skipif(
-    not namespaces_allowed(), reason="needs `unshare --user --mount` and tmpfs mounts (util-linux, unprivileged "
-                                     "user namespaces)")
-
 
 @requires_mount_namespace
 def test_a_pull_onto_a_disk_too_small_fails_before_writing_naming_bytes_needed_and_free(tmp_path: Path) -> None:

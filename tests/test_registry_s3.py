@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import subprocess
 import threading
-import uuid
 from pathlib import Path
 
 import pytest
@@ -29,33 +28,13 @@ from tests.registry_helpers import (
     tiny_files,
     write_artefact,
 )
-from tests.seaweedfs import BUCKET, SeaweedServer, requires_weed, running_seaweedfs
+from tests.seaweedfs import BUCKET, SeaweedServer, requires_weed, running_seaweedfs, s3_client
+from tests.seaweedfs import prefix_fixture as prefix_fixture  # provides the `prefix` fixture
+from tests.seaweedfs import s3_env_fixture as s3_env_fixture  # provides the `s3_env` fixture
 from tests.seaweedfs import seaweedfs_fixture as seaweedfs_fixture  # provides the `seaweedfs` fixture
 from tests.waiting import pause_when, resume, wait_for
 
 pytestmark = [requires_weed, pytest.mark.slow]
-
-
-@pytest.fixture
-def prefix() -> str:
-    return f"test-{uuid.uuid4().hex[:10]}"
-
-
-@pytest.fixture
-def s3_env(seaweedfs: SeaweedServer, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    """The server's credentials and endpoint in this process's environment (boto3 reads them from there)."""
-    for name, value in seaweedfs.env.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
-    return seaweedfs.env
-
-
-def s3_client(server: SeaweedServer):  # -> botocore S3 client
-    import boto3
-
-    env = server.env
-    return boto3.client("s3", endpoint_url=server.endpoint, aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-                        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"], region_name="us-east-1")
 
 
 def test_round_trip_on_s3(seaweedfs: SeaweedServer, s3_env: dict[str, str], prefix: str, tmp_path: Path) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import random
 import threading
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +34,9 @@ from tests.registry_helpers import (
     tiny_files,
     write_artefact,
 )
-from tests.seaweedfs import BUCKET, SeaweedServer, requires_weed
+from tests.seaweedfs import BUCKET, SeaweedServer, requires_weed, s3_client
+from tests.seaweedfs import prefix_fixture as prefix_fixture  # provides the `prefix` fixture
+from tests.seaweedfs import s3_env_fixture as s3_env_fixture  # provides the `s3_env` fixture
 from tests.seaweedfs import seaweedfs_fixture as seaweedfs_fixture  # provides the `seaweedfs` fixture
 from tests.waiting import kill_when, wait_for
 
@@ -46,25 +47,8 @@ KILL_WAIT_S = 300  # a safety net: the kill waits for what it observes, however 
 
 
 @pytest.fixture
-def prefix() -> str:
-    return f"test-{uuid.uuid4().hex[:10]}"
-
-
-@pytest.fixture
-def s3_env(seaweedfs: SeaweedServer, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    """The server's credentials and endpoint in this process's environment (boto3 reads them from there)."""
-    for name, value in seaweedfs.env.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
-    return seaweedfs.env
-
-
-@pytest.fixture
-def client(seaweedfs: SeaweedServer) -> Any:  # a botocore S3 client of the test's own, beside the store's
-    import boto3
-
-    return boto3.client("s3", endpoint_url=seaweedfs.endpoint, aws_access_key_id=seaweedfs.env["AWS_ACCESS_KEY_ID"],
-                        aws_secret_access_key=seaweedfs.env["AWS_SECRET_ACCESS_KEY"], region_name="us-east-1")
+def client(seaweedfs: SeaweedServer) -> Any:
+    return s3_client(seaweedfs)
 
 
 def test_a_publish_killed_half_way_resumes_its_multipart_upload(
