@@ -6,6 +6,7 @@ directory renamed into place, so a build killed half-way leaves nothing that loo
 
 from __future__ import annotations
 
+import os
 import shutil
 from datetime import datetime, timezone
 from pathlib import Path
@@ -29,7 +30,7 @@ from enginesmith.checkpoints.models import CheckpointFile
 from enginesmith.compat import CellRequest, violations
 from enginesmith.diskspace import disk_filled_error, is_disk_full, require_free_space
 from enginesmith.errors import IncompatibleError, UserError
-from enginesmith.gpus import DetectedGpu, detect
+from enginesmith.gpus import VISIBLE_ENV, DetectedGpu, detect
 from enginesmith.locks import output_lock
 from enginesmith.specs import ArtefactKind, BuildProfile, ModelSpec, RecipeSpec, TargetSpec, Toolchains
 
@@ -214,14 +215,18 @@ def _check_build_gpus(request: BuildRequest, gpus: list[DetectedGpu]) -> GpuInfo
         return build_gpu
     if not matching:
         seen = ", ".join(f"{d.gpu.name} ({d.match.target_id or 'unknown'})" for d in gpus) or "no NVIDIA GPU"
+        if os.environ.get(VISIBLE_ENV) is not None:
+            seen += f" ({VISIBLE_ENV}={os.environ[VISIBLE_ENV]})"
         raise UserError(
             f"no {target.id} GPU ({target.name}, SM {target.sm_label}) on this machine; found: {seen}",
             where=f"--target {target.id}",
             hint=f"build on a {target.id} node (an engine runs only on the SM it was built for), or pass "
                  "--skip-gpu-check to build anyway")
     if gpus[0].match.target_id != target.id:
-        raise UserError(f"GPU 0 is {gpus[0].gpu.name}, not a {target.id}: trtllm-build reads the SM of GPU 0",
-                        where="CUDA_VISIBLE_DEVICES", hint=f"put a {target.id} first in CUDA_VISIBLE_DEVICES")
+        first_seen = gpus[0].gpu
+        raise UserError(f"CUDA device 0 is {first_seen.name} (NVML index {first_seen.index}, {first_seen.uuid}), not "
+                        f"a {target.id}: trtllm-build reads the SM of CUDA device 0", where=VISIBLE_ENV,
+                        hint=f"put a {target.id} first in {VISIBLE_ENV} (an index or its GPU-… UUID)")
     if len(matching) < needed:
         raise UserError(f"tp×pp = {needed} needs {needed} {target.id} GPUs; this machine has {len(matching)}",
                         where=f"--target {target.id}", hint="build on a node with enough GPUs")

@@ -161,7 +161,8 @@ def preflight(
 
 @app.command()
 def gpus(json_output: JsonOption = False) -> None:
-    """List local NVIDIA GPUs (via NVML) and the catalogue target each one is."""
+    """List the NVIDIA GPUs CUDA shows this process (NVML, narrowed by CUDA_VISIBLE_DEVICES; MIG instances as
+    their own devices) and the catalogue target each one is."""
     from enginesmith.config import default_catalogue
     from enginesmith.gpus import detect
 
@@ -175,11 +176,14 @@ def gpus(json_output: JsonOption = False) -> None:
                      "or [bold]--target cpu[/] to use the CPU; `enginesmith targets` lists them.")
         return
     rows = [
-        [str(d.gpu.index), d.gpu.name, d.gpu.pci_device_id, f"{d.gpu.memory_gib:.1f}", d.gpu.sm_label,
-         d.gpu.driver_version, d.match.target_id or f"[yellow]none[/]: {d.match.note}"]
+        [str(d.gpu.cuda_index), str(d.gpu.index), d.gpu.name, d.gpu.uuid, d.gpu.pci_device_id,
+         f"{d.gpu.memory_gib:.1f}", d.gpu.sm_label, d.gpu.driver_version,
+         (f"{d.match.target_id} ({d.match.note})" if d.gpu.mig else d.match.target_id)
+         or f"[yellow]none[/]: {d.match.note}"]
         for d in detected
     ]
-    stdout.print(table("GPUs", ["index", "name", "PCI device", "GiB", "SM", "driver", "target"], rows))
+    stdout.print(table("GPUs as CUDA sees them", ["cuda", "nvml", "name", "uuid", "PCI device", "GiB", "SM", "driver",
+                                                  "target"], rows))
 
 
 @app.command()

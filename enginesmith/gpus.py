@@ -1,12 +1,21 @@
-"""Local NVIDIA GPUs: read with pynvml (the adapter), matched to catalogue targets (a pure function).
+"""Local NVIDIA GPUs: read with pynvml (the adapter), narrowed to what CUDA shows this process, and matched to
+catalogue targets (pure functions).
+
+NVML lists every GPU of the node in PCI bus order and knows nothing of ``CUDA_VISIBLE_DEVICES``; CUDA shows a
+process only the devices that variable names, in its order, numbered from 0, and shows a GPU in MIG mode as its
+MIG instances, each with its own memory and SMs. ``visible_to_cuda`` applies those rules, so "GPU 0" here is
+the device a CUDA program (trtllm-build, vLLM) calls 0.
 
 Matching uses the PCI device id and the memory size, never a name substring ("NVIDIA GH200 480GB" contains
-"H200"; "NVIDIA H100" names more than one board).
+"H200"; "NVIDIA H100" names more than one board). A MIG instance matches its board's SKU (the SM and recipes are
+the board's) and keeps its own, smaller memory.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import os
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
@@ -17,10 +26,24 @@ NVIDIA_VENDOR_ID = 0x10DE
 # differ by far more than this.
 MEMORY_TOLERANCE = 0.12
 GIB = 1024**3
+T = TypeVar("T")
+VISIBLE_ENV, ORDER_ENV = "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"
+
+
+class MigInstance(BaseModel):
+    """Where a MIG instance sits: its board, and the profile it was cut as."""
+
+    profile: str  # "3g": its compute slices (nvidia-smi adds a rounded memory size, "3g.40gb"; ours is exact)
+    parent_index: int  # the board's NVML index
+    parent_uuid: str
+    parent_memory_total_bytes: int
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
 
 
 class GpuRecord(BaseModel):
-    """One GPU as NVML reports it."""
+    """One GPU (or MIG instance) as NVML reports it; ``index`` is the NVML index (of the board, for a MIG
+    instance), ``cuda_index`` the number CUDA gives it in this process (``None`` until ``visible_to_cuda``)."""
 
     index: int
     name: str
@@ -31,6 +54,9 @@ class GpuRecord(BaseModel):
     driver_version: str = ""
     cuda_driver_version: int | None = None
     mig_enabled: bool = False
+    multiprocessor_count: int | None = None
+    mig: MigInstance | None = None
+    cuda_index: int | None = None
 
     @property
     def memory_gib(self) -> float:
@@ -57,7 +83,16 @@ def pci_device_id_from_nvml(pci_device_id: int) -> str:
 
 
 def match_target(gpu: GpuRecord, targets: Iterable[TargetSpec]) -> TargetMatch:
-    """The catalogue target this GPU is, by PCI device id and memory; SM is checked as a consistency guard."""
+    """The catalogue target this GPU is, by PCI device id and memory; SM is checked as a consistency guard. A MIG
+    instance is matched by its board's memory, and the note says it is a slice."""
+    if gpu.mig is not None:
+        board = gpu.model_copy(update={"mig": None, "memory_total_bytes": gpu.mig.parent_memory_total_bytes})
+        match = match_target(board, targets)
+        if match.target_id is None:
+            return match
+        return TargetMatch(target_id=match.target_id,
+                           note=f"MIG instance {gpu.mig.profile} of a {match.target_id}: {gpu.memory_gib:.1f} GiB"
+                                f"{f', {gpu.multiprocessor_count} SMs' if gpu.multiprocessor_count else ''}")
     by_pci = [t for t in targets if normalize_pci_device_id(gpu.pci_device_id) in t.pci_device_ids]
     if not by_pci:
         return TargetMatch(
@@ -82,9 +117,56 @@ def match_target(gpu: GpuRecord, targets: Iterable[TargetSpec]) -> TargetMatch:
     return TargetMatch(target_id=best.id, note="matched by PCI device id and memory")
 
 
-def detect(targets: Iterable[TargetSpec]) -> list[DetectedGpu]:
+def detect(targets: Iterable[TargetSpec], environ: Mapping[str, str] | None = None) -> list[DetectedGpu]:
+    """The GPUs CUDA shows this process (``environ``: this process's environment by default), in CUDA's order,
+    each matched to a target."""
     target_list = list(targets)
-    return [DetectedGpu(gpu=gpu, match=match_target(gpu, target_list)) for gpu in read_gpus()]
+    visible = visible_to_cuda(read_gpus(), os.environ if environ is None else environ)
+    return [DetectedGpu(gpu=gpu, match=match_target(gpu, target_list)) for gpu in visible]
+
+
+class VisibleDevicesError(ValueError):
+    """A ``CUDA_VISIBLE_DEVICES`` entry that names no device here (CUDA would ignore it and all after it)."""
+
+
+def visible_to_cuda(records: list[GpuRecord], environ: Mapping[str, str], *,
+                    strict: bool = False) -> list[GpuRecord]:
+    """The devices a CUDA program started with ``environ`` sees, in its order, with ``cuda_index`` set.
+
+    Devices: each board not in MIG mode, and each MIG instance of a board in MIG mode (never the board itself).
+    Order: PCI bus order (NVML's) under ``CUDA_DEVICE_ORDER=PCI_BUS_ID``; CUDA's default, fastest first, puts
+    higher compute capability, then more SMs, first (ties keep bus order). ``CUDA_VISIBLE_DEVICES``, when set,
+    keeps the devices its entries name, in their order: an index into that order, ``GPU-<uuid>`` or
+    ``MIG-<uuid>`` (a unique prefix is enough). As CUDA does, an entry that names nothing (or a device already
+    named) ends the list; ``strict`` raises ``VisibleDevicesError`` instead.
+    """
+    devices = [r for r in records if r.mig is not None or not r.mig_enabled]
+    if environ.get(ORDER_ENV, "FASTEST_FIRST").strip().upper() != "PCI_BUS_ID":
+        devices = sorted(devices, key=lambda r: (-(r.sm or 0), -(r.multiprocessor_count or 0)))
+    listed = environ.get(VISIBLE_ENV)
+    if listed is not None:
+        chosen: list[GpuRecord] = []
+        for entry in (e.strip() for e in listed.split(",")):
+            found = _named_device(entry, devices)
+            if found is None or found in chosen:
+                if strict:
+                    reason = "a device already listed" if found is not None else "no device on this machine"
+                    raise VisibleDevicesError(f"{VISIBLE_ENV} entry {entry!r} names {reason}; CUDA ignores it and "
+                                              f"every entry after it")
+                break
+            chosen.append(found)
+        devices = chosen
+    return [device.model_copy(update={"cuda_index": position}) for position, device in enumerate(devices)]
+
+
+def _named_device(entry: str, devices: list[GpuRecord]) -> GpuRecord | None:
+    if entry.isdigit():
+        position = int(entry)
+        return devices[position] if position < len(devices) else None
+    if entry.startswith(("GPU-", "MIG-")) and len(entry) > 4:
+        matching = [d for d in devices if d.uuid.startswith(entry)]
+        return matching[0] if len(matching) == 1 else None
+    return None
 
 
 class NvmlUnavailable(Exception):
@@ -120,22 +202,57 @@ def _read_nvml() -> list[GpuRecord]:
                 mig = bool(mig_current)
             except pynvml.NVMLError:
                 mig = False
-            records.append(
-                GpuRecord(
-                    index=index,
-                    name=_text(pynvml.nvmlDeviceGetName(handle)),
-                    pci_device_id=pci_device_id_from_nvml(pynvml.nvmlDeviceGetPciInfo(handle).pciDeviceId),
-                    memory_total_bytes=int(pynvml.nvmlDeviceGetMemoryInfo(handle).total),
-                    sm=major * 10 + minor,
-                    uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
-                    driver_version=driver,
-                    cuda_driver_version=cuda_driver,
-                    mig_enabled=mig,
-                )
+            board = GpuRecord(
+                index=index,
+                name=_text(pynvml.nvmlDeviceGetName(handle)),
+                pci_device_id=pci_device_id_from_nvml(pynvml.nvmlDeviceGetPciInfo(handle).pciDeviceId),
+                memory_total_bytes=int(pynvml.nvmlDeviceGetMemoryInfo(handle).total),
+                sm=major * 10 + minor,
+                uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
+                driver_version=driver,
+                cuda_driver_version=cuda_driver,
+                mig_enabled=mig,
             )
+            records.append(board)
+            if mig:
+                records += _read_mig_instances(pynvml, handle, board)
         return records
     finally:
         pynvml.nvmlShutdown()
+
+
+def _read_mig_instances(pynvml: Any, handle: Any, board: GpuRecord) -> list[GpuRecord]:
+    """The MIG instances of a board in MIG mode, each with its own memory, SM count and UUID."""
+    instances = []
+    for slot in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
+        try:
+            mig_handle = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+        except pynvml.NVMLError:  # an empty slot
+            continue
+        memory = int(pynvml.nvmlDeviceGetMemoryInfo(mig_handle).total)
+        attributes = _optional(pynvml, pynvml.nvmlDeviceGetAttributes, mig_handle)
+        slices = getattr(attributes, "gpuInstanceSliceCount", None)
+        profile = f"{slices}g" if slices else "?g"
+        instance = MigInstance(
+            profile=profile, parent_index=board.index, parent_uuid=board.uuid,
+            parent_memory_total_bytes=board.memory_total_bytes,
+            gpu_instance_id=_optional(pynvml, pynvml.nvmlDeviceGetGpuInstanceId, mig_handle),
+            compute_instance_id=_optional(pynvml, pynvml.nvmlDeviceGetComputeInstanceId, mig_handle),
+        )
+        instances.append(board.model_copy(update={
+            "name": f"{board.name} MIG {profile} {memory / GIB:.1f} GiB", "memory_total_bytes": memory,
+            "uuid": _text(pynvml.nvmlDeviceGetUUID(mig_handle)),
+            "multiprocessor_count": getattr(attributes, "multiprocessorCount", None), "mig": instance,
+        }))
+    return instances
+
+
+def _optional(pynvml: Any, read: Callable[..., T], *args: Any) -> T | None:
+    """A value older drivers or some boards do not report."""
+    try:
+        return read(*args)
+    except (pynvml.NVMLError, AttributeError):
+        return None
 
 
 def _text(value: str | bytes) -> str:

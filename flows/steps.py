@@ -98,7 +98,7 @@ def build(cell: Cell, quantized: QuantizedCheckpoint, work: Path, config: Pipeli
 def validate(cell: Cell, artefact_dir: Path, checkpoint: Checkpoint, config: PipelineConfig,
              work: Path) -> ValidationReport:
     from builders.serve import baseline_recipe, installed_runtime_version, reference_recipe
-    from enginesmith.gpus import read_gpus
+    from enginesmith.gpus import read_gpus, visible_to_cuda
     from validation.placement import place_sides
     from validation.report import write_report
     from validation.stage import ServerSide
@@ -122,8 +122,8 @@ def validate(cell: Cell, artefact_dir: Path, checkpoint: Checkpoint, config: Pip
                            recipe=reference_serve, root=source)
     baselines = [ServerSide(role="baseline", name=name, runtime=name, recipe=baseline_recipe(name, source), root=source)
                  for name in config.workload.baselines]
-    placement = place_sides(on_cpu=cell.target.is_cpu, visible_gpus=0 if cell.target.is_cpu else len(read_gpus()),
-                            gpus_per_side=cell.tp * cell.pp)
+    visible = [] if cell.target.is_cpu else [gpu.uuid for gpu in visible_to_cuda(read_gpus(), os.environ)]
+    placement = place_sides(on_cpu=cell.target.is_cpu, visible_uuids=visible, gpus_per_side=cell.tp * cell.pp)
     candidate.env.update(placement.candidate_env)
     reference.env.update(placement.reference_env)
     # Only deterministic results (greedy accuracy and completions) are reused across cells; performance is

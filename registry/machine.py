@@ -18,7 +18,8 @@ AUTO_TARGET = "auto"
 
 def describe_machine(target: str, catalogue: Catalogue | None = None, *,
                      runtime_version: str | None = None) -> Machine:
-    """``auto``: the GPUs NVML sees (the CPU when there are none); ``cpu``; or a catalogue SKU, as a node of
+    """``auto``: the GPUs CUDA would show this process (``CUDA_VISIBLE_DEVICES``; a MIG instance with its own
+    memory), the CPU when there are none; ``cpu``; or a catalogue SKU, as a node of
     ``gpus_per_node`` such GPUs. The catalogue defaults to ``default_catalogue()``, read only when the target
     needs it. Raises ``UserError`` for an unknown target."""
     runtimes = {ENGINE_RUNTIME: runtime_version} if runtime_version else _installed_runtimes()
@@ -29,8 +30,8 @@ def describe_machine(target: str, catalogue: Catalogue | None = None, *,
     catalogue = catalogue or default_catalogue()
     if target == AUTO_TARGET:
         gpus = [
-            GpuSlot(index=d.gpu.index, name=d.gpu.name, target_id=d.match.target_id, sm=d.gpu.sm,
-                    memory_bytes=d.gpu.memory_total_bytes)
+            GpuSlot(index=d.gpu.cuda_index if d.gpu.cuda_index is not None else d.gpu.index, name=d.gpu.name,
+                    target_id=d.match.target_id, sm=d.gpu.sm, memory_bytes=d.gpu.memory_total_bytes)
             for d in detect(catalogue.targets.values())
         ]
         if not gpus:

@@ -8,6 +8,9 @@ is still the labelled test double (tests/fakes): TensorRT-LLM is not installed o
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -120,3 +123,22 @@ def test_engine_for_the_detected_gpu_passes_the_gpu_check_and_auto_pull_chooses_
                      "--dest", str(tmp_path / "deploy"), "--cache-dir", str(tmp_path / "cache"), "--json")
     assert pulled.returncode == 0, pulled.stderr[-3000:]
     assert json.loads((tmp_path / "deploy" / "artefact.json").read_text())["target"] == here
+
+
+def test_cuda_visible_devices_narrows_detection_as_cuda_does():
+    """On real hardware: each GPU named by UUID (and by index) is the one CUDA shows a child process as device 0."""
+    torch = pytest.importorskip("torch")
+    records = read_gpus()
+    assert records
+    for record in records:
+        if record.mig_enabled:
+            continue
+        seen = detect(default_catalogue().targets.values(), {"CUDA_VISIBLE_DEVICES": record.uuid})
+        assert [(d.gpu.cuda_index, d.gpu.uuid) for d in seen] == [(0, record.uuid)]
+        probe = ("import torch; p = torch.cuda.get_device_properties(0); "
+                 "print(torch.cuda.device_count(), 'GPU-' + str(p.uuid))")
+        shown = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                               env={**os.environ, "CUDA_VISIBLE_DEVICES": record.uuid})
+        assert shown.stdout.split() == ["1", record.uuid], shown.stdout
+    by_index = detect(default_catalogue().targets.values(), {"CUDA_VISIBLE_DEVICES": "0"})
+    assert len(by_index) == 1 and torch.cuda.is_available()

@@ -3,12 +3,25 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
 from enginesmith.config import default_catalogue
-from enginesmith.gpus import GIB, GpuRecord, match_target, pci_device_id_from_nvml, read_gpus
+from enginesmith.gpus import (
+    GIB,
+    GpuRecord,
+    VisibleDevicesError,
+    detect,
+    match_target,
+    pci_device_id_from_nvml,
+    read_gpus,
+    visible_to_cuda,
+)
+from registry.machine import describe_machine
 from tests.conftest import run_cli
+from tests.fake_nvml import FakeBoard, FakeMig, FakeNvml
+from validation.placement import place_sides
 
 # NVML reports a little less memory than the nominal size (an H100 80GB: 81559 MiB).
 NVML_MEMORY_FRACTION = 0.995
@@ -90,3 +103,85 @@ def test_gpus_cli_matches_the_real_gpu():
     if not detected:
         pytest.skip("no NVIDIA GPU on this machine")
     assert all(d["match"]["target_id"] for d in detected), detected
+
+
+# --- GPUs as CUDA sees them, on an NVML double (tests/fake_nvml.py) ----------------------------------------
+
+def _uuid(n: int) -> str:
+    return f"GPU-{n:08x}-1111-2222-3333-{n:012x}"
+
+
+def _node(monkeypatch, boards: list[FakeBoard]) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(boards).module())
+
+
+def _seen(environ: dict[str, str]) -> list[tuple[int | None, int, str]]:
+    """(cuda index, NVML index, uuid) of each device ``detect`` reports under ``environ``."""
+    return [(d.gpu.cuda_index, d.gpu.index, d.gpu.uuid) for d in detect(GPU_TARGETS, environ)]
+
+
+def test_cuda_visible_devices_by_index_keeps_the_named_gpus_in_its_order(monkeypatch):
+    _node(monkeypatch, [FakeBoard(uuid=_uuid(n)) for n in range(4)])
+    assert [nvml for _, nvml, _ in _seen({})] == [0, 1, 2, 3]
+    assert _seen({"CUDA_VISIBLE_DEVICES": "2,0"}) == [(0, 2, _uuid(2)), (1, 0, _uuid(0))]
+    assert _seen({"CUDA_VISIBLE_DEVICES": ""}) == []
+    # As CUDA does, an entry naming nothing (or a device twice) ends the list there.
+    assert _seen({"CUDA_VISIBLE_DEVICES": "1,7,2"}) == [(0, 1, _uuid(1))]
+    assert _seen({"CUDA_VISIBLE_DEVICES": "3,3"}) == [(0, 3, _uuid(3))]
+    with pytest.raises(VisibleDevicesError, match="'7'"):
+        visible_to_cuda(read_gpus(), {"CUDA_VISIBLE_DEVICES": "1,7"}, strict=True)
+
+
+def test_cuda_visible_devices_by_uuid_and_by_unique_prefix(monkeypatch):
+    _node(monkeypatch, [FakeBoard(uuid=_uuid(n)) for n in range(4)])
+    assert _seen({"CUDA_VISIBLE_DEVICES": f"{_uuid(3)},{_uuid(1)[:12]}"}) == [(0, 3, _uuid(3)), (1, 1, _uuid(1))]
+    assert _seen({"CUDA_VISIBLE_DEVICES": "GPU-0000"}) == []  # a prefix of every board names none
+
+
+def test_cuda_device_order_fastest_first_unless_pci_bus_id(monkeypatch):
+    l40s = FakeBoard(uuid=_uuid(0), name="NVIDIA L40S", pci_device=0x26B9, memory_bytes=46068 * 1024**2,
+                     capability=(8, 9))
+    h100 = FakeBoard(uuid=_uuid(1))
+    _node(monkeypatch, [l40s, h100])
+    assert [d.match.target_id for d in detect(GPU_TARGETS, {})] == ["h100-sxm", "l40s"]
+    assert [d.match.target_id for d in detect(GPU_TARGETS, {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"})] == ["l40s", "h100-sxm"]
+    assert _seen({"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "1"}) == [(0, 1, _uuid(1))]
+
+
+def _mig_node() -> list[FakeBoard]:
+    sliced = FakeBoard(uuid=_uuid(0), mig=[
+        FakeMig(uuid="MIG-aaaaaaaa-0000-0000-0000-000000000001", memory_bytes=40192 * 1024**2, slices=3,
+                multiprocessors=60, gpu_instance_id=1),
+        None,
+        FakeMig(uuid="MIG-bbbbbbbb-0000-0000-0000-000000000002", memory_bytes=19968 * 1024**2, slices=2,
+                multiprocessors=32, gpu_instance_id=5),
+    ])
+    return [sliced, FakeBoard(uuid=_uuid(1))]
+
+
+def test_a_gpu_in_mig_mode_is_its_instances_each_with_its_own_memory(monkeypatch):
+    _node(monkeypatch, _mig_node())
+    detected = detect(GPU_TARGETS, {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
+    assert [d.gpu.uuid[:12] for d in detected] == ["MIG-aaaaaaaa", "MIG-bbbbbbbb", _uuid(1)[:12]]
+    first = detected[0]
+    assert first.gpu.mig is not None and first.gpu.mig.profile == "3g" and first.gpu.mig.parent_index == 0
+    assert first.gpu.memory_gib == pytest.approx(39.25) and first.gpu.multiprocessor_count == 60
+    assert first.match.target_id == "h100-sxm" and "MIG instance 3g of a h100-sxm: 39.2 GiB, 60 SMs" in first.match.note
+    only_small = detect(GPU_TARGETS, {"CUDA_VISIBLE_DEVICES": "MIG-bbbb"})
+    assert [(d.gpu.cuda_index, d.gpu.mig.profile if d.gpu.mig else None) for d in only_small] == [(0, "2g")]
+
+
+def test_resolve_on_a_mig_slice_sees_the_slices_memory_not_the_boards(monkeypatch):
+    _node(monkeypatch, _mig_node())
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "MIG-bbbb")
+    machine = describe_machine("auto", default_catalogue())
+    assert [(slot.index, slot.target_id, round(slot.memory_bytes / GIB, 1)) for slot in machine.gpus] == [
+        (0, "h100-sxm", 19.5)]
+
+
+def test_validation_names_each_sides_gpus_by_uuid():
+    placement = place_sides(on_cpu=False, visible_uuids=[_uuid(5), _uuid(2), _uuid(7), _uuid(1)], gpus_per_side=2)
+    assert placement.keep_servers_up
+    assert placement.candidate_env == {"CUDA_VISIBLE_DEVICES": f"{_uuid(5)},{_uuid(2)}"}
+    assert placement.reference_env == {"CUDA_VISIBLE_DEVICES": f"{_uuid(7)},{_uuid(1)}"}
+    assert not place_sides(on_cpu=False, visible_uuids=[_uuid(5)], gpus_per_side=1).keep_servers_up
