@@ -34,6 +34,8 @@ def trtllm_serve_options(profile: BuildProfile) -> dict[str, Any]:
         options["kv_cache_config"] = {"free_gpu_memory_fraction": profile.kv_cache_free_gpu_memory_fraction}
     batch_sizes = profile.cuda_graph_batch_sizes or _default_graph_batch_sizes(profile.max_batch_size or 256)
     options["cuda_graph_config"] = {"enable_padding": True, "batch_sizes": batch_sizes}
+    # Without it the PyTorch backend's /metrics stays empty, and validation reads the KV-cache fill from there.
+    options["enable_iter_perf_stats"] = True
     return options
 
 

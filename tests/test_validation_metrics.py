@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import statistics
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from enginesmith.specs import GateSpec
 from validation.gates import evaluate_gates, judge, undecided
 from validation.loadgen import ArrivalSchedule
 from validation.metrics import SLO, RequestRecord, Spread, summarize
+from validation.sampling import kv_usage_from_metrics
 from validation.sse import record_from_stream
 
 STREAM = Path(__file__).parent / "data" / "vllm_completion_stream.txt"
@@ -175,3 +177,21 @@ def test_streams_whose_tokens_arrive_at_once_are_counted_and_the_latency_gate_fa
     unmeasured = evaluate_gates(gates, "fp8", throughput_ratio=_rounds(1.0), tpot_ratio=None, accuracy_drops_points={},
                                 failed_requests=0, e2el_ratio=None, tpot_unobservable="reference: 4 of 4 streams")
     assert not next(g for g in unmeasured if g.name == "max_tpot_ratio").passed
+
+
+def test_kv_cache_fill_is_read_from_vllm_prometheus_and_trtllm_serve_json():
+    vllm = ('# TYPE vllm:kv_cache_usage_perc gauge\n'
+            'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25\n'
+            'vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.5\n')
+    assert kv_usage_from_metrics(vllm) == 0.5
+    # trtllm-serve's /metrics: the iteration stats since the last call, as its documentation shows them.
+    trtllm = json.dumps([
+        {"iter": 7, "kvCacheStats": {"maxNumBlocks": 101256, "freeNumBlocks": 101253, "usedNumBlocks": 3,
+                                     "tokensPerBlock": 32}},
+        {"iter": 8, "kvCacheStats": {"maxNumBlocks": 101256, "freeNumBlocks": 50628, "usedNumBlocks": 50628}},
+        {"iter": 9},
+    ])
+    assert kv_usage_from_metrics(trtllm) == 0.5
+    assert kv_usage_from_metrics("[]") is None  # an idle trtllm-serve
+    assert kv_usage_from_metrics("[{\"kvCacheStats\": {\"usedNumBlocks\": 1, \"maxNumBlocks\": 0}}]") is None
+    assert kv_usage_from_metrics("[not json") is None

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -53,8 +55,32 @@ def scrape_kv_usage(base_url: str) -> float | None:
         text = httpx.get(f"{base_url}/metrics", timeout=2).text
     except httpx.HTTPError:
         return None
+    return kv_usage_from_metrics(text)
+
+
+def kv_usage_from_metrics(text: str) -> float | None:
+    """The highest KV-cache fill (0..1) in a ``/metrics`` answer: vLLM's Prometheus text, or trtllm-serve's JSON
+    list of iteration stats (``kvCacheStats.usedNumBlocks / maxNumBlocks``; the list holds the iterations since
+    the last call, so an idle server answers ``[]``)."""
+    if text.lstrip().startswith("["):
+        try:
+            iterations: Any = json.loads(text)
+        except ValueError:
+            return None
+        fills = [_block_fill(stats.get("kvCacheStats")) for stats in iterations if isinstance(stats, dict)]
+        known = [fill for fill in fills if fill is not None]
+        return max(known) if known else None
     values = [float(v) for v in KV_USAGE_METRIC.findall(text)]
     return max(values) if values else None
+
+
+def _block_fill(kv_stats: Any) -> float | None:
+    if not isinstance(kv_stats, dict):
+        return None
+    used, total = kv_stats.get("usedNumBlocks"), kv_stats.get("maxNumBlocks")
+    if not isinstance(used, int | float) or not isinstance(total, int | float) or total <= 0:
+        return None
+    return float(used) / float(total)
 
 
 class UsageSampler:
