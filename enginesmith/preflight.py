@@ -18,7 +18,7 @@ from pydantic import BaseModel
 from enginesmith.checkpoints.survey import CheckpointSurvey, survey
 from enginesmith.config import Catalogue, load_pipeline_config, task_errors
 from enginesmith.errors import TransientError, UserError
-from enginesmith.memory import MemoryNeed, cell_needs
+from enginesmith.memory import GIB, SERVED_REFERENCE_BYTES, MemoryNeed, cell_needs
 from enginesmith.plan import Cell, Plan, plan_matrix
 from enginesmith.plan_sources import model_source
 from enginesmith.specs import PipelineConfig
@@ -203,13 +203,20 @@ def _calibration_check(config: PipelineConfig) -> Check:
 def serve_commands(cell: Cell) -> list[list[str]]:
     """The vLLM serve arguments validation would start for this cell: the reference (and the candidate, where
     vLLM serves it), rendered as vLLM sees them."""
-    from builders.serve import reference_recipe, vllm_serve_arguments
+    from builders.serve import ServedMemory, reference_recipe, vllm_serve_arguments
     from builders.stage import artefact_runtimes, serve_recipes
 
+    def served(bytes_per_param: float) -> ServedMemory | None:
+        if cell.model.params_b is None or cell.target.is_cpu:
+            return None
+        return ServedMemory(weight_bytes=cell.model.params_b * 1e9 * bytes_per_param,
+                            device_bytes=int(cell.target.memory_gib * GIB))
+
     recipes = [reference_recipe(Path(CHECKPOINT_PLACEHOLDER), on_cpu=cell.target.is_cpu, profile=cell.profile,
-                                tp=cell.tp, pp=cell.pp)]
+                                tp=cell.tp, pp=cell.pp, memory=served(SERVED_REFERENCE_BYTES))]
     recipes += serve_recipes(cell.kind, cell.recipe, cell.profile,
-                             artefact_runtimes(cell.kind, cell.recipe, cell.target), tp=cell.tp, pp=cell.pp)
+                             artefact_runtimes(cell.kind, cell.recipe, cell.target), tp=cell.tp, pp=cell.pp,
+                             memory=served(cell.recipe.weight_bytes_per_param))
     return [vllm_serve_arguments(r, artefact_dir=Path(ARTEFACT_PLACEHOLDER)) for r in recipes
             if r.runtime in ("vllm", "vllm-cpu")]
 

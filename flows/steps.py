@@ -97,15 +97,20 @@ def build(cell: Cell, quantized: QuantizedCheckpoint, work: Path, config: Pipeli
 
 def validate(cell: Cell, artefact_dir: Path, checkpoint: Checkpoint, config: PipelineConfig,
              work: Path) -> ValidationReport:
-    from builders.serve import baseline_recipe, installed_runtime_version, reference_recipe
+    from builders.serve import ServedMemory, baseline_recipe, installed_runtime_version, reference_recipe
     from enginesmith.gpus import read_gpus, visible_to_cuda
+    from enginesmith.memory import GIB, SERVED_REFERENCE_BYTES
     from validation.placement import place_sides
     from validation.report import write_report
     from validation.stage import ServerSide
     from validation.stage import validate as run_validation
 
     source = Path(checkpoint.local_path).resolve()
-    reference_serve = reference_recipe(source, on_cpu=cell.target.is_cpu, profile=cell.profile, tp=cell.tp, pp=cell.pp)
+    parameters = checkpoint.parameter_count or checkpoint.total_bytes // 2
+    served = ServedMemory(weight_bytes=parameters * SERVED_REFERENCE_BYTES,
+                          device_bytes=int(cell.target.memory_gib * GIB))
+    reference_serve = reference_recipe(source, on_cpu=cell.target.is_cpu, profile=cell.profile, tp=cell.tp, pp=cell.pp,
+                                       memory=served)
     installed = installed_runtime_version(reference_serve.runtime)
     if installed is not None and installed != config.toolchains.vllm.vllm:
         raise UserError(f"the validation key names {reference_serve.runtime} {config.toolchains.vllm.vllm} "

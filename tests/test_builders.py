@@ -282,3 +282,20 @@ def test_quantize_and_build_onto_a_disk_too_small_fail_before_writing(tiny_model
         assert f"not enough disk for {what}" in seen["stderr"] and "--out" in seen["stderr"]
         assert f"{seen['free_before']} free" in seen["stderr"] and "Traceback" not in seen["stderr"]
         assert [f for f in seen["files_after"] if not f.endswith(".lock")] == []  # the output lock: empty
+
+
+def test_vllm_gets_the_kv_cache_share_by_its_own_definition():
+    from builders.serve import ServedMemory, vllm_args, vllm_memory_utilization
+    from enginesmith.memory import GIB, SERVING_OVERHEAD
+
+    device = 80 * GIB
+    weights = 8.03e9 * 2  # Llama-3.1-8B in BF16, one H100
+    utilization = vllm_memory_utilization(0.9, weight_bytes_per_gpu=weights, device_bytes=device)
+    used = weights * SERVING_OVERHEAD
+    # vLLM's share of the whole GPU leaves the KV cache what TensorRT-LLM's share of the free memory leaves it.
+    assert utilization * device - used == pytest.approx(0.9 * (device - used), rel=1e-3)
+    assert utilization != 0.9 and 0.9 < utilization < 0.98
+    profile = BuildProfile(kv_cache_free_gpu_memory_fraction=0.9)
+    spread = vllm_args(profile, tp=2, memory=ServedMemory(weight_bytes=2 * weights, device_bytes=device))
+    assert spread[spread.index("--gpu-memory-utilization") + 1] == str(utilization)  # per GPU, over tp
+    assert "--gpu-memory-utilization" not in vllm_args(profile)  # not known here: vLLM's default, never a wrong one
