@@ -39,6 +39,7 @@ class FakeBoard:
     capability: tuple[int, int] = (9, 0)
     mig: list[FakeMig | None] | None = None  # slots (None: empty); None: MIG mode off
     mig_slots: int = 7
+    processes: dict[int, int] = field(default_factory=dict)  # pid → GPU bytes it holds (compute processes)
 
 
 @dataclass
@@ -53,8 +54,8 @@ class FakeNvml:
         nvml.NVMLError = NVMLError  # type: ignore[attr-defined]
         boards = self.boards
 
-        def memory(total: int) -> types.SimpleNamespace:
-            return types.SimpleNamespace(total=total, used=0, free=total)
+        def memory(total: int, used: int = 0) -> types.SimpleNamespace:
+            return types.SimpleNamespace(total=total, used=used, free=total - used)
 
         def board(handle: object) -> FakeBoard:
             assert isinstance(handle, FakeBoard), "a MIG handle where NVML wants a board"
@@ -72,7 +73,10 @@ class FakeNvml:
             "nvmlDeviceGetName": lambda handle: board(handle).name,
             "nvmlDeviceGetPciInfo": lambda handle: types.SimpleNamespace(
                 pciDeviceId=(board(handle).pci_device << 16) | 0x10DE),
-            "nvmlDeviceGetMemoryInfo": lambda handle: memory(handle.memory_bytes),
+            "nvmlDeviceGetMemoryInfo": lambda handle: memory(handle.memory_bytes, used=sum(
+                getattr(handle, "processes", {}).values())),
+            "nvmlDeviceGetComputeRunningProcesses": lambda handle: [
+                types.SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in board(handle).processes.items()],
             "nvmlDeviceGetUUID": lambda handle: handle.uuid,
             "nvmlDeviceGetMaxMigDeviceCount": lambda handle: board(handle).mig_slots,
             "nvmlDeviceGetMigDeviceHandleByIndex": _mig_slot,

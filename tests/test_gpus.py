@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 
 import pytest
@@ -22,6 +23,7 @@ from registry.machine import describe_machine
 from tests.conftest import run_cli
 from tests.fake_nvml import FakeBoard, FakeMig, FakeNvml
 from validation.placement import place_sides
+from validation.sampling import UsageSampler, gpu_memory_used_bytes
 
 # NVML reports a little less memory than the nominal size (an H100 80GB: 81559 MiB).
 NVML_MEMORY_FRACTION = 0.995
@@ -185,3 +187,21 @@ def test_validation_names_each_sides_gpus_by_uuid():
     assert placement.candidate_env == {"CUDA_VISIBLE_DEVICES": f"{_uuid(5)},{_uuid(2)}"}
     assert placement.reference_env == {"CUDA_VISIBLE_DEVICES": f"{_uuid(7)},{_uuid(1)}"}
     assert not place_sides(on_cpu=False, visible_uuids=[_uuid(5)], gpus_per_side=1).keep_servers_up
+
+
+def test_gpu_memory_is_sampled_for_the_servers_own_processes_not_the_whole_node(monkeypatch):
+    server = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        other_job = 4_000_000  # a pid no process here has
+        boards = [FakeBoard(uuid=_uuid(0), processes={server.pid: 30 * GIB, other_job: 40 * GIB}),
+                  FakeBoard(uuid=_uuid(1), processes={server.pid: 28 * GIB})]
+        _node(monkeypatch, boards)
+        sampler = UsageSampler("http://127.0.0.1:9", server_pid=server.pid)
+        sampler._sample()
+        assert sampler.memory_source == "nvml-process" and sampler.peak_memory_bytes == 58 * GIB
+        assert gpu_memory_used_bytes() == 98 * GIB  # the node's total, the other job included
+        # NVML showing only PIDs from another namespace (a container): the node's total, and said so.
+        _node(monkeypatch, [FakeBoard(uuid=_uuid(0), processes={other_job: 40 * GIB})])
+        assert UsageSampler("http://127.0.0.1:9", server_pid=server.pid).memory_source == "nvml"
+    finally:
+        server.communicate(b"")

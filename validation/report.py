@@ -24,7 +24,7 @@ class SideReport(BaseModel):
     runtime: str
     levels: list[BenchmarkResult]  # every level of every round (``BenchmarkResult.round``)
     peak_memory_bytes: int | None
-    memory_source: str  # "nvml" (GPU memory) or "process-rss" (CPU target)
+    memory_source: str  # "nvml-process" (the server's own GPU memory), "nvml" (the node's) or "process-rss" (CPU)
     kv_cache_usage_max: float | None  # 0..1 from the engine's /metrics, where it reports it
     accuracy: list[TaskScore]
     capabilities: ServerCapabilities

@@ -14,8 +14,8 @@ import httpx
 KV_USAGE_METRIC = re.compile(r"^vllm:(?:kv|gpu)_cache_usage_perc(?:\{[^}]*\})?\s+([0-9.eE+-]+)", re.MULTILINE)
 
 
-def process_tree_rss_bytes(root_pid: int) -> int:
-    """Resident memory of a process and all its descendants, from /proc."""
+def process_tree_pids(root_pid: int) -> set[int]:
+    """A process and all its descendants, from /proc."""
     children: dict[int, list[int]] = {}
     for status in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -23,20 +23,31 @@ def process_tree_rss_bytes(root_pid: int) -> int:
         except OSError:
             continue
         children.setdefault(int(fields[1]), []).append(int(status.parent.name))
-    total, stack = 0, [root_pid]
+    found, stack = set(), [root_pid]
     while stack:
         pid = stack.pop()
+        found.add(pid)
+        stack.extend(children.get(pid, []))
+    return found
+
+
+def process_tree_rss_bytes(root_pid: int) -> int:
+    """Resident memory of a process and all its descendants, from /proc."""
+    total = 0
+    for pid in process_tree_pids(root_pid):
         try:
             for line in Path(f"/proc/{pid}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):
                     total += int(line.split()[1]) * 1024
         except OSError:
             pass
-        stack.extend(children.get(pid, []))
     return total
 
 
-def gpu_memory_used_bytes() -> int | None:
+def gpu_memory_used_bytes(pids: set[int] | None = None) -> int | None:
+    """GPU memory in use: by the processes ``pids`` (NVML's compute processes, every GPU), or on the whole node
+    when ``pids`` is None (other jobs included). None without a driver, and where none of ``pids`` shows among
+    NVML's processes although some do (a container whose PIDs NVML reports from the host's namespace)."""
     try:
         import pynvml
 
@@ -44,8 +55,14 @@ def gpu_memory_used_bytes() -> int | None:
     except Exception:  # no driver: not a GPU run
         return None
     try:
-        return sum(int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).used)
-                   for i in range(pynvml.nvmlDeviceGetCount()))
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        if pids is None:
+            return sum(int(pynvml.nvmlDeviceGetMemoryInfo(handle).used) for handle in handles)
+        processes = [p for handle in handles for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)]
+        ours = [int(p.usedGpuMemory or 0) for p in processes if p.pid in pids]
+        if processes and not ours:
+            return None
+        return sum(ours)
     finally:
         pynvml.nvmlShutdown()
 
@@ -84,19 +101,29 @@ def _block_fill(kv_stats: Any) -> float | None:
 
 
 class UsageSampler:
-    """Peak memory (GPU via NVML; else the server's process tree RSS) and peak KV-cache usage."""
+    """Peak memory and peak KV-cache usage. Memory: on GPUs, what the server's own process tree holds
+    (``nvml-process``), or the node's total where NVML cannot tell its processes apart (``nvml``: other jobs
+    included); on the CPU, the process tree's resident memory (``process-rss``)."""
 
     def __init__(self, base_url: str, server_pid: int | None, interval_s: float = 0.5) -> None:
         self.base_url, self.server_pid, self.interval_s = base_url, server_pid, interval_s
         self.peak_memory_bytes: int | None = None
         self.kv_cache_usage_max: float | None = None
-        self.memory_source = "nvml" if gpu_memory_used_bytes() is not None else "process-rss"
+        self.memory_source = "process-rss"
+        if gpu_memory_used_bytes() is not None:
+            tree = process_tree_pids(server_pid) if server_pid else None
+            self.memory_source = "nvml-process" if tree and gpu_memory_used_bytes(tree) is not None else "nvml"
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _sample(self) -> None:
-        memory = gpu_memory_used_bytes() if self.memory_source == "nvml" else (
-            process_tree_rss_bytes(self.server_pid) if self.server_pid else None)
+        memory: int | None = None
+        if self.memory_source == "nvml-process" and self.server_pid:
+            memory = gpu_memory_used_bytes(process_tree_pids(self.server_pid))
+        elif self.memory_source == "nvml":
+            memory = gpu_memory_used_bytes()
+        elif self.server_pid:
+            memory = process_tree_rss_bytes(self.server_pid)
         if memory is not None:
             self.peak_memory_bytes = max(self.peak_memory_bytes or 0, memory)
         usage = scrape_kv_usage(self.base_url)
