@@ -157,8 +157,9 @@ RULES: tuple[Rule, ...] = (
          "rest (FP8 needs SM ≥ 8.9, INT4/INT8 are refused on SM 10.0–11.9, NVFP4 needs Blackwell, W4A8 "
          "AWQ SM 8.9–9.0).", _recipe_on_sm),
     Rule("parallel-fits-node", "an engine runs on exactly tp×pp GPUs of one node.", _parallel_fits_node),
-    Rule("fits-memory", "each stage must fit the SKU's memory: quantising on one of its nodes, and serving the "
-         "candidate and the BF16 reference it is validated against on tp×pp GPUs (weights plus runtime overhead).",
+    Rule("fits-memory", "each stage must fit the SKU's memory: quantising on one of its nodes, serving the candidate "
+         "on tp×pp GPUs, and the BF16 reference it is validated against on as many of one node's GPUs as its weights "
+         "need (weights plus runtime overhead).",
          _fits_memory),
     Rule("engine-backend-version", "TensorRT-LLM's engine backend exists only up to 1.2.x.",
          _engine_backend_version),

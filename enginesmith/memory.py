@@ -83,17 +83,36 @@ def quantize_need(parameters: int, *, on_gpu: bool, checkpoint_dtype_bytes: int,
                       available_per_device_bytes=device_bytes)
 
 
+def reference_tp(parameters: float, checkpoint_dtype_bytes: int, target: TargetSpec, *, tp: int, pp: int) -> int:
+    """The tensor parallelism the BF16 reference is served at: the cell's own where its weights fit, else the
+    smallest doubling of it that fits on one node of the SKU (the cell's, when none does: its need then fails)."""
+    if target.is_cpu:
+        return tp
+    device_bytes = int(target.memory_gib * GIB)
+    weight_bytes = parameters * min(checkpoint_dtype_bytes, SERVED_REFERENCE_BYTES)
+    candidate_tp = tp
+    while candidate_tp * pp <= target.gpus_per_node:
+        if serving_need("reference", weight_bytes, candidate_tp * pp, device_bytes=device_bytes).fits:
+            return candidate_tp
+        candidate_tp *= 2
+    return tp
+
+
 def cell_needs(parameters: float, checkpoint_dtype_bytes: int, recipe: RecipeSpec, target: TargetSpec, *, tp: int,
                pp: int) -> list[MemoryNeed]:
     """Memory per stage of one cell on its SKU: quantise on one node of it (on GPUs the checkpoint in its dtype spread
-    over the node's GPUs; on the CPU in fp32), and serve the candidate and the reference over the cell's tp×pp
-    devices (an engine build holds one rank's weights, as its serving does). The plan passes the config's params_b
-    and BF16; preflight the checkpoint's own count and dtype."""
+    over the node's GPUs; on the CPU in fp32), serve the candidate over the cell's tp×pp devices (an engine build
+    holds one rank's weights, as its serving does), and the reference over ``reference_tp`` × pp. The plan passes
+    the config's params_b and BF16; preflight the checkpoint's own count and dtype."""
     device_bytes, world = int(target.memory_gib * GIB), tp * pp
+    served_tp = reference_tp(parameters, checkpoint_dtype_bytes, target, tp=tp, pp=pp)
+    reference = serving_need("reference", parameters * min(checkpoint_dtype_bytes, SERVED_REFERENCE_BYTES),
+                             served_tp * pp, device_bytes=device_bytes)
+    if served_tp != tp:
+        reference.basis += f"; at tp={served_tp}, as the cell's tp={tp} cannot hold the BF16 weights"
     return [
         quantize_need(int(parameters), on_gpu=not target.is_cpu, checkpoint_dtype_bytes=checkpoint_dtype_bytes,
                       devices=target.gpus_per_node, device_bytes=device_bytes),
         serving_need("candidate", parameters * recipe.weight_bytes_per_param, world, device_bytes=device_bytes),
-        serving_need("reference", parameters * min(checkpoint_dtype_bytes, SERVED_REFERENCE_BYTES), world,
-                     device_bytes=device_bytes),
+        reference,
     ]

@@ -18,7 +18,7 @@ from pydantic import BaseModel
 from enginesmith.checkpoints.survey import CheckpointSurvey, survey
 from enginesmith.config import Catalogue, load_pipeline_config, task_errors
 from enginesmith.errors import TransientError, UserError
-from enginesmith.memory import GIB, SERVED_REFERENCE_BYTES, MemoryNeed, cell_needs
+from enginesmith.memory import GIB, SERVED_REFERENCE_BYTES, MemoryNeed, cell_needs, reference_tp
 from enginesmith.plan import Cell, Plan, plan_matrix
 from enginesmith.plan_sources import model_source
 from enginesmith.specs import PipelineConfig
@@ -212,8 +212,10 @@ def serve_commands(cell: Cell) -> list[list[str]]:
         return ServedMemory(weight_bytes=cell.model.params_b * 1e9 * bytes_per_param,
                             device_bytes=int(cell.target.memory_gib * GIB))
 
+    served_tp = cell.tp if cell.model.params_b is None else reference_tp(
+        cell.model.params_b * 1e9, SERVED_REFERENCE_BYTES, cell.target, tp=cell.tp, pp=cell.pp)
     recipes = [reference_recipe(Path(CHECKPOINT_PLACEHOLDER), on_cpu=cell.target.is_cpu, profile=cell.profile,
-                                tp=cell.tp, pp=cell.pp, memory=served(SERVED_REFERENCE_BYTES))]
+                                tp=served_tp, pp=cell.pp, memory=served(SERVED_REFERENCE_BYTES))]
     recipes += serve_recipes(cell.kind, cell.recipe, cell.profile,
                              artefact_runtimes(cell.kind, cell.recipe, cell.target), tp=cell.tp, pp=cell.pp,
                              memory=served(cell.recipe.weight_bytes_per_param))

@@ -99,7 +99,7 @@ def validate(cell: Cell, artefact_dir: Path, checkpoint: Checkpoint, config: Pip
              work: Path) -> ValidationReport:
     from builders.serve import ServedMemory, baseline_recipe, installed_runtime_version, reference_recipe
     from enginesmith.gpus import read_gpus, visible_to_cuda
-    from enginesmith.memory import GIB, SERVED_REFERENCE_BYTES
+    from enginesmith.memory import GIB, SERVED_REFERENCE_BYTES, reference_tp
     from validation.placement import place_sides
     from validation.report import write_report
     from validation.stage import ServerSide
@@ -109,8 +109,10 @@ def validate(cell: Cell, artefact_dir: Path, checkpoint: Checkpoint, config: Pip
     parameters = checkpoint.parameter_count or checkpoint.total_bytes // 2
     served = ServedMemory(weight_bytes=parameters * SERVED_REFERENCE_BYTES,
                           device_bytes=int(cell.target.memory_gib * GIB))
-    reference_serve = reference_recipe(source, on_cpu=cell.target.is_cpu, profile=cell.profile, tp=cell.tp, pp=cell.pp,
-                                       memory=served)
+    # The reference is never squeezed onto fewer GPUs than its BF16 weights need (a 70B cell at tp 1 on H100s).
+    served_tp = reference_tp(parameters, SERVED_REFERENCE_BYTES, cell.target, tp=cell.tp, pp=cell.pp)
+    reference_serve = reference_recipe(source, on_cpu=cell.target.is_cpu, profile=cell.profile, tp=served_tp,
+                                       pp=cell.pp, memory=served)
     installed = installed_runtime_version(reference_serve.runtime)
     if installed is not None and installed != config.toolchains.vllm.vllm:
         raise UserError(f"the validation key names {reference_serve.runtime} {config.toolchains.vllm.vllm} "
@@ -128,14 +130,15 @@ def validate(cell: Cell, artefact_dir: Path, checkpoint: Checkpoint, config: Pip
     baselines = [ServerSide(role="baseline", name=name, runtime=name, recipe=baseline_recipe(name, source), root=source)
                  for name in config.workload.baselines]
     visible = [] if cell.target.is_cpu else [gpu.uuid for gpu in visible_to_cuda(read_gpus(), os.environ)]
-    placement = place_sides(on_cpu=cell.target.is_cpu, visible_uuids=visible, gpus_per_side=cell.tp * cell.pp)
+    placement = place_sides(on_cpu=cell.target.is_cpu, visible_uuids=visible, candidate_gpus=cell.tp * cell.pp,
+                            reference_gpus=served_tp * cell.pp)
     candidate.env.update(placement.candidate_env)
     reference.env.update(placement.reference_env)
     # Only deterministic results (greedy accuracy and completions) are reused across cells; performance is
     # measured in every run, interleaved with the candidate's.
     accuracy_key = stage_key("reference-accuracy", {
         "checkpoint": checkpoint.key, "runtime": reference.runtime, "target": cell.target.id,
-        "workload": config.workload, "parallel": {"tp": cell.tp, "pp": cell.pp},
+        "workload": config.workload, "parallel": {"tp": served_tp, "pp": cell.pp},
         "task_files": task_fingerprints(config.workload.accuracy_tasks)})
     out_dir = work / REPORTS_DIR / cell.stage_keys.validation[:16]
     tokenizer_dir = artefact_dir / ("tokenizer" if cell.kind == "trtllm-engine" else "model")
@@ -145,6 +148,9 @@ def validate(cell: Cell, artefact_dir: Path, checkpoint: Checkpoint, config: Pip
         reference_accuracy_cache=work / REFERENCE_DIR / f"{accuracy_key[:16]}.json",
         keep_servers_up=placement.keep_servers_up, baselines=baselines)
     report.notes.extend(placement.notes)
+    if served_tp != cell.tp:
+        report.notes.append(f"The BF16 reference was served at tp={served_tp}: its weights do not fit the cell's "
+                            f"tp={cell.tp} on {cell.target.id} (enginesmith/memory.py).")
     report.artefact_key, report.key = artefact.key, cell.key
     write_report(report, out_dir)
     return report

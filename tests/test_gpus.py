@@ -182,11 +182,13 @@ def test_resolve_on_a_mig_slice_sees_the_slices_memory_not_the_boards(monkeypatc
 
 
 def test_validation_names_each_sides_gpus_by_uuid():
-    placement = place_sides(on_cpu=False, visible_uuids=[_uuid(5), _uuid(2), _uuid(7), _uuid(1)], gpus_per_side=2)
+    placement = place_sides(on_cpu=False, visible_uuids=[_uuid(5), _uuid(2), _uuid(7), _uuid(1)], candidate_gpus=1,
+                            reference_gpus=2)
     assert placement.keep_servers_up
-    assert placement.candidate_env == {"CUDA_VISIBLE_DEVICES": f"{_uuid(5)},{_uuid(2)}"}
-    assert placement.reference_env == {"CUDA_VISIBLE_DEVICES": f"{_uuid(7)},{_uuid(1)}"}
-    assert not place_sides(on_cpu=False, visible_uuids=[_uuid(5)], gpus_per_side=1).keep_servers_up
+    assert placement.candidate_env == {"CUDA_VISIBLE_DEVICES": _uuid(5)}
+    assert placement.reference_env == {"CUDA_VISIBLE_DEVICES": f"{_uuid(2)},{_uuid(7)}"}
+    assert not place_sides(on_cpu=False, visible_uuids=[_uuid(5), _uuid(2)], candidate_gpus=1,
+                           reference_gpus=2).keep_servers_up
 
 
 def test_gpu_memory_is_sampled_for_the_servers_own_processes_not_the_whole_node(monkeypatch):

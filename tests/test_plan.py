@@ -36,6 +36,21 @@ def test_nightly_plan_has_cells_and_named_invalid_reasons():
         assert all(r["rule"] in {rule.id for rule in RULES} for r in reasons)
     assert cells["llama-3.1-8b-instruct/int4-awq/h100-sxm/tp1/trtllm-engine"]["status"] == "build"
     assert cells["llama-3.1-70b-instruct/fp8/l40s/tp4/trtllm-engine"]["status"] == "build"
+    # Its BF16 reference does not fit one H100; it is served over two, so the cell is not refused for it.
+    assert cells["llama-3.1-70b-instruct/fp8/h100-sxm/tp1/trtllm-engine"]["status"] == "build"
+
+
+def test_the_reference_is_served_over_as_many_gpus_as_its_bf16_weights_need():
+    from enginesmith.config import default_catalogue
+    from enginesmith.memory import reference_tp
+
+    targets = default_catalogue().targets
+    assert reference_tp(8.03e9, 2, targets["h100-sxm"], tp=1, pp=1) == 1
+    assert reference_tp(70.6e9, 2, targets["h100-sxm"], tp=1, pp=1) == 2
+    assert reference_tp(70.6e9, 2, targets["l40s"], tp=1, pp=1) == 4
+    assert reference_tp(70.6e9, 4, targets["l40s"], tp=2, pp=1) == 4  # an fp32 checkpoint is served in 16 bits
+    # No doubling fits on one node: the cell's own tp, whose need then fails the cell.
+    assert reference_tp(405e9, 2, targets["l40s"], tp=1, pp=1) == 1
 
 
 def test_plan_human_table_lists_cells_and_counts():

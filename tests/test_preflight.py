@@ -63,7 +63,7 @@ def test_the_nightly_matrix_is_ready_offline_and_vllm_accepts_every_serve_comman
                if c["status"] == "blocked"]
     assert not blocked, blocked[:3]
     assert code == 0 and report["offline"] is True
-    assert statuses["ready"] == 90 and statuses["invalid"] == 40, statuses
+    assert statuses["ready"] == 91 and statuses["invalid"] == 39, statuses
     cells = {c["id"]: c for c in report["cells"]}
     for cell in cells.values():
         if cell["status"] == "invalid":
@@ -77,6 +77,10 @@ def test_the_nightly_matrix_is_ready_offline_and_vllm_accepts_every_serve_comman
         if cell["status"] == "ready":
             parsed = _checks(cell, "vllm-args")
             assert parsed and all(c["ok"] for c in parsed), cell["id"]
+    # A 70B fp8 cell at tp 1 on H100s: the candidate fits one GPU, its BF16 reference is served over two.
+    one_gpu = cells["llama-3.1-70b-instruct/fp8/h100-sxm/tp1/trtllm-engine"]
+    assert one_gpu["status"] == "ready"
+    assert "--tensor-parallel-size 2" in _checks(one_gpu, "vllm-args")[0]["detail"]
     long_context = _checks(cells["llama-3.1-70b-instruct/fp8/h100-sxm/tp4/trtllm-engine"], "vllm-args")
     assert "--tensor-parallel-size 4" in long_context[0]["detail"] and "--max-model-len 65536" in \
         long_context[0]["detail"]
@@ -110,7 +114,7 @@ def test_a_broken_copy_of_the_nightly_is_blocked_with_each_reason(nightly_cache:
     text = re.sub(r"accuracy_tasks: \[.*\]", "accuracy_tasks: [facts, gsm8k-mini]", text)
     text = text.replace("revision: c170c708c41dac9275d15a8fff4eca08d52bab71", f"revision: {CONSOLIDATED_ONLY_SHA}")
     text = text.replace("params_b: 7.62", "params_b: 15.2")
-    # A 70B at tp 2 on L40S: its fp8 weights fit two GPUs, its BF16 reference does not.
+    # A 70B at tp 2 on L40S: its fp8 weights fit two GPUs, its BF16 reference needs four.
     text = text.replace("matrix:\n", "matrix:\n  - {models: [llama-3.1-70b-instruct], recipes: [fp8], targets: [l40s], "
                                      "kinds: [trtllm-engine], tp: [2]}\n", 1)
     config = tmp_path / "nightly-broken.yaml"
@@ -129,8 +133,11 @@ def test_a_broken_copy_of_the_nightly_is_blocked_with_each_reason(nightly_cache:
     qwen = _checks(cells["qwen2.5-7b-instruct/fp8/h100-sxm/tp1/hf-quantized"], "params_b")[0]
     assert qwen["ok"] is False and "15.2 B" in qwen["detail"] and "7.62 B" in qwen["detail"]
     tp2 = cells["llama-3.1-70b-instruct/fp8/l40s/tp2/trtllm-engine"]
-    memory = {c["name"]: c["ok"] for c in tp2["checks"] if c["name"].startswith("memory ")}
-    assert memory == {"memory quantize": True, "memory candidate": True, "memory reference": False}
+    memory = {c["name"]: c for c in tp2["checks"] if c["name"].startswith("memory ")}
+    assert {name: check["ok"] for name, check in memory.items()} == {
+        "memory quantize": True, "memory candidate": True, "memory reference": True}
+    assert "4 device(s)" in memory["memory reference"]["detail"]
+    assert "at tp=4, as the cell's tp=2 cannot hold the BF16 weights" in memory["memory reference"]["detail"]
 
 
 def test_a_serve_command_vllm_refuses_blocks_the_cell(tmp_path: Path) -> None:

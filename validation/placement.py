@@ -20,18 +20,19 @@ class Placement:
     notes: list[str] = field(default_factory=list)
 
 
-def place_sides(*, on_cpu: bool, visible_uuids: list[str], gpus_per_side: int) -> Placement:
-    """``visible_uuids``: the UUIDs of the devices this process sees, in CUDA's order."""
+def place_sides(*, on_cpu: bool, visible_uuids: list[str], candidate_gpus: int, reference_gpus: int) -> Placement:
+    """``visible_uuids``: the UUIDs of the devices this process sees, in CUDA's order; each side's GPU count (the
+    reference may need more than the candidate: BF16 weights)."""
     if on_cpu:
         return Placement(keep_servers_up=True)
-    if len(visible_uuids) >= 2 * gpus_per_side:
-        candidate = visible_uuids[:gpus_per_side]
-        reference = visible_uuids[gpus_per_side:2 * gpus_per_side]
+    needed = candidate_gpus + reference_gpus
+    if len(visible_uuids) >= needed:
+        candidate = visible_uuids[:candidate_gpus]
+        reference = visible_uuids[candidate_gpus:needed]
         return Placement(keep_servers_up=True, candidate_env={"CUDA_VISIBLE_DEVICES": ",".join(candidate)},
                          reference_env={"CUDA_VISIBLE_DEVICES": ",".join(reference)},
-                         notes=[f"candidate on CUDA devices 0-{gpus_per_side - 1} ({', '.join(candidate)}), reference "
-                                f"on {gpus_per_side}-{2 * gpus_per_side - 1} ({', '.join(reference)}) (same SKU), both "
-                                "up for the whole run, measured in turn"])
+                         notes=[f"candidate on {', '.join(candidate)}, reference on {', '.join(reference)} (same "
+                                "SKU), both up for the whole run, measured in turn"])
     return Placement(keep_servers_up=False, notes=[
-        f"{len(visible_uuids)} GPU(s) visible, {2 * gpus_per_side} needed to keep both servers up: each side's server "
-        "was started for its turn in every round"])
+        f"{len(visible_uuids)} GPU(s) visible, {needed} needed to keep both servers up: each side's server was "
+        "started for its turn in every round"])
