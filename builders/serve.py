@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +13,7 @@ from enginesmith.artefacts import ServeRecipe
 from enginesmith.config import REPO_ROOT
 from enginesmith.errors import UserError
 from enginesmith.memory import SERVING_OVERHEAD
+from enginesmith.runtimes import environment, environment_versions, locate, serve_command
 from enginesmith.specs import BuildProfile
 
 VLLM_CPU_PYTHON = "{vllm_cpu_python}"
@@ -161,11 +161,13 @@ def render(recipe: ServeRecipe, *, artefact_dir: Path, host: str, port: int,
     """The argv and environment to start ``recipe`` for ``artefact_dir`` on ``host:port``."""
     values = {"artefact_dir": str(artefact_dir), "host": host, "port": str(port), "model_name": model_name}
     argv = []
-    for arg in recipe.argv:
+    for index, arg in enumerate(recipe.argv):
         if arg == VLLM_CPU_PYTHON:
             argv.append(vllm_cpu_python())
         elif arg == TRANSFORMERS_CLI:
             argv.append(str(Path(vllm_cpu_python()).parent / "transformers"))
+        elif index == 0:  # trtllm-serve, vllm: from the runtime's own environment (configs/runtimes)
+            argv.append(serve_command(recipe.runtime, arg.format(**values)))
         else:
             argv.append(arg.format(**values))
     return argv, dict(recipe.env)
@@ -208,7 +210,6 @@ def installed_runtime_version(runtime: str) -> str | None:
         done = subprocess.run([python, "-c", "import importlib.metadata as m; print(m.version('vllm-cpu'))"],
                               capture_output=True, text=True, timeout=60)
         return done.stdout.strip() or None if done.returncode == 0 else None
-    if runtime == "vllm" and shutil.which("vllm"):
-        done = subprocess.run(["vllm", "--version"], capture_output=True, text=True, timeout=120)
-        return done.stdout.strip().splitlines()[-1] if done.returncode == 0 and done.stdout.strip() else None
+    if runtime == "vllm":
+        return (environment_versions(locate(environment("vllm"))) or {}).get("vllm")
     return None

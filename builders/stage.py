@@ -126,7 +126,8 @@ def _build_into(request: BuildRequest, staging: Path, out_dir: Path, build_gpu: 
     if request.kind == "trtllm-engine":
         trtllm_versions, engine_build_config = build_engine(
             quantized, request.target, request.profile, staging,
-            expected_trtllm_version=request.toolchains.trtllm.tensorrt_llm, timeout_s=request.timeout_s)
+            expected_trtllm_version=request.toolchains.trtllm.tensorrt_llm,
+            expected_tensorrt_version=request.toolchains.trtllm.tensorrt, timeout_s=request.timeout_s)
         versions.update(trtllm_versions)
         build_config["engine"] = engine_build_config
     else:

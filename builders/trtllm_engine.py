@@ -19,6 +19,7 @@ from enginesmith.checkpoints.files import TOKENIZER_FILES
 from enginesmith.compat import modelopt_pin_problem
 from enginesmith.errors import UserError
 from enginesmith.process import run_logged
+from enginesmith.runtimes import release_matches
 from enginesmith.specs import BuildProfile, TargetSpec
 
 DEFAULT_BUILD_TIMEOUT_S = 4 * 3600
@@ -31,22 +32,33 @@ def build_engine(
     staging: Path,
     *,
     expected_trtllm_version: str,
+    expected_tensorrt_version: str | None = None,
     timeout_s: float = DEFAULT_BUILD_TIMEOUT_S,
 ) -> tuple[dict[str, str], dict[str, Any]]:
-    """Build the engine into ``staging/engine`` (tokenizer in ``staging/tokenizer``); returns the toolchain
-    versions and the engine's recorded build config. Raises a UserError naming the cause on any failure."""
+    """Build the engine into ``staging/engine`` (tokenizer in ``staging/tokenizer``) with the ``trtllm-build`` of the
+    TensorRT-LLM runtime environment; returns the versions that environment ran (TensorRT-LLM, TensorRT, torch, read
+    from its package metadata and checked against the pins the build key names) and the engine's recorded build
+    config. Raises a UserError naming the cause on any failure."""
     if "trtllm" not in quantized.formats or not quantized.trtllm_dir.is_dir():
         raise UserError("the quantised checkpoint has no TensorRT-LLM export", where=quantized.out_dir,
                         hint="quantise with --formats trtllm (inside the TensorRT-LLM image)")
     assert target.sm is not None
-    executable = find_executable("trtllm-build")
-    versions = toolchain_versions(executable)
+    executable, environment = find_executable("trtllm-build")
+    versions = toolchain_versions(executable, environment.environment.versions or None)
     installed = versions.get("tensorrt_llm")
+    rebuild = (f"make the environment from configs/runtimes/{environment.environment.requirements} "
+               f"({environment.environment.setup_command})")
     if installed != expected_trtllm_version:
         raise UserError(
-            f"trtllm-build at {executable} is TensorRT-LLM {installed or 'unknown'}, the config pins "
-            f"{expected_trtllm_version}", where="toolchains.trtllm.tensorrt_llm",
-            hint="build in the pinned TensorRT-LLM image; an engine runs only with the version that built it")
+            f"trtllm-build at {executable} ({environment.describe()}) is TensorRT-LLM {installed or 'unknown'}, the "
+            f"config pins {expected_trtllm_version}", where="toolchains.trtllm.tensorrt_llm",
+            hint=f"{rebuild}; an engine runs only with the version that built it")
+    installed_tensorrt = versions.get("tensorrt")
+    if expected_tensorrt_version and not release_matches(installed_tensorrt or "", expected_tensorrt_version):
+        raise UserError(
+            f"trtllm-build at {executable} ({environment.describe()}) runs TensorRT {installed_tensorrt or 'unknown'}, "
+            f"the config pins {expected_tensorrt_version}", where="toolchains.trtllm.tensorrt",
+            hint=f"{rebuild}; an engine runs only with the TensorRT that built it")
     exporter = quantized.versions.get("modelopt", "unknown")
     problem = modelopt_pin_problem(expected_trtllm_version, exporter) if quantized.quant_algo else None
     if problem:

@@ -88,8 +88,9 @@ def hf_cache(tmp_path: Path, tiny_model_dir: Path) -> tuple[Path, str]:
 
 @pytest.fixture(scope="session")
 def fake_trtllm_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """Environment for a TEST DOUBLE ``trtllm-build`` (tests/fakes/trtllm_build.py) first on PATH, with
-    TensorRT-LLM 1.2.1 and TensorRT 10.14.1 package metadata visible to its interpreter."""
+    """Environment for a TEST DOUBLE ``trtllm-build`` (tests/fakes/trtllm_build.py) as the TensorRT-LLM runtime
+    environment's (``ENGINESMITH_ENV_TRTLLM``), with TensorRT-LLM 1.2.1 and TensorRT 10.14.1 package metadata visible
+    to its interpreter."""
     root = tmp_path_factory.mktemp("fake-trtllm")
     return make_fake_trtllm_env(root, trtllm_version="1.2.1")
 
@@ -97,8 +98,8 @@ def fake_trtllm_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 def as_exported_in_trtllm_image(quantized_dir: Path, out: Path) -> Path:
     """TEST DOUBLE, labelled: a copy of a quantised checkpoint recording the exporter the TensorRT-LLM image has.
     Engine cells are quantised inside that image, whose ModelOpt (0.37, the one TensorRT-LLM 1.2.1 pins) cannot
-    be installed here; the copy stands in for its export, as the fake trtllm-build on PATH stands in for its
-    builder. The tensors are this machine's ModelOpt's, which the fake builder does not read."""
+    be installed here; the copy stands in for its export, as the fake trtllm-build environment stands in for
+    its builder. The tensors are this machine's ModelOpt's, which the fake builder does not read."""
     shutil.copytree(quantized_dir, out)
     metadata = json.loads((out / "quantize.json").read_text())
     metadata["versions"]["modelopt"] = "0.37.0"
@@ -122,7 +123,7 @@ def make_fake_trtllm_env(root: Path, *, trtllm_version: str) -> dict[str, str]:
         dist.mkdir(parents=True)
         (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
     python_path = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH", "")]))
-    return {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": python_path}
+    return {"ENGINESMITH_ENV_TRTLLM": str(root), "PYTHONPATH": python_path}
 
 
 def needs_vllm_cpu() -> None:

@@ -1,4 +1,4 @@
-"""The build stage: TensorRT-LLM engines through a fake ``trtllm-build`` on PATH (the real one needs a GPU),
+"""The build stage: TensorRT-LLM engines through a fake ``trtllm-build`` environment (the real one needs a GPU),
 and HF-quantised artefacts for GPU SKUs and for the cpu target, for real."""
 
 from __future__ import annotations
@@ -175,16 +175,19 @@ def test_serve_print_matches_the_reference_flags(fp8_quantized, fp8_for_engines,
     vllm_python = tmp_path / "vllm-python"
     vllm_python.touch()
     env = {"ENGINESMITH_VLLM_CPU_PYTHON": str(vllm_python)}
+    # No TensorRT-LLM or vLLM environment here: print their tools as found on PATH (tests/test_runtimes.py prints
+    # them from an environment).
+    on_path = {"ENGINESMITH_ENV_TRTLLM": "PATH", "ENGINESMITH_ENV_VLLM": "PATH"}
 
-    engine = run_cli("serve", str(tmp_path / "engine"), "--port", "9001", "--print").stdout.split()
+    engine = run_cli("serve", str(tmp_path / "engine"), "--port", "9001", "--print", env=on_path).stdout.split()
     assert engine[:2] == ["trtllm-serve", str((tmp_path / "engine" / "engine").resolve())]
     assert _flag(engine, "--backend") == "tensorrt" and _flag(engine, "--port") == "9001"
     assert _flag(engine, "--tokenizer") == str((tmp_path / "engine" / "tokenizer").resolve())
 
-    pytorch = run_cli("serve", str(tmp_path / "gpu"), "--print").stdout.split()
+    pytorch = run_cli("serve", str(tmp_path / "gpu"), "--print", env=on_path).stdout.split()
     assert _flag(pytorch, "--backend") == "pytorch" and _flag(pytorch, "--extra_llm_api_options").endswith(
         "trtllm-serve.yaml")
-    vllm = run_cli("serve", str(tmp_path / "gpu"), "--runtime", "vllm", "--print").stdout.split()
+    vllm = run_cli("serve", str(tmp_path / "gpu"), "--runtime", "vllm", "--print", env=on_path).stdout.split()
     assert vllm[:2] == ["vllm", "serve"] and _flag(vllm, "--max-num-seqs") == "256"
 
     cpu = run_cli("serve", str(tmp_path / "cpu"), "--print", env=env).stdout.split()
