@@ -6,6 +6,7 @@ failed gate fails at once. A failed gate publishes nothing and leaves the run Fa
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -139,6 +140,12 @@ def cell_for(params: BuildCellParams) -> tuple[Path, PipelineConfig, Cell]:
     return config_path, single, plan.cells[0]
 
 
+def worker_name() -> str:
+    """The worker that started this run: a process worker hands its name to the runs it starts (Prefect's
+    attribution variable); empty for a run started in-process."""
+    return os.environ.get("PREFECT__WORKER_NAME", "")
+
+
 @flow(name="build-cell", persist_result=True)
 def build_cell(params: BuildCellParams = BuildCellParams()) -> CellSummary:
     logger = get_run_logger()
@@ -147,7 +154,7 @@ def build_cell(params: BuildCellParams = BuildCellParams()) -> CellSummary:
         raise ConfigError(f"cell {cell.id} cannot be built: {cell.reason}", field="params")
     if steps.published(config, cell):
         logger.info("cell %s (key %s) is already in the registry: nothing to do", cell.id, cell.key[:12])
-        return CellSummary(cell=cell.id, status="cached", key=cell.key)
+        return CellSummary(cell=cell.id, status="cached", key=cell.key, worker=worker_name())
     work = steps.workdir(config)
     checkpoint = pull_task(config_path, cell)
     quantized = quantize_task(cell, checkpoint, work)
@@ -167,7 +174,7 @@ def build_cell(params: BuildCellParams = BuildCellParams()) -> CellSummary:
     artefact = read_artefact(artefact_dir)
     logger.info("cell %s built and published (%d files)", cell.id, len(artefact.files) if artefact else 0)
     return CellSummary(cell=cell.id, status="built", key=cell.key, throughput_ratio=comparison["throughput_ratio"],
-                       tpot_ratio=comparison["tpot_ratio"])
+                       tpot_ratio=comparison["tpot_ratio"], worker=worker_name())
 
 
 def _artifact_key(cell: Cell, what: str) -> str:

@@ -1,5 +1,6 @@
 """Work pools and deployments on a Prefect server: ``nightly`` on the cpu pool with a cron schedule, and
-``build-cell`` once per pool (``build-cell/cpu``, ``build-cell/gpu-h100-sxm``, ...), from this checkout.
+``build-cell`` once per pool (``build-cell/cpu``, ``build-cell/gpu-h100-sxm``, ``build-cell/gpu-h100-sxm-engine``,
+...), from this checkout; and the automation that marks a run Crashed when its heartbeats stop.
 
 Every worker node needs the checkout at the same absolute path (the pull step sets it as the working
 directory). On Kubernetes the same deployments go on a Kubernetes work pool with a GPU node selector per
@@ -14,19 +15,27 @@ from uuid import UUID
 from pydantic import BaseModel
 
 from enginesmith.config import REPO_ROOT, default_catalogue
+from enginesmith.specs import ARTEFACT_KINDS
 from flows.nightly import pool_for
 
 NIGHTLY_CRON = "0 2 * * *"
+DEPLOYMENT_TAG = "enginesmith"
+CRASH_AUTOMATION = "enginesmith: crash runs whose heartbeats stopped"
+MISSED_HEARTBEATS = 3  # silent this many heartbeat intervals: the run's process is gone (its node, an OOM kill)
 
 
 class DeployResult(BaseModel):
     pools: list[str]
     deployments: dict[str, UUID]
+    crash_automation: UUID | None = None
 
 
 def deploy_all(*, source_dir: Path = REPO_ROOT, nightly_config: str = "configs/nightly.yaml",
-               cron: str = NIGHTLY_CRON, targets: list[str] | None = None) -> DeployResult:
-    """Create (or update) the work pools and deployments against the server ``PREFECT_API_URL`` names."""
+               cron: str = NIGHTLY_CRON, targets: list[str] | None = None,
+               pools: dict[str, str] | None = None) -> DeployResult:
+    """Create (or update) the work pools and deployments against the server ``PREFECT_API_URL`` names: a pool per
+    SKU × kind that needs its own environment (``pool_for``), plus those ``pools`` routes name (cell-id glob →
+    pool, set on the nightly deployment as its ``pools`` parameter)."""
     from prefect import flow as prefect_flow
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
@@ -34,18 +43,65 @@ def deploy_all(*, source_dir: Path = REPO_ROOT, nightly_config: str = "configs/n
 
     catalogue = default_catalogue()
     chosen = [catalogue.target(t) for t in targets] if targets else list(catalogue.targets.values())
-    pools = sorted({pool_for(t) for t in chosen} | {"cpu"})
+    routes = dict(pools or {})
+    pool_names = sorted({pool_for(t, kind) for t in chosen for kind in ARTEFACT_KINDS} | {"cpu"}
+                        | set(routes.values()))
     with get_client(sync_client=True) as client:
-        for pool in pools:
+        for pool in pool_names:
             client.create_work_pool(WorkPoolCreate(name=pool, type="process"), overwrite=True)
     source = str(source_dir.resolve())
     deployments: dict[str, UUID] = {}
     cell_flow = prefect_flow.from_source(source=source, entrypoint="flows/cell.py:build_cell")
-    for pool in pools:
+    for pool in pool_names:
         deployments[f"build-cell/{pool}"] = cell_flow.deploy(  # type: ignore[union-attr,assignment]
-            name=pool, work_pool_name=pool, tags=["enginesmith", pool], print_next_steps=False)
+            name=pool, work_pool_name=pool, tags=[DEPLOYMENT_TAG, pool], print_next_steps=False)
     nightly_flow = prefect_flow.from_source(source=source, entrypoint="flows/nightly.py:nightly")
     deployments["nightly/nightly"] = nightly_flow.deploy(  # type: ignore[union-attr,assignment]
         name="nightly", work_pool_name="cpu", schedule=Cron(cron, timezone="UTC"),
-        parameters={"config": nightly_config}, tags=["enginesmith", "nightly"], print_next_steps=False)
-    return DeployResult(pools=pools, deployments=deployments)
+        parameters={"config": nightly_config, **({"pools": routes} if routes else {})},
+        tags=[DEPLOYMENT_TAG, "nightly"], print_next_steps=False)
+    return DeployResult(pools=pool_names, deployments=deployments, crash_automation=crash_silent_runs())
+
+
+def crash_silent_runs(heartbeat_s: int | None = None) -> UUID | None:
+    """Create (or replace) the automation that marks an enginesmith run Crashed once it has sent no heartbeat for
+    ``MISSED_HEARTBEATS`` intervals. A run whose node died (the worker and the run's process with it) would
+    otherwise stay Running for ever; Crashed, the nightly dispatches the cell again (``flows.nightly``).
+
+    A run's process sends a heartbeat every ``PREFECT_FLOWS_HEARTBEAT_FREQUENCY`` seconds (180 by default; the
+    worker's setting wins), so ``heartbeat_s`` (default: that setting here) must be the workers' value. Returns the
+    automation's id; None where heartbeats are off (nothing could tell a dead run from a live one)."""
+    from datetime import timedelta
+
+    from prefect.automations import AutomationCore, EventTrigger, Posture
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.objects import StateType
+    from prefect.events.actions import ChangeFlowRunState
+    from prefect.settings import get_current_settings
+
+    interval_s = heartbeat_s if heartbeat_s is not None else get_current_settings().flows.heartbeat_frequency
+    automation = None if interval_s is None else AutomationCore(
+        name=CRASH_AUTOMATION,
+        description=f"A build-cell or nightly run silent for {MISSED_HEARTBEATS * interval_s} s is marked Crashed.",
+        # Prefect's recipe for runs without a process: after a heartbeat, expect another (or the run's end) within
+        # the window, for each run; the tag keeps it to the runs of this project's deployments.
+        trigger=EventTrigger(
+            after={"prefect.flow-run.heartbeat"},
+            expect={"prefect.flow-run.heartbeat", "prefect.flow-run.Completed", "prefect.flow-run.Failed",
+                    "prefect.flow-run.Cancelled", "prefect.flow-run.Crashed", "prefect.flow-run.TimedOut"},
+            match={"prefect.resource.id": "prefect.flow-run.*"},
+            match_related={"prefect.resource.id": f"prefect.tag.{DEPLOYMENT_TAG}"},
+            for_each={"prefect.resource.id"},
+            posture=Posture.Proactive,
+            threshold=1,
+            within=timedelta(seconds=MISSED_HEARTBEATS * interval_s),
+        ),
+        actions=[ChangeFlowRunState(
+            state=StateType.CRASHED,
+            message=f"no heartbeat for {MISSED_HEARTBEATS * interval_s} s: the run's process is gone (its worker's "
+                    "node died or the process was killed)")],
+    )
+    with get_client(sync_client=True) as client:
+        for existing in client.read_automations_by_name(CRASH_AUTOMATION):
+            client.delete_automation(existing.id)
+        return client.create_automation(automation) if automation is not None else None

@@ -1,22 +1,27 @@
 """The ``nightly`` flow: plan the matrix, skip cells already in the registry, dispatch the rest to the
 ``build-cell`` deployment on each cell's work pool (or run them here, ``dispatch="inline"``), and summarise
-every cell. One failing cell never stops the others; a cell no worker picks up times out with a reason."""
+every cell. One failing cell never stops the others; a cell no worker picks up times out with a reason; a cell
+whose run crashed (its worker's node died: the server marks a run Crashed when its heartbeats stop, see
+``flows.deploy``) is dispatched once more, then reported failed."""
 
 from __future__ import annotations
 
+from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from prefect import flow, get_run_logger, task, unmapped
 from prefect.artifacts import create_table_artifact
 from prefect.client.schemas.objects import FlowRun, StateType
 from prefect.deployments import run_deployment
+from prefect.futures import PrefectFuture
 from prefect.states import Cancelled
 
 from enginesmith.config import default_catalogue
+from enginesmith.errors import TransientError
 from enginesmith.plan import Cell
 from enginesmith.preflight import run_preflight
-from enginesmith.specs import TargetSpec
+from enginesmith.specs import ArtefactKind, TargetSpec
 from flows import steps
 from flows.cell import build_cell
 from flows.params import BuildCellParams, CellSummary, RecipeName, TargetName
@@ -24,9 +29,22 @@ from flows.params import BuildCellParams, CellSummary, RecipeName, TargetName
 BUILD_CELL_FLOW = "build-cell"
 
 
-def pool_for(target: TargetSpec) -> str:
-    """The work pool of a target: ``cpu``, or ``gpu-<sku>`` (one pool, and workers, per GPU SKU)."""
-    return "cpu" if target.is_cpu else f"gpu-{target.id}"
+def pool_for(target: TargetSpec, kind: ArtefactKind) -> str:
+    """The work pool of a SKU and an artefact kind, one per environment a node needs: ``cpu``; ``gpu-<sku>`` for
+    hf-quantized checkpoints (the pipeline's ModelOpt, served by vLLM and TensorRT-LLM's PyTorch backend);
+    ``gpu-<sku>-engine`` for trtllm-engine builds, whose nodes run the TensorRT-LLM 1.2.1 image."""
+    if target.is_cpu:
+        return "cpu"
+    return f"gpu-{target.id}-engine" if kind == "trtllm-engine" else f"gpu-{target.id}"
+
+
+def pool_of(cell: Cell, routes: dict[str, str] | None = None) -> str:
+    """The cell's pool: that of the first route whose pattern (a glob over the cell id, e.g. ``llama-70b/*`` for
+    nodes with room for it) matches, else its SKU × kind pool (``pool_for``)."""
+    for pattern, pool in (routes or {}).items():
+        if fnmatchcase(cell.id, pattern):
+            return pool
+    return pool_for(cell.target, cell.kind)
 
 
 def params_for(config_path: str, cell: Cell) -> BuildCellParams:
@@ -37,9 +55,34 @@ def params_for(config_path: str, cell: Cell) -> BuildCellParams:
                            tp=cell.tp, pp=cell.pp, profile=cell.profile_name)
 
 
-@task(name="dispatch-cell")
+CRASH_RETRIES = 1  # a crashed cell is dispatched once more (a lost node, an OOM kill), then reported failed
+
+
+class CellRunCrashed(TransientError):
+    """The cell's build-cell run crashed: its process died before it reported (the worker's node was lost, the
+    process was killed), so Prefect has no outcome for it."""
+
+
+def retry_crashed(task: Any, task_run: Any, state: Any) -> bool:
+    """Dispatch again only after a crash; a failed cell (a gate, a bad config) failed for a reason of its own."""
+    try:
+        state.result()
+    except CellRunCrashed:
+        return True
+    except Exception:
+        return False
+    return False
+
+
+@task(name="dispatch-cell", task_run_name="dispatch-{cell_id}", retries=CRASH_RETRIES,
+      retry_condition_fn=retry_crashed)
 def dispatch_cell(params: BuildCellParams, cell_id: str, pool: str, timeout_s: float) -> CellSummary:
-    """Run the cell on its pool's build-cell deployment and wait; a run no worker started is cancelled."""
+    """Run the cell on its pool's build-cell deployment and wait; a run no worker started is cancelled, and a run
+    that crashed raises ``CellRunCrashed`` so the task dispatches the cell again (a new run, which finds the cell
+    in the registry if the crashed one got as far as publishing it: a cell is never published twice)."""
+    from prefect.runtime import task_run
+
+    attempt = f"attempt {max(task_run.run_count, 1)} of {CRASH_RETRIES + 1}"
     flow_run = run_deployment(f"{BUILD_CELL_FLOW}/{pool}", parameters={"params": params.model_dump(mode="json")},
                               timeout=timeout_s, poll_interval=2)
     assert isinstance(flow_run, FlowRun)  # the sync API inside a sync task
@@ -52,12 +95,24 @@ def dispatch_cell(params: BuildCellParams, cell_id: str, pool: str, timeout_s: f
         return CellSummary(cell=cell_id, status="no-worker", flow_run=str(flow_run.id),
                            reason=f"no worker on pool {pool!r} started it within {timeout_s:.0f} s "
                                   f"(start one: prefect worker start --pool {pool})")
+    if state.type == StateType.CRASHED:
+        raise CellRunCrashed(f"cell {cell_id}: its build-cell run {flow_run.name} ({flow_run.id}) on pool {pool!r} "
+                             f"crashed ({attempt}): {state.message or 'no message'}")
+    retried = f"{attempt}: an earlier run crashed (see this task's log)" if task_run.run_count > 1 else ""
     if state.is_completed():
         result = state.result()
-        return CellSummary.model_validate(result.model_dump() if hasattr(result, "model_dump") else result) \
-            .model_copy(update={"flow_run": str(flow_run.id)})
-    return CellSummary(cell=cell_id, status="failed", reason=f"{state.type.value}: {state.message or ''}"[:500],
-                       flow_run=str(flow_run.id))
+        summary = CellSummary.model_validate(result.model_dump() if hasattr(result, "model_dump") else result)
+        return summary.model_copy(update={"flow_run": str(flow_run.id), "reason": summary.reason or retried})
+    return CellSummary(cell=cell_id, status="failed", flow_run=str(flow_run.id),
+                       reason="; ".join(filter(None, [f"{state.type.value}: {state.message or ''}"[:500], retried])))
+
+
+def outcome_of(cell_id: str, dispatched: PrefectFuture[CellSummary]) -> CellSummary:
+    """The dispatch's summary, or a failed one naming what ended it (a crash on every attempt, an API error)."""
+    outcome = dispatched.result(raise_on_failure=False)
+    if isinstance(outcome, CellSummary):
+        return outcome
+    return CellSummary(cell=cell_id, status="failed", reason=str(outcome)[:1000])
 
 
 def run_inline(params: BuildCellParams, cell_id: str) -> CellSummary:
@@ -69,7 +124,9 @@ def run_inline(params: BuildCellParams, cell_id: str) -> CellSummary:
 
 @flow(name="nightly")
 def nightly(config: str = "configs/nightly.yaml", dispatch: Literal["deployments", "inline"] = "deployments",
-            cell_timeout_s: float = 6 * 3600) -> list[CellSummary]:
+            cell_timeout_s: float = 6 * 3600, pools: dict[str, str] | None = None) -> list[CellSummary]:
+    """``pools``: routes from cell-id globs to work pools, first match wins, before the SKU × kind pool
+    (``pool_of``); ``deploy_all`` creates those pools and sets them on the nightly deployment."""
     logger = get_run_logger()
     # The preflight's checks first: a cell that would fail (a task that does not exist, a model that cannot be
     # reached, memory a stage lacks, a serve command vLLM refuses) is reported, not sent to a GPU.
@@ -96,11 +153,11 @@ def nightly(config: str = "configs/nightly.yaml", dispatch: Literal["deployments
         summaries += [run_inline(params_for(config, cell), cell.id) for cell in todo]
     elif todo:
         futures = dispatch_cell.map([params_for(config, c) for c in todo], [c.id for c in todo],
-                                    [pool_for(c.target) for c in todo], unmapped(cell_timeout_s))
-        summaries += [future.result() for future in futures]
+                                    [pool_of(c, pools) for c in todo], unmapped(cell_timeout_s))
+        summaries += [outcome_of(cell.id, future) for cell, future in zip(todo, futures, strict=True)]
     order = {cell.id: index for index, cell in enumerate(plan.cells)}
     summaries.sort(key=lambda s: order.get(s.cell, len(order)))
     create_table_artifact(key="nightly-summary", description=f"nightly on {config}", table=[
-        {"cell": s.cell, "status": s.status, "key": s.key[:12], "reason": s.reason,
+        {"cell": s.cell, "status": s.status, "key": s.key[:12], "worker": s.worker, "reason": s.reason,
          "throughput ratio": s.throughput_ratio, "TPOT ratio": s.tpot_ratio} for s in summaries])
     return summaries

@@ -44,3 +44,5 @@ class CellSummary(BaseModel):
     throughput_ratio: float | None = None
     tpot_ratio: float | None = None
     flow_run: str = ""
+    worker: str = Field("", description="The Prefect worker whose node ran the cell; empty when it ran in the "
+                                        "nightly's own process")

