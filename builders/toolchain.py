@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from enginesmith.runtimes import Location, interpreter_of, read_versions, tool_path
+from enginesmith.runtimes import interpreter_of, read_versions
 
 # ModelOpt is not among them: the artefact's "modelopt" is the exporter the quantised checkpoint records.
 PACKAGES = {
@@ -15,13 +15,7 @@ PACKAGES = {
     "torch": ["torch"],
 }
 
-__all__ = ["PACKAGES", "find_executable", "interpreter_of", "toolchain_versions"]
-
-
-def find_executable(name: str) -> tuple[Path, Location]:
-    """``name`` in its runtime environment's ``bin/`` (on PATH only where the environment's setting says so), and
-    that environment. Raises a UserError naming the environment, the path and the setup command when it is missing."""
-    return tool_path(name)
+__all__ = ["PACKAGES", "interpreter_of", "toolchain_versions"]
 
 
 def toolchain_versions(script: Path, packages: dict[str, list[str]] | None = None) -> dict[str, str]:

@@ -12,14 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from builders.failures import explain_failure
-from builders.toolchain import find_executable, toolchain_versions
+from builders.toolchain import toolchain_versions
 from builders.trtllm_args import trtllm_build_argv
 from enginesmith.artefacts import QuantizedCheckpoint
 from enginesmith.checkpoints.files import TOKENIZER_FILES
 from enginesmith.compat import modelopt_pin_problem
 from enginesmith.errors import UserError
 from enginesmith.process import run_logged
-from enginesmith.runtimes import release_matches
+from enginesmith.runtimes import release_matches, tool_path
 from enginesmith.specs import BuildProfile, TargetSpec
 
 DEFAULT_BUILD_TIMEOUT_S = 4 * 3600
@@ -43,7 +43,7 @@ def build_engine(
         raise UserError("the quantised checkpoint has no TensorRT-LLM export", where=quantized.out_dir,
                         hint="quantise with --formats trtllm (inside the TensorRT-LLM image)")
     assert target.sm is not None
-    executable, environment = find_executable("trtllm-build")
+    executable, environment = tool_path("trtllm-build")
     versions = toolchain_versions(executable, environment.environment.versions or None)
     installed = versions.get("tensorrt_llm")
     rebuild = (f"make the environment from configs/runtimes/{environment.environment.requirements} "

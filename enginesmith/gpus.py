@@ -121,8 +121,12 @@ def detect(targets: Iterable[TargetSpec], environ: Mapping[str, str] | None = No
     """The GPUs CUDA shows this process (``environ``: this process's environment by default), in CUDA's order,
     each matched to a target."""
     target_list = list(targets)
-    visible = visible_to_cuda(read_gpus(), os.environ if environ is None else environ)
-    return [DetectedGpu(gpu=gpu, match=match_target(gpu, target_list)) for gpu in visible]
+    return [DetectedGpu(gpu=gpu, match=match_target(gpu, target_list)) for gpu in visible_gpus(environ)]
+
+
+def visible_gpus(environ: Mapping[str, str] | None = None) -> list[GpuRecord]:
+    """The devices CUDA shows a process started with ``environ`` (this process's environment by default)."""
+    return visible_to_cuda(read_gpus(), os.environ if environ is None else environ)
 
 
 class VisibleDevicesError(ValueError):

@@ -98,7 +98,7 @@ def build(cell: Cell, quantized: QuantizedCheckpoint, work: Path, config: Pipeli
 def validate(cell: Cell, artefact_dir: Path, checkpoint: Checkpoint, config: PipelineConfig,
              work: Path) -> ValidationReport:
     from builders.serve import ServedMemory, baseline_recipe, installed_runtime_version, reference_recipe
-    from enginesmith.gpus import read_gpus, visible_to_cuda
+    from enginesmith.gpus import visible_gpus
     from enginesmith.memory import GIB, SERVED_REFERENCE_BYTES, reference_tp
     from validation.placement import place_sides
     from validation.report import write_report
@@ -106,7 +106,7 @@ def validate(cell: Cell, artefact_dir: Path, checkpoint: Checkpoint, config: Pip
     from validation.stage import validate as run_validation
 
     source = Path(checkpoint.local_path).resolve()
-    parameters = checkpoint.parameter_count or checkpoint.total_bytes // 2
+    parameters = checkpoint.parameters
     served = ServedMemory(weight_bytes=parameters * SERVED_REFERENCE_BYTES,
                           device_bytes=int(cell.target.memory_gib * GIB))
     # The reference is never squeezed onto fewer GPUs than its BF16 weights need (a 70B cell at tp 1 on H100s).
@@ -129,7 +129,7 @@ def validate(cell: Cell, artefact_dir: Path, checkpoint: Checkpoint, config: Pip
                            recipe=reference_serve, root=source)
     baselines = [ServerSide(role="baseline", name=name, runtime=name, recipe=baseline_recipe(name, source), root=source)
                  for name in config.workload.baselines]
-    visible = [] if cell.target.is_cpu else [gpu.uuid for gpu in visible_to_cuda(read_gpus(), os.environ)]
+    visible = [] if cell.target.is_cpu else [gpu.uuid for gpu in visible_gpus()]
     placement = place_sides(on_cpu=cell.target.is_cpu, visible_uuids=visible, candidate_gpus=cell.tp * cell.pp,
                             reference_gpus=served_tp * cell.pp)
     candidate.env.update(placement.candidate_env)

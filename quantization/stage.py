@@ -136,7 +136,7 @@ def output_bytes(request: QuantizeRequest) -> int:
     """About what the exports take on disk: each format holds every weight at the recipe's width (a passthrough
     copies the checkpoint; ``hf-bf16`` is 16-bit)."""
     checkpoint = request.checkpoint
-    parameters = checkpoint.parameter_count or checkpoint.total_bytes // 2
+    parameters = checkpoint.parameters
     quantised_bytes = parameters * request.recipe.weight_bytes_per_param
     per_format = {
         "hf": checkpoint.total_bytes if request.recipe.is_passthrough else quantised_bytes,
@@ -382,7 +382,7 @@ def _free_bytes_per_device(device: str) -> tuple[int, int]:
 
 
 def _check_memory(checkpoint: Checkpoint, device: str, hf_config: dict[str, Any]) -> None:
-    parameters = checkpoint.parameter_count or checkpoint.total_bytes // 2
+    parameters = checkpoint.parameters
     devices, free = _free_bytes_per_device(device)
     need = quantize_need(parameters, on_gpu=device.startswith("cuda"), devices=devices, device_bytes=free,
                          checkpoint_dtype_bytes=dtype_bytes(hf_config))

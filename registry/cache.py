@@ -85,7 +85,7 @@ class BlobCache:
 
     def partial_bytes(self, digest: str) -> int:
         """The longest partial download of ``digest`` on disk (what the next pull can continue from at best)."""
-        return max((_size_or_zero(p) for p in self.partials(digest)), default=0)
+        return max((size_or_zero(p) for p in self.partials(digest)), default=0)
 
     def default_dest(self, model: str, key: str) -> Path:
         return self.root / "artefacts" / model / key[:16]
@@ -96,7 +96,7 @@ class BlobCache:
         own = self.root / "partial" / f"{digest}.{_host()}.{os.getpid()}.{uuid.uuid4().hex[:8]}{PART_SUFFIX}"
         own.parent.mkdir(parents=True, exist_ok=True)
         candidates = [p for p in self.partials(digest) if p == self.part(digest) or _abandoned(p, digest)]
-        for candidate in sorted(candidates, key=_size_or_zero, reverse=True):
+        for candidate in sorted(candidates, key=size_or_zero, reverse=True):
             try:
                 os.rename(candidate, own)
                 return own
@@ -109,7 +109,7 @@ class BlobCache:
         if not claimed.exists():
             return
         parked = self.part(digest)
-        if _size_or_zero(claimed) >= _size_or_zero(parked):
+        if size_or_zero(claimed) >= size_or_zero(parked):
             os.replace(claimed, parked)
         else:
             claimed.unlink(missing_ok=True)
@@ -133,7 +133,7 @@ def _host() -> str:
     return "".join(c if c.isalnum() or c == "-" else "_" for c in socket.gethostname())[:32] or "host"
 
 
-def _size_or_zero(path: Path) -> int:
+def size_or_zero(path: Path) -> int:
     try:
         return path.stat().st_size
     except FileNotFoundError:

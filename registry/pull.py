@@ -26,7 +26,7 @@ from pydantic import BaseModel, computed_field
 from enginesmith.artefacts import ARTEFACT_FILE
 from enginesmith.diskspace import disk_filled_error, is_disk_full, require_free_space, same_filesystem
 from enginesmith.errors import UserError
-from registry.cache import CACHE_ENV, LOCKS_ENV, BlobCache
+from registry.cache import CACHE_ENV, LOCKS_ENV, BlobCache, size_or_zero
 from registry.errors import IntegrityError, RegistryUnavailableError, UnsafePathError
 from registry.manifest import PULL_RECORD_FILE, Manifest, unsafe_path_reason, utc_timestamp
 from registry.store import RegistryStore
@@ -215,7 +215,7 @@ def _fetch_blob(store: RegistryStore, cache: BlobCache, blob: PlannedBlob, limit
         for attempt in range(1, FETCH_ATTEMPTS + 1):
             claimed = cache.claim_partial(blob.sha256)
             try:
-                offset = _size_or_zero(claimed)
+                offset = size_or_zero(claimed)
                 if offset > blob.size:
                     claimed.unlink()
                     offset = 0
@@ -310,13 +310,6 @@ def _download_resuming(store: RegistryStore, blob: PlannedBlob, part: Path, offs
                 if cancel.wait(wait_s):
                     raise TransferCancelled(blob.label) from None
     return offset - start
-
-
-def _size_or_zero(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except FileNotFoundError:
-        return 0
 
 
 def _check_dest(dest: Path) -> None:

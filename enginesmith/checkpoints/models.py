@@ -33,6 +33,11 @@ class Checkpoint(BaseModel):
     parameter_count: int | None
 
     @property
+    def parameters(self) -> int:
+        """The parameter count read from the weights, else estimated from their size as a 16-bit checkpoint."""
+        return self.parameter_count or self.total_bytes // 2
+
+    @property
     def key(self) -> str:
         return checkpoint_key(LOCAL_SOURCE if self.source == "local" else self.repo_id, self.commit_sha)
 
