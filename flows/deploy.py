@@ -9,13 +9,14 @@ SKU; see the README.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from uuid import UUID
 
 from pydantic import BaseModel
 
 from enginesmith.config import REPO_ROOT, default_catalogue
-from enginesmith.specs import ARTEFACT_KINDS
+from enginesmith.specs import ARTEFACT_KINDS, TargetSpec
 from flows.nightly import pool_for
 
 NIGHTLY_CRON = "0 2 * * *"
@@ -28,6 +29,13 @@ class DeployResult(BaseModel):
     pools: list[str]
     deployments: dict[str, UUID]
     crash_automation: UUID | None = None
+
+
+def pool_names(targets: Iterable[TargetSpec], routes: Mapping[str, str] | None = None) -> list[str]:
+    """The work pools ``deploy_all`` creates, each with its ``build-cell/<pool>`` deployment, sorted: every target's
+    pool for every artefact kind (``pool_for``), ``cpu`` (the nightly's own pool) and the pools ``routes`` name."""
+    return sorted({pool_for(target, kind) for target in targets for kind in ARTEFACT_KINDS} | {"cpu"}
+                  | set((routes or {}).values()))
 
 
 def deploy_all(*, source_dir: Path = REPO_ROOT, nightly_config: str = "configs/nightly.yaml",
@@ -44,15 +52,14 @@ def deploy_all(*, source_dir: Path = REPO_ROOT, nightly_config: str = "configs/n
     catalogue = default_catalogue()
     chosen = [catalogue.target(t) for t in targets] if targets else list(catalogue.targets.values())
     routes = dict(pools or {})
-    pool_names = sorted({pool_for(t, kind) for t in chosen for kind in ARTEFACT_KINDS} | {"cpu"}
-                        | set(routes.values()))
+    pools_to_create = pool_names(chosen, routes)
     with get_client(sync_client=True) as client:
-        for pool in pool_names:
+        for pool in pools_to_create:
             client.create_work_pool(WorkPoolCreate(name=pool, type="process"), overwrite=True)
     source = str(source_dir.resolve())
     deployments: dict[str, UUID] = {}
     cell_flow = prefect_flow.from_source(source=source, entrypoint="flows/cell.py:build_cell")
-    for pool in pool_names:
+    for pool in pools_to_create:
         deployments[f"build-cell/{pool}"] = cell_flow.deploy(  # type: ignore[union-attr,assignment]
             name=pool, work_pool_name=pool, tags=[DEPLOYMENT_TAG, pool], print_next_steps=False)
     nightly_flow = prefect_flow.from_source(source=source, entrypoint="flows/nightly.py:nightly")
@@ -60,7 +67,7 @@ def deploy_all(*, source_dir: Path = REPO_ROOT, nightly_config: str = "configs/n
         name="nightly", work_pool_name="cpu", schedule=Cron(cron, timezone="UTC"),
         parameters={"config": nightly_config, **({"pools": routes} if routes else {})},
         tags=[DEPLOYMENT_TAG, "nightly"], print_next_steps=False)
-    return DeployResult(pools=pool_names, deployments=deployments, crash_automation=crash_silent_runs())
+    return DeployResult(pools=pools_to_create, deployments=deployments, crash_automation=crash_silent_runs())
 
 
 def crash_silent_runs(heartbeat_s: int | None = None) -> UUID | None:
