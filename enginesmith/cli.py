@@ -605,16 +605,28 @@ def deploy(
     api_url: Annotated[str | None, typer.Option(help="Prefect API URL (default: $PREFECT_API_URL).")] = None,
     config: Annotated[str, typer.Option(help="The config the nightly deployment runs.")] = "configs/nightly.yaml",
     cron: Annotated[str, typer.Option(help="The nightly schedule (UTC).")] = "0 2 * * *",
+    route: Annotated[list[str] | None, typer.Option(
+        metavar="PATTERN=POOL",
+        help="Send the cells whose id matches the glob to this pool, before the SKU × kind rule; repeatable, the "
+             "first match wins. E.g. --route 'llama-3.1-70b-instruct/*=gpu-h200-big'.")] = None,
+    target: Annotated[list[str] | None, typer.Option(
+        metavar="TARGET",
+        help="Create the pools of these targets only (default: every target in the catalogue); repeatable.")] = None,
 ) -> None:
-    """Create the work pools (cpu, gpu-<sku>) and deployments (nightly, build-cell/<pool>) on a Prefect server."""
+    """Create the work pools (cpu, gpu-<sku>, gpu-<sku>-engine, and those --route names) and deployments (nightly,
+    build-cell/<pool>) on a Prefect server.
+
+    Example: enginesmith deploy --api-url http://127.0.0.1:4200/api --route 'llama-3.1-70b-instruct/*=gpu-h200-big'
+    """
     if api_url:
-        os.environ["PREFECT_API_URL"] = api_url
+        os.environ["PREFECT_API_URL"] = api_url  # before Prefect is imported: it reads its settings then
     if not os.environ.get("PREFECT_API_URL"):
         raise UserError("no Prefect server named", where="--api-url",
                         hint="start one (prefect server start --host 127.0.0.1) and pass its /api URL")
-    from flows.deploy import deploy_all
+    from flows.deploy import deploy_all, parse_routes
 
-    result = deploy_all(nightly_config=config, cron=cron)
+    routes = parse_routes(route or [])
+    result = deploy_all(nightly_config=config, cron=cron, targets=target or None, pools=routes or None)
     rows = [[name, str(deployment_id)] for name, deployment_id in result.deployments.items()]
     stdout.print(table("Deployments", ["deployment", "id"], rows))
     stdout.print(f"work pools: {', '.join(result.pools)}")

@@ -16,6 +16,7 @@ from uuid import UUID
 from pydantic import BaseModel
 
 from enginesmith.config import REPO_ROOT, default_catalogue
+from enginesmith.errors import UserError
 from enginesmith.specs import ARTEFACT_KINDS, TargetSpec
 from flows.nightly import pool_for
 
@@ -36,6 +37,27 @@ def pool_names(targets: Iterable[TargetSpec], routes: Mapping[str, str] | None =
     pool for every artefact kind (``pool_for``), ``cpu`` (the nightly's own pool) and the pools ``routes`` name."""
     return sorted({pool_for(target, kind) for target in targets for kind in ARTEFACT_KINDS} | {"cpu"}
                   | set((routes or {}).values()))
+
+
+def parse_routes(items: Iterable[str]) -> dict[str, str]:
+    """Routes from ``PATTERN=POOL`` items (``--route``), in the order given, which is the order ``pool_of`` tries
+    them: the cell-id glob before the first ``=``, the pool after it.
+
+    Raises:
+        UserError: an item without ``=``, with an empty pattern or pool, or a pattern given twice.
+    """
+    routes: dict[str, str] = {}
+    for item in items:
+        pattern, sep, pool = (part.strip() for part in item.partition("="))
+        if not sep or not pattern or not pool:
+            raise UserError(f"route {item!r} is not PATTERN=POOL", where="--route",
+                            hint="give a cell-id glob and a work pool, e.g. "
+                                 "--route 'llama-3.1-70b-instruct/*=gpu-h200-big'")
+        if pattern in routes:
+            raise UserError(f"pattern {pattern!r} is routed twice (to {routes[pattern]!r} and {pool!r})",
+                            where="--route", hint="give each pattern once; the first matching route wins")
+        routes[pattern] = pool
+    return routes
 
 
 def deploy_all(*, source_dir: Path = REPO_ROOT, nightly_config: str = "configs/nightly.yaml",

@@ -56,3 +56,41 @@ def test_the_nightly_dispatches_again_after_a_crash_only(raised, dispatched_agai
     error = {"crashed": CellRunCrashed("its build-cell run crashed"), "gate": GateFailed("tpot ratio 3.0"),
              "api-error": RuntimeError("HTTP 500")}[raised]
     assert retry_crashed(None, None, Failed(data=error)) is dispatched_again
+
+
+def test_route_options_parse_in_order_into_the_routes_deploy_passes_on():
+    from flows.deploy import parse_routes
+
+    routes = parse_routes(["llama-3.1-70b-instruct/*=gpu-h200-big", " */h100-sxm/*/trtllm-engine = gpu-h100-sxm-8x"])
+    assert list(routes.items()) == [("llama-3.1-70b-instruct/*", "gpu-h200-big"),
+                                    ("*/h100-sxm/*/trtllm-engine", "gpu-h100-sxm-8x")]
+    assert parse_routes([]) == {}
+
+
+@pytest.mark.parametrize("item", ["gpu-h200-big", "=gpu-h200-big", "llama-3.1-70b-instruct/*=", " = "])
+def test_a_route_without_a_pattern_or_a_pool_is_refused_naming_the_option(item):
+    from enginesmith.errors import UserError
+    from flows.deploy import parse_routes
+
+    with pytest.raises(UserError, match="not PATTERN=POOL") as refused:
+        parse_routes(["tiny-llama/*=cpu", item])
+    assert refused.value.where == "--route"
+    assert "--route 'llama-3.1-70b-instruct/*=gpu-h200-big'" in refused.value.render()
+
+
+def test_a_pattern_routed_twice_is_refused():
+    from enginesmith.errors import UserError
+    from flows.deploy import parse_routes
+
+    with pytest.raises(UserError, match="routed twice"):
+        parse_routes(["tiny-llama/*=cpu", "tiny-llama/*=big-disks"])
+
+
+def test_deploy_refuses_a_bad_route_before_contacting_the_server():
+    from tests.conftest import run_cli
+
+    # Port 9 (discard) has no Prefect server: the refusal must come before any request.
+    result = run_cli("deploy", "--api-url", "http://127.0.0.1:9/api", "--route", "llama-3.1-70b-instruct/*",
+                     timeout_s=120)
+    assert result.returncode == 2, result.stderr
+    assert "--route" in result.stderr and "PATTERN=POOL" in result.stderr and "Traceback" not in result.stderr
