@@ -21,7 +21,7 @@ from builders.serve import (
     vllm_cpu_recipe,
     vllm_recipe,
 )
-from builders.trtllm_engine import DEFAULT_BUILD_TIMEOUT_S, build_engine
+from builders.trtllm_engine import DEFAULT_BUILD_TIMEOUT_S, EngineToolchain, build_engine, engine_toolchain
 from enginesmith.artefacts import (
     ARTEFACT_FILE,
     COMPLETE_MARKER,
@@ -96,8 +96,12 @@ def _build_once(request: BuildRequest, gpus: list[DetectedGpu] | None) -> Artefa
                         hint="re-run the quantize stage; it starts clean")
     _refuse_incompatible(request)
     build_gpu = None
+    toolchain = None
     if request.kind == "trtllm-engine":
         build_gpu = _check_build_gpus(request, detect(_targets(request)) if gpus is None else gpus)
+        # Before the staging directory exists: a build refused for its environment leaves nothing behind.
+        toolchain = engine_toolchain(quantized, expected_trtllm_version=request.toolchains.trtllm.tensorrt_llm,
+                                     expected_tensorrt_version=request.toolchains.trtllm.tensorrt)
 
     staging = out_dir.with_name(out_dir.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
@@ -105,7 +109,7 @@ def _build_once(request: BuildRequest, gpus: list[DetectedGpu] | None) -> Artefa
     require_free_space(staging, _input_bytes(request), what=what, where="--out", hint=DISK_HINT)
     staging.mkdir(parents=True)
     try:
-        return _build_into(request, staging, out_dir, build_gpu)
+        return _build_into(request, staging, out_dir, build_gpu, toolchain)
     except OSError as exc:
         if not is_disk_full(exc):
             raise
@@ -119,15 +123,15 @@ def _input_bytes(request: BuildRequest) -> int:
     return sum(p.stat().st_size for p in source.rglob("*") if p.is_file())
 
 
-def _build_into(request: BuildRequest, staging: Path, out_dir: Path, build_gpu: GpuInfo | None) -> Artefact:
+def _build_into(request: BuildRequest, staging: Path, out_dir: Path, build_gpu: GpuInfo | None,
+                toolchain: EngineToolchain | None) -> Artefact:
     quantized = request.quantized
     versions = {k: v for k, v in quantized.versions.items()}
     build_config: dict[str, object] = {"profile": request.profile.model_dump(exclude_none=True)}
     if request.kind == "trtllm-engine":
+        assert toolchain is not None
         trtllm_versions, engine_build_config = build_engine(
-            quantized, request.target, request.profile, staging,
-            expected_trtllm_version=request.toolchains.trtllm.tensorrt_llm,
-            expected_tensorrt_version=request.toolchains.trtllm.tensorrt, timeout_s=request.timeout_s)
+            quantized, request.target, request.profile, staging, toolchain, timeout_s=request.timeout_s)
         versions.update(trtllm_versions)
         build_config["engine"] = engine_build_config
     else:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,24 +26,28 @@ from enginesmith.specs import BuildProfile, TargetSpec
 DEFAULT_BUILD_TIMEOUT_S = 4 * 3600
 
 
-def build_engine(
+@dataclass(frozen=True)
+class EngineToolchain:
+    """The ``trtllm-build`` a build runs and the versions installed in its environment (TensorRT-LLM, TensorRT,
+    torch), already checked against the pins the build key names."""
+
+    executable: Path
+    versions: dict[str, str]
+
+
+def engine_toolchain(
     quantized: QuantizedCheckpoint,
-    target: TargetSpec,
-    profile: BuildProfile,
-    staging: Path,
     *,
     expected_trtllm_version: str,
     expected_tensorrt_version: str | None = None,
-    timeout_s: float = DEFAULT_BUILD_TIMEOUT_S,
-) -> tuple[dict[str, str], dict[str, Any]]:
-    """Build the engine into ``staging/engine`` (tokenizer in ``staging/tokenizer``) with the ``trtllm-build`` of the
-    TensorRT-LLM runtime environment; returns the versions that environment ran (TensorRT-LLM, TensorRT, torch, read
-    from its package metadata and checked against the pins the build key names) and the engine's recorded build
-    config. Raises a UserError naming the cause on any failure."""
+) -> EngineToolchain:
+    """Check that ``quantized`` can go to this node's ``trtllm-build``: it has a TensorRT-LLM export, written by a
+    ModelOpt that version reads, and the TensorRT-LLM runtime environment is there with the pinned TensorRT-LLM and
+    TensorRT. Writes nothing, so a build checks this before it makes its staging directory. Raises a UserError naming
+    the cause and what to do."""
     if "trtllm" not in quantized.formats or not quantized.trtllm_dir.is_dir():
         raise UserError("the quantised checkpoint has no TensorRT-LLM export", where=quantized.out_dir,
                         hint="quantise with --formats trtllm (inside the TensorRT-LLM image)")
-    assert target.sm is not None
     executable, environment = tool_path("trtllm-build")
     versions = toolchain_versions(executable, environment.environment.versions or None)
     installed = versions.get("tensorrt_llm")
@@ -65,6 +70,24 @@ def build_engine(
         raise UserError(f"this checkpoint was {problem}", where=str(Path(quantized.out_dir) / "quantize.json"),
                         hint="quantise engine cells inside the pinned TensorRT-LLM image, whose ModelOpt writes the "
                              "checkpoint layout its trtllm-build reads")
+    return EngineToolchain(executable=executable, versions=versions)
+
+
+def build_engine(
+    quantized: QuantizedCheckpoint,
+    target: TargetSpec,
+    profile: BuildProfile,
+    staging: Path,
+    toolchain: EngineToolchain,
+    *,
+    timeout_s: float = DEFAULT_BUILD_TIMEOUT_S,
+) -> tuple[dict[str, str], dict[str, Any]]:
+    """Build the engine into ``staging/engine`` (tokenizer in ``staging/tokenizer``) with ``toolchain``'s
+    ``trtllm-build`` (from ``engine_toolchain``); returns the versions installed beside it and the engine's recorded
+    build config. Raises a UserError naming the cause on any failure."""
+    assert target.sm is not None
+    executable, versions = toolchain.executable, toolchain.versions
+    installed = versions["tensorrt_llm"]
     engine_dir = staging / "engine"
     world_size = quantized.tp * quantized.pp
     argv = trtllm_build_argv(quantized.trtllm_dir, engine_dir, profile, quant_algo=quantized.quant_algo,

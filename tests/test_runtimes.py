@@ -141,13 +141,18 @@ def test_a_tensorrt_other_than_the_pinned_one_is_refused_naming_both(tmp_path, t
     assert caught.value.where == "toolchains.trtllm.tensorrt"
     assert str(env_dir) in caught.value.message
     assert not (tmp_path / "engine").exists()
+    assert not (tmp_path / "engine.partial").exists()
 
 
-def test_a_missing_environment_is_a_clear_error_even_with_the_tool_on_path(tmp_path, tiny_model_dir, monkeypatch):
+def test_a_missing_environment_is_a_clear_error_even_with_the_tool_on_path_and_leaves_no_staging(
+        tmp_path, tiny_model_dir, monkeypatch):
     monkeypatch.setenv("ENGINESMITH_ENVS", str(tmp_path / "envs"))
     marker = wrong_trtllm_build_on_path(tmp_path, monkeypatch)
+    out_parent = tmp_path / "out"
     with pytest.raises(UserError) as caught:
-        build_engine_cell(engine_checkpoint(tmp_path, tiny_model_dir), tmp_path / "engine")
+        build_engine_cell(engine_checkpoint(tmp_path, tiny_model_dir), out_parent / "engine")
+    assert sorted(p.name for p in out_parent.iterdir()) == ["engine.lock"]  # no engine.partial, only the empty lock
+    assert (out_parent / "engine.lock").stat().st_size == 0
     error = caught.value
     assert f"no trtllm-build in the trtllm environment at {tmp_path / 'envs' / 'trtllm'}" in error.message
     assert error.where == "ENGINESMITH_ENVS"
