@@ -307,12 +307,14 @@ def gc(
                                            "channel points at).")] = 3,
     grace: Annotated[str, typer.Option("--grace", help="Keep unreferenced blobs younger than this (e.g. 1h, 30m, "
                                        "0): a publish may be uploading them.")] = "1h",
+    stage_ttl: Annotated[str, typer.Option("--stage-ttl", help="Keep quantised checkpoints handed between nodes "
+                                           "(quantize_on) this long after they were stashed (e.g. 7d, 12h).")] = "7d",
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be deleted; delete nothing.")] = False,
     registry: RegistryOption = DEFAULT_REGISTRY,
     s3_endpoint: S3EndpointOption = None,
     json_output: JsonOption = False,
 ) -> None:
-    """Delete old artefacts by the retention rule, then blobs no artefact references."""
+    """Delete old artefacts by the retention rule, then blobs no artefact or recent stage record references."""
     from registry.gc import collect_garbage, parse_duration
 
     store = _open_store(registry, s3_endpoint)
@@ -320,7 +322,11 @@ def gc(
         grace_s = parse_duration(grace)
     except ValueError as exc:
         raise UserError(str(exc), where="--grace") from None
-    result = collect_garbage(store, keep_last=keep_last, grace_s=grace_s, dry_run=dry_run)
+    try:
+        stage_ttl_s = parse_duration(stage_ttl)
+    except ValueError as exc:
+        raise UserError(str(exc), where="--stage-ttl") from None
+    result = collect_garbage(store, keep_last=keep_last, grace_s=grace_s, dry_run=dry_run, stage_ttl_s=stage_ttl_s)
     if json_output:
         print_json(result)
         return
@@ -330,6 +336,8 @@ def gc(
                  f"{result.young_unreferenced_blobs} young unreferenced blob(s)")
     for ref in result.deleted_manifests:
         stdout.print(f"  {verb} {ref}")
+    for record in result.deleted_stage_records:
+        stdout.print(f"  {verb} stage record {record}")
 
 
 def bundle(

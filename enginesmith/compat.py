@@ -36,6 +36,7 @@ class CellRequest(BaseModel):
     pp: int
     toolchains: Toolchains
     shape: ModelShape | None = None  # from the model's config.json, when the planner could read it
+    quantize_target: TargetSpec | None = None  # the SKU that quantises it, where not its own
 
     @cached_property
     def awq_block(self) -> BlockSizeChoice | None:
@@ -93,7 +94,7 @@ def _fits_memory(cell: CellRequest) -> str | None:
         return None
     # The plan assumes a BF16 checkpoint; preflight reads the real dtype.
     needs = cell_needs(cell.model.params_b * 1e9, SERVED_REFERENCE_BYTES, cell.recipe, cell.target, tp=cell.tp,
-                       pp=cell.pp)
+                       pp=cell.pp, quantize_target=cell.quantize_target)
     short = [need.describe() for need in needs if not need.fits]
     if not short:
         return None

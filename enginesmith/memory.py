@@ -99,10 +99,11 @@ def reference_tp(parameters: float, checkpoint_dtype_bytes: int, target: TargetS
 
 
 def cell_needs(parameters: float, checkpoint_dtype_bytes: int, recipe: RecipeSpec, target: TargetSpec, *, tp: int,
-               pp: int) -> list[MemoryNeed]:
-    """Memory per stage of one cell on its SKU: quantise on one node of it (on GPUs the checkpoint in its dtype spread
-    over the node's GPUs; on the CPU in fp32), serve the candidate over the cell's tp×pp devices (an engine build
-    holds one rank's weights, as its serving does), and the reference over ``reference_tp`` × pp. The plan passes
+               pp: int, quantize_target: TargetSpec | None = None) -> list[MemoryNeed]:
+    """Memory per stage of one cell on its SKU: quantise on one node of it, or of ``quantize_target`` where the
+    config names another (on GPUs the checkpoint in its dtype spread over the node's GPUs; on the CPU in fp32),
+    serve the candidate over the cell's tp×pp devices (an engine build holds one rank's weights, as its serving
+    does), and the reference over ``reference_tp`` × pp. The plan passes
     the config's params_b and BF16; preflight the checkpoint's own count and dtype."""
     device_bytes, world = int(target.memory_gib * GIB), tp * pp
     served_tp = reference_tp(parameters, checkpoint_dtype_bytes, target, tp=tp, pp=pp)
@@ -110,9 +111,14 @@ def cell_needs(parameters: float, checkpoint_dtype_bytes: int, recipe: RecipeSpe
                              served_tp * pp, device_bytes=device_bytes)
     if served_tp != tp:
         reference.basis += f"; at tp={served_tp}, as the cell's tp={tp} cannot hold the BF16 weights"
+    quantizer = quantize_target or target
+    quantize = quantize_need(int(parameters), on_gpu=not quantizer.is_cpu,
+                             checkpoint_dtype_bytes=checkpoint_dtype_bytes, devices=quantizer.gpus_per_node,
+                             device_bytes=int(quantizer.memory_gib * GIB))
+    if quantize_target is not None:
+        quantize.basis += f", on a {quantize_target.id} node"
     return [
-        quantize_need(int(parameters), on_gpu=not target.is_cpu, checkpoint_dtype_bytes=checkpoint_dtype_bytes,
-                      devices=target.gpus_per_node, device_bytes=device_bytes),
+        quantize,
         serving_need("candidate", parameters * recipe.weight_bytes_per_param, world, device_bytes=device_bytes),
         reference,
     ]

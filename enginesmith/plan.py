@@ -4,6 +4,7 @@ caller passes in (resolved revisions, the calibration fingerprint)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from fnmatch import fnmatchcase
 from itertools import product
 from typing import Literal
 
@@ -62,6 +63,7 @@ class Cell(BaseModel):
     pp: int
     profile_name: str = "default"  # as the config names it (what dispatch sends)
     profile: BuildProfile  # resolved: the named profile over the target's build defaults
+    quantize_target: TargetSpec | None = None  # the SKU whose nodes quantise it (config quantize_on); None: its own
     calibration: CalibrationPlan | None
     awq_block: BlockSizeChoice | None = None  # the AWQ block size this cell quantises with, and why
     exporter: dict[str, str] = {}  # the quantise toolchain its quantize key names; the stage checks it is what runs
@@ -96,6 +98,23 @@ class Plan(BaseModel):
     @property
     def buildable(self) -> list[Cell]:
         return [c for c in self.cells if c.status == "build"]
+
+
+def first_route(cell_id: str, routes: Mapping[str, str]) -> str | None:
+    """The value of the first route whose pattern (a glob over cell ids, e.g. ``llama-3.1-70b-instruct/*``)
+    matches ``cell_id``; None when none does."""
+    return next((value for pattern, value in routes.items() if fnmatchcase(cell_id, pattern)), None)
+
+
+def quantize_target_of(config: PipelineConfig, catalogue: Catalogue, this_id: str) -> TargetSpec | None:
+    routed = first_route(this_id, config.quantize_on)
+    if routed is None:
+        return None
+    if routed not in catalogue.targets:
+        pattern = next(p for p, t in config.quantize_on.items() if t == routed)
+        raise ConfigError(f"quantize_on routes {pattern!r} to {routed!r}, which is not a target",
+                          field=f"quantize_on.{pattern}", hint=f"targets: {', '.join(catalogue.targets)}")
+    return catalogue.targets[routed]
 
 
 def cell_id(model_id: str, recipe_id: str, target_id: str, tp: int, pp: int, kind: str) -> str:
@@ -142,7 +161,7 @@ def plan_matrix(
                 _plan_cell(
                     config, this_id, model, revision, catalogue.recipes[recipe_id], catalogue.targets[target_id],
                     kind, tp, pp, block.profile, calibration_fingerprint, model_shapes.get(model_id),
-                    dict(task_fingerprints or {}),
+                    dict(task_fingerprints or {}), quantize_target_of(config, catalogue, this_id),
                 )
             )
     return Plan(config_name=config.name, cells=cells)
@@ -162,9 +181,10 @@ def _plan_cell(
     calibration_fingerprint: str,
     shape: ModelShape | None,
     task_fingerprints: dict[str, str],
+    quantize_target: TargetSpec | None = None,
 ) -> Cell:
     request = CellRequest(model=model, recipe=recipe, target=target, kind=kind, tp=tp, pp=pp,
-                          toolchains=config.toolchains, shape=shape)
+                          toolchains=config.toolchains, shape=shape, quantize_target=quantize_target)
     found = violations(request)
     resolved_profile = config.profile(profile_name).merged_over(target.build_defaults)
     calibration = None if recipe.is_passthrough else _calibration_plan(config, recipe, calibration_fingerprint)
@@ -175,7 +195,8 @@ def _plan_cell(
         id=this_id, model=model, source_revision=revision,
         revision_pinned=is_commit_sha(revision) or revision.startswith("sha256:"),
         recipe=recipe, target=target, kind=kind, tp=tp, pp=pp, profile_name=profile_name, profile=resolved_profile,
-        calibration=calibration, awq_block=awq_block, exporter=exporter_versions(kind, config.toolchains),
+        quantize_target=quantize_target, calibration=calibration, awq_block=awq_block,
+        exporter=exporter_versions(kind, config.toolchains),
         status="invalid" if found else "build", violations=found, stage_keys=keys,
     )
 

@@ -280,13 +280,15 @@ def _model_checks(cell: Cell, found: CheckpointSurvey) -> list[Check]:
     if parameters is None:
         checks.append(Check(name="memory", ok=None, detail="no parameter count: memory not checked"))
     else:
-        needs = cell_needs(parameters, found.dtype_bytes, cell.recipe, cell.target, tp=cell.tp, pp=cell.pp)
+        needs = cell_needs(parameters, found.dtype_bytes, cell.recipe, cell.target, tp=cell.tp, pp=cell.pp,
+                           quantize_target=cell.quantize_target)
         checks += [_memory_check(need, cell) for need in needs]
     return checks
 
 
 def _memory_check(need: MemoryNeed, cell: Cell) -> Check:
-    return Check(name=f"memory {need.stage}", ok=need.fits, detail=f"{need.describe()} ({cell.target.id})")
+    on = cell.quantize_target if need.stage == "quantize" and cell.quantize_target else cell.target
+    return Check(name=f"memory {need.stage}", ok=need.fits, detail=f"{need.describe()} ({on.id})")
 
 
 def _runtime_check(cell: Cell) -> Check:

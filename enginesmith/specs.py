@@ -345,6 +345,10 @@ class PipelineConfig(StrictModel):
     workload: WorkloadSpec = WorkloadSpec()
     gates: GateSpec = GateSpec()
     toolchains: Toolchains = Toolchains()
+    # Cell-id glob → the SKU whose nodes quantise those cells (first match wins; the cell's own SKU where none
+    # does): a model can need a bigger node to calibrate than to build and serve. That node's pool quantises and
+    # hands the output over through the registry (registry/stages.py).
+    quantize_on: dict[str, str] = {}
 
     @model_validator(mode="after")
     def _unique_model_ids(self) -> PipelineConfig:

@@ -86,6 +86,81 @@ def quantize_task(cell: Cell, checkpoint: Checkpoint, work: Path) -> QuantizedCh
     return quantized
 
 
+@task(name="stash-quantized", retries=len(RETRY_DELAYS_S), retry_delay_seconds=RETRY_DELAYS_S,
+      retry_condition_fn=retry_transient)
+def stash_task(quantized: QuantizedCheckpoint, config: PipelineConfig) -> None:
+    result = steps.stash_quantized(quantized, config)
+    get_run_logger().info("stashed quantised checkpoint %s in %s (%d new blobs, %d reused%s)", result.key[:12],
+                          result.registry, result.uploaded_blobs, result.reused_blobs,
+                          "" if result.created else "; its record was there already")
+
+
+@task(name="fetch-quantized", retries=len(RETRY_DELAYS_S), retry_delay_seconds=RETRY_DELAYS_S,
+      retry_condition_fn=retry_transient)
+def fetch_quantized_task(cell: Cell, work: Path, config: PipelineConfig) -> QuantizedCheckpoint | None:
+    record = steps.read_stashed(cell, config)
+    if record is None:
+        return None
+    quantized = steps.fetch_stashed(cell, record, work, config)
+    get_run_logger().info("fetched quantised checkpoint %s, quantised on %s at %s", cell.stage_keys.quantize[:12],
+                          record.node, record.stashed)
+    return quantized
+
+
+QUANTIZE_TIMEOUT_S = 6 * 3600
+
+
+def quantize_elsewhere(params: BuildCellParams, cell: Cell, pool: str) -> None:
+    """Run this cell's quantize stage on ``pool`` (its build-cell deployment, ``until=quantize``) and wait."""
+    from prefect.client.schemas.objects import FlowRun
+    from prefect.deployments import run_deployment
+
+    get_run_logger().info("cell %s quantises on pool %s (quantize_on: %s)", cell.id, pool,
+                          cell.quantize_target.id if cell.quantize_target else "")
+    flow_run = run_deployment(f"build-cell/{pool}", timeout=QUANTIZE_TIMEOUT_S, poll_interval=2,
+                              parameters={"params": params.model_copy(update={"until": "quantize"})
+                                          .model_dump(mode="json")})
+    assert isinstance(flow_run, FlowRun)
+    state = flow_run.state
+    if state is None or not state.is_completed():
+        what = "no worker started it" if state is None or state.type.value in ("SCHEDULED", "PENDING") else \
+            f"it ended {state.type.value}: {state.message or ''}"[:500]
+        # A crash or a missing worker: the nightly's dispatch may try the cell again; a quantize error says so
+        raise TransientError(f"cell {cell.id}: its quantize run {flow_run.name} on pool {pool!r} did not finish: "
+                             f"{what}")
+
+
+def quantize_pool(cell: Cell) -> str | None:
+    """The pool that quantises the cell when it is not the one running it: only for a run from a deployment
+    (an in-process run quantises in place), and only where the config's quantize_on names another SKU."""
+    from prefect.runtime import deployment
+
+    if cell.quantize_target is None or deployment.id is None:
+        return None
+    from flows.nightly import pool_for  # flows.nightly imports this module
+
+    pool = pool_for(cell.quantize_target, cell.kind)
+    return None if pool == deployment.name else pool  # build-cell deployments are named after their pool
+
+
+def obtain_quantized(params: BuildCellParams, cell: Cell, checkpoint: Checkpoint, work: Path,
+                     config: PipelineConfig) -> QuantizedCheckpoint:
+    """The cell's quantised checkpoint: from this node's work directory, from the registry where another node
+    stashed it, or quantised there first (quantize_on), else quantised here."""
+    pool = quantize_pool(cell)
+    if pool is None or (steps.quantized_dir(cell, work) / COMPLETE_MARKER).is_file():
+        return quantize_task(cell, checkpoint, work)
+    fetched = fetch_quantized_task(cell, work, config)
+    if fetched is None:
+        quantize_elsewhere(params, cell, pool)
+        fetched = fetch_quantized_task(cell, work, config)
+    if fetched is None:
+        raise UserError(f"cell {cell.id}: the quantize run on {pool} finished but stashed nothing under key "
+                        f"{cell.stage_keys.quantize[:12]}", where=steps.registry_url(config),
+                        hint="check that both pools' workers use the same registry (ENGINESMITH_REGISTRY)")
+    return fetched
+
+
 @task(name="build", retries=1, retry_delay_seconds=30, retry_condition_fn=retry_transient,
       cache_key_fn=_build_key, persist_result=True)
 def build_task(cell: Cell, quantized: QuantizedCheckpoint, work: Path, config: PipelineConfig) -> Path:
@@ -156,8 +231,10 @@ def build_cell(params: BuildCellParams = BuildCellParams()) -> CellSummary:
         logger.info("cell %s (key %s) is already in the registry: nothing to do", cell.id, cell.key[:12])
         return CellSummary(cell=cell.id, status="cached", key=cell.key, worker=worker_name())
     work = steps.workdir(config)
+    if params.until == "quantize":
+        return quantize_and_stash(cell, config_path, config, work)
     checkpoint = pull_task(config_path, cell)
-    quantized = quantize_task(cell, checkpoint, work)
+    quantized = obtain_quantized(params, cell, checkpoint, work, config)
     artefact_dir = build_task(cell, quantized, work, config)
     report = validate_task(cell, artefact_dir, checkpoint, config, work)
     markdown = Path(steps.workdir(config) / steps.REPORTS_DIR / cell.stage_keys.validation[:16] / "report.md")
@@ -175,6 +252,18 @@ def build_cell(params: BuildCellParams = BuildCellParams()) -> CellSummary:
     logger.info("cell %s built and published (%d files)", cell.id, len(artefact.files) if artefact else 0)
     return CellSummary(cell=cell.id, status="built", key=cell.key, throughput_ratio=comparison["throughput_ratio"],
                        tpot_ratio=comparison["tpot_ratio"], worker=worker_name())
+
+
+def quantize_and_stash(cell: Cell, config_path: Path, config: PipelineConfig, work: Path) -> CellSummary:
+    """This node quantises the cell for another that builds it: pull, quantise, stash in the registry."""
+    key = cell.stage_keys.quantize
+    if steps.read_stashed(cell, config) is None:
+        checkpoint = pull_task(config_path, cell)
+        stash_task(quantize_task(cell, checkpoint, work), config)
+        reason = f"quantised here and stashed for the build node: key {key[:12]}"
+    else:
+        reason = f"quantised already (stashed under key {key[:12]})"
+    return CellSummary(cell=cell.id, status="quantized", key=key, reason=reason, worker=worker_name())
 
 
 def _artifact_key(cell: Cell, what: str) -> str:

@@ -32,13 +32,16 @@ class BuildCellParams(BaseModel):
     min_throughput_ratio: float | None = Field(None, gt=0, description="Gate override: candidate/reference throughput")
     max_tpot_ratio: float | None = Field(None, gt=0, description="Gate override: candidate/reference TPOT at c=1")
     max_accuracy_drop_points: float | None = Field(None, ge=0, description="Gate override: accuracy drop, points")
+    until: Literal["publish", "quantize"] = Field(
+        "publish", description="'quantize': pull and quantise only, and stash the output in the registry for the node "
+                               "that builds (what a cell's build run asks of the pool its config's quantize_on names)")
 
 
 class CellSummary(BaseModel):
     """What happened to one cell, for the nightly summary."""
 
     cell: str
-    status: Literal["built", "cached", "invalid", "blocked", "failed", "no-worker"]
+    status: Literal["built", "cached", "quantized", "invalid", "blocked", "failed", "no-worker"]
     key: str = ""
     reason: str = ""
     throughput_ratio: float | None = None

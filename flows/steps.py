@@ -20,6 +20,7 @@ from enginesmith.specs import PipelineConfig
 
 if TYPE_CHECKING:
     from registry.publish import PublishResult
+    from registry.stages import StashedQuantized, StashResult
     from validation.report import ValidationReport
 
 QUANTIZED_DIR, ARTEFACTS_DIR, REPORTS_DIR, REFERENCE_DIR = "quantized", "artefacts", "reports", "reference"
@@ -70,7 +71,7 @@ def quantize(cell: Cell, checkpoint: Checkpoint, work: Path) -> QuantizedCheckpo
     calibration = cell.calibration
     request = QuantizeRequest(
         checkpoint=checkpoint, recipe=cell.recipe, key=cell.stage_keys.quantize,
-        out_dir=str(work / QUANTIZED_DIR / cell.stage_keys.quantize[:16]), formats=export_formats(cell),
+        out_dir=str(quantized_dir(cell, work)), formats=export_formats(cell),
         tp=cell.tp if cell.kind == "trtllm-engine" else 1, pp=cell.pp if cell.kind == "trtllm-engine" else 1,
         calibration_dataset=calibration.dataset if calibration else "builtin:addition",
         samples=calibration.samples if calibration else 1, seq_len=calibration.seq_len if calibration else 8,
@@ -78,6 +79,39 @@ def quantize(cell: Cell, checkpoint: Checkpoint, work: Path) -> QuantizedCheckpo
         awq_block_size=cell.awq_block.size if cell.awq_block else None, expected_versions=cell.exporter,
     )
     return quantize_checkpoint(request)
+
+
+def quantized_dir(cell: Cell, work: Path) -> Path:
+    return work / QUANTIZED_DIR / cell.stage_keys.quantize[:16]
+
+
+def stash_quantized(quantized: QuantizedCheckpoint, config: PipelineConfig) -> StashResult:
+    """Hand the quantize output to the node that builds the cell (``quantize_on``), through the registry."""
+    from registry.stages import stash_quantized as stash
+    from registry.store import open_store
+
+    return stash(open_store(registry_url(config)), quantized)
+
+
+def read_stashed(cell: Cell, config: PipelineConfig) -> StashedQuantized | None:
+    from registry.stages import read_stashed as read
+    from registry.store import open_store
+
+    return read(open_store(registry_url(config)), cell.stage_keys.quantize)
+
+
+def fetch_stashed(cell: Cell, record: StashedQuantized, work: Path, config: PipelineConfig) -> QuantizedCheckpoint:
+    """The quantize output another node stashed, laid out where this node's quantize stage would have written it."""
+    from quantization.stage import read_completed
+    from registry.cache import BlobCache
+    from registry.stages import fetch_quantized
+    from registry.store import open_store
+
+    out_dir = quantized_dir(cell, work)
+    done = read_completed(out_dir)
+    if done is not None and done.key == cell.stage_keys.quantize:
+        return done
+    return fetch_quantized(open_store(registry_url(config)), record, out_dir, BlobCache(work / "blob-cache"))
 
 
 def built_artefact_dir(cell: Cell, work: Path) -> Path:

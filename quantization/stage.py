@@ -34,7 +34,7 @@ from enginesmith.checkpoints.models import Checkpoint, CheckpointFile
 from enginesmith.diskspace import disk_filled_error, is_disk_full, require_free_space
 from enginesmith.errors import UserError
 from enginesmith.locks import output_lock
-from enginesmith.memory import dtype_bytes, quantize_need
+from enginesmith.memory import GPU_CALIBRATION_FACTOR, dtype_bytes, quantize_need
 from enginesmith.specs import RecipeSpec
 from quantization.export import (
     ExportCheckError,
@@ -183,7 +183,9 @@ def _run(request: QuantizeRequest, staging: Path) -> QuantizedCheckpoint:
             # The checkpoint's own dtype, spread over the visible GPUs (how ModelOpt's hf_ptq loads), so a model
             # larger than one GPU still calibrates.
             model = AutoModelForCausalLM.from_pretrained(
-                source, dtype="auto", device_map="auto" if device == "cuda" else {"": device}).eval()
+                source, dtype="auto", device_map="auto" if device == "cuda" else {"": device},
+                max_memory=_weights_memory_per_gpu() if device == "cuda" else None).eval()
+            refuse_offloaded(model, model_name)
 
     calibration = quality = None
     if recipe.is_passthrough:
@@ -366,6 +368,30 @@ def _check_versions(expected: dict[str, str], installed: dict[str, str]) -> None
         raise UserError("this environment is not the toolchain the quantize key was computed for: " + "; ".join(differ),
                         where="toolchains", hint="run the stage in the environment the config's toolchains name, or "
                                                  "change the pin in the config (which changes the key)")
+
+
+def _weights_memory_per_gpu() -> dict[int | str, int]:
+    """What ``device_map="auto"`` may place on each visible GPU: its free memory less the calibration headroom the
+    memory model counts (so activations fit beside the weights), and nothing on the CPU."""
+    import torch
+
+    return {index: int(torch.cuda.mem_get_info(index)[0] / GPU_CALIBRATION_FACTOR)
+            for index in range(torch.cuda.device_count())}
+
+
+def refuse_offloaded(model: Any, model_name: str) -> None:
+    """A model accelerate spread onto the CPU or disk (its weights left on the meta device) cannot be cast or
+    exported by ModelOpt's TensorRT-LLM exporter: refuse it here, by name, rather than fail after calibration."""
+    offloaded = {name: where for name, where in (getattr(model, "hf_device_map", None) or {}).items()
+                 if where in ("cpu", "disk")}
+    if offloaded:
+        worst_first = sorted(offloaded.items(), key=lambda item: item[1] != "disk")
+        listed = ", ".join(f"{name} on {where}" for name, where in worst_first[:4])
+        raise UserError(f"{model_name} does not fit in the visible GPUs' free memory: {len(offloaded)} module(s) "
+                        f"were offloaded ({listed}{', …' if len(offloaded) > 4 else ''}), and ModelOpt cannot "
+                        "export an offloaded model", where="quantize/load",
+                        hint="quantise on a node with more GPU memory (the config's quantize_on names its SKU), or "
+                             "free the GPUs (CUDA_VISIBLE_DEVICES) other processes hold")
 
 
 def _free_bytes_per_device(device: str) -> tuple[int, int]:

@@ -191,6 +191,19 @@ class BundleStore:
     def delete_stale_uploads(self, older_than_s: float, *, now: float | None = None) -> int:
         return 0
 
+    # A bundle carries artefacts, not the handoffs between the nodes that built them.
+    def create_stage(self, stage: str, key: str, body: bytes) -> bool:
+        raise ReadOnlyStoreError("a bundle cannot be changed", where=self.location)
+
+    def read_stage(self, stage: str, key: str) -> bytes | None:
+        return None
+
+    def list_stage_keys(self, stage: str) -> list[str]:
+        return []
+
+    def delete_stage(self, stage: str, key: str) -> None:
+        raise ReadOnlyStoreError("a bundle cannot be changed", where=self.location)
+
     def _read_member(self, name: str) -> bytes:
         data_offset, size, _ = self._members[name]
         with self.path.open("rb") as handle:

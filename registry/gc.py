@@ -5,6 +5,9 @@ manifest a ref points at. Manifests go before blobs, so no reader ever sees a ma
 An unreferenced blob younger than the grace period is kept: a publish may have uploaded it and not yet
 written its manifest. So is an unfinished upload that stored something within the grace period: a publish may
 still be sending it, or a killed one continue it.
+
+Stage records (a quantised checkpoint handed between nodes, ``registry.stages``) are handoffs, not artefacts:
+one is kept, with its blobs, for ``stage_ttl_s`` after it was stashed, then deleted like an unreferenced blob.
 """
 
 from __future__ import annotations
@@ -17,11 +20,12 @@ from pydantic import BaseModel
 
 from registry.catalog import list_model
 from registry.errors import IntegrityError
-from registry.manifest import Manifest
+from registry.manifest import Manifest, parse_timestamp
 from registry.store import RegistryStore
 
 DEFAULT_KEEP_LAST = 3
 DEFAULT_GRACE_S = 3600.0
+DEFAULT_STAGE_TTL_S = 7 * 86400.0
 
 
 class GcResult(BaseModel):
@@ -35,6 +39,8 @@ class GcResult(BaseModel):
     referenced_blobs: int
     young_unreferenced_blobs: int  # unreferenced, but within the grace period
     stale_uploads_removed: int
+    kept_stage_records: int = 0
+    deleted_stage_records: list[str] = []  # stage/key
 
 
 def manifests_to_delete(manifests: Iterable[Manifest], pinned: set[tuple[str, str]], keep_last: int) -> list[Manifest]:
@@ -57,6 +63,7 @@ def collect_garbage(
     grace_s: float = DEFAULT_GRACE_S,
     dry_run: bool = False,
     now: float | None = None,
+    stage_ttl_s: float = DEFAULT_STAGE_TTL_S,
 ) -> GcResult:
     """Apply the retention rule, then delete unreferenced blobs older than ``grace_s`` and stale uploads.
 
@@ -81,12 +88,16 @@ def collect_garbage(
     doomed = manifests_to_delete(manifests, pinned, keep_last)
     doomed_refs = {m.ref for m in doomed}
     referenced = {digest for m in manifests if m.ref not in doomed_refs for digest in m.files_by_digest()}
+    kept_stages, expired_stages = stage_records(store, older_than=now - stage_ttl_s)
+    referenced |= {digest for record in kept_stages for digest in record.digests}
     unreferenced = [b for b in store.list_blobs() if b.digest not in referenced]
     expired = [b for b in unreferenced if b.modified < now - grace_s]
     stale_uploads = 0
     if not dry_run:
         for manifest in doomed:
             store.delete_manifest(manifest.model, manifest.key)
+        for record in expired_stages:
+            store.delete_stage(record.stage, record.key)
         for blob in expired:
             store.delete_blob(blob.digest)
         stale_uploads = store.delete_stale_uploads(grace_s, now=now)
@@ -94,8 +105,36 @@ def collect_garbage(
         registry=store.location, dry_run=dry_run, keep_last=keep_last, kept_manifests=len(manifests) - len(doomed),
         deleted_manifests=sorted(doomed_refs), deleted_blobs=len(expired), deleted_bytes=sum(b.size for b in expired),
         referenced_blobs=len(referenced), young_unreferenced_blobs=len(unreferenced) - len(expired),
-        stale_uploads_removed=stale_uploads,
+        stale_uploads_removed=stale_uploads, kept_stage_records=len(kept_stages),
+        deleted_stage_records=sorted(f"{r.stage}/{r.key}" for r in expired_stages),
     )
+
+
+class StageRecordRef(BaseModel):
+    stage: str
+    key: str
+    digests: set[str]
+
+
+def stage_records(store: RegistryStore, *, older_than: float) -> tuple[list[StageRecordRef], list[StageRecordRef]]:
+    """The stage records to keep (stashed at or after ``older_than``, a Unix time) and those to delete: older, or
+    unreadable (a handoff nobody can use; its blobs go when unreferenced)."""
+    from registry.stages import QUANTIZED_STAGE, StashedQuantized
+
+    kept: list[StageRecordRef] = []
+    expired: list[StageRecordRef] = []
+    for key in store.list_stage_keys(QUANTIZED_STAGE):
+        body = store.read_stage(QUANTIZED_STAGE, key)
+        try:
+            record = StashedQuantized.model_validate_json(body or b"")
+            stashed = parse_timestamp(record.stashed).timestamp()
+        except ValueError:  # pydantic's ValidationError is one
+            expired.append(StageRecordRef(stage=QUANTIZED_STAGE, key=key, digests=set()))
+            continue
+        ref = StageRecordRef(stage=QUANTIZED_STAGE, key=key,
+                             digests={f.sha256 for f in record.quantized.files if f.sha256})
+        (kept if stashed >= older_than else expired).append(ref)
+    return kept, expired
 
 
 def parse_duration(text: str) -> float:

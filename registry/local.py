@@ -29,6 +29,8 @@ from registry.names import (
     manifest_path,
     ref_path,
     refs_dir,
+    stage_dir,
+    stage_path,
 )
 from registry.store import BlobInfo, RefState
 from registry.transfer import RateLimiter, TransferProgress, file_chunks, owned_chunks, write_hashing
@@ -111,7 +113,9 @@ class LocalStore:
     # --- manifests -----------------------------------------------------------------------------------
 
     def create_manifest(self, model: str, key: str, body: bytes) -> bool:
-        final = self.root / manifest_path(model, key)
+        return self._create_once(self.root / manifest_path(model, key), key, body)
+
+    def _create_once(self, final: Path, key: str, body: bytes) -> bool:
         final.parent.mkdir(parents=True, exist_ok=True)
         with self._temp_file(key) as temp:
             self._write_durably(temp, body)
@@ -138,6 +142,21 @@ class LocalStore:
         directory = self.root / manifest_dir(model)
         keys = [p.name.removesuffix(MANIFEST_SUFFIX) for p in _children(directory) if p.name.endswith(MANIFEST_SUFFIX)]
         return sorted(k for k in keys if is_name(k))
+
+    # --- stage records -------------------------------------------------------------------------------
+
+    def create_stage(self, stage: str, key: str, body: bytes) -> bool:
+        return self._create_once(self.root / stage_path(stage, key), key, body)
+
+    def read_stage(self, stage: str, key: str) -> bytes | None:
+        return _read_or_none(self.root / stage_path(stage, key))
+
+    def list_stage_keys(self, stage: str) -> list[str]:
+        names = [p.name.removesuffix(MANIFEST_SUFFIX) for p in _children(self.root / stage_dir(stage))]
+        return sorted(k for k in names if is_name(k))
+
+    def delete_stage(self, stage: str, key: str) -> None:
+        (self.root / stage_path(stage, key)).unlink(missing_ok=True)
 
     # --- refs ----------------------------------------------------------------------------------------
 

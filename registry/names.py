@@ -6,6 +6,7 @@ Every backend stores the same layout (design.md §5), as ``/``-separated paths u
 blobs/sha256/<hex>                every file, once
 manifests/<model>/<key>.json      immutable
 refs/<model>/<channel>            mutable aliases (latest, stable), compare-and-swap
+stages/<stage>/<key>.json         immutable: a stage's output handed from the node that made it to the next
 ```
 
 A reference (``REF``) names one manifest: ``MODEL@KEY`` (a key or a unique prefix of one) or
@@ -27,6 +28,7 @@ MIN_KEY_PREFIX = 6
 BLOBS_DIR = "blobs/sha256"
 MANIFESTS_DIR = "manifests"
 REFS_DIR = "refs"
+STAGES_DIR = "stages"
 MANIFEST_SUFFIX = ".json"
 
 
@@ -62,6 +64,14 @@ def manifest_dir(model: str) -> str:
 
 def manifest_path(model: str, key: str) -> str:
     return f"{manifest_dir(model)}/{check_name(key, 'key')}{MANIFEST_SUFFIX}"
+
+
+def stage_dir(stage: str) -> str:
+    return f"{STAGES_DIR}/{check_name(stage, 'stage')}"
+
+
+def stage_path(stage: str, key: str) -> str:
+    return f"{stage_dir(stage)}/{check_name(key, 'key')}{MANIFEST_SUFFIX}"
 
 
 def refs_dir(model: str) -> str:

@@ -24,6 +24,7 @@ from typing import Literal
 from pydantic import BaseModel, computed_field
 
 from enginesmith.artefacts import ARTEFACT_FILE
+from enginesmith.checkpoints.models import CheckpointFile
 from enginesmith.diskspace import disk_filled_error, is_disk_full, require_free_space, same_filesystem
 from enginesmith.errors import UserError
 from registry.cache import CACHE_ENV, LOCKS_ENV, BlobCache, size_or_zero
@@ -172,6 +173,29 @@ def pull_artefact(
             raise disk_filled_error(cache.root, what=what, where=str(cache.root), hint=_DISK_HINT) from None
         raise
     return result
+
+
+def fetch_files(store: RegistryStore, files: list[CheckpointFile], cache: BlobCache, *, what: str,
+                jobs: int = DEFAULT_PULL_JOBS) -> int:
+    """Fetch into ``cache`` the blobs of ``files`` it lacks, resumed and verified as ``pull_artefact`` fetches them;
+    returns the bytes downloaded. For records that are not artefacts (a stage output handed between nodes)."""
+    by_digest: dict[str, list[CheckpointFile]] = {}
+    for entry in files:
+        reason = unsafe_path_reason(entry.path)
+        if reason or entry.sha256 is None:
+            raise UnsafePathError(f"path {entry.path!r} {reason or 'has no sha256'}", where=what)
+        by_digest.setdefault(entry.sha256, []).append(entry)
+    missing = [PlannedBlob(sha256=digest, size=entries[0].size, paths=[e.path for e in entries], state="missing",
+                           partial_bytes=0)
+               for digest, entries in by_digest.items() if not cache.has(digest, entries[0].size)]
+    require_free_space(cache.root, sum(b.size for b in missing), what=what, where=f"{cache.root} ({CACHE_ENV})",
+                       hint=_DISK_HINT)
+    try:
+        return sum(s.downloaded_bytes for s in _fetch_all(store, cache, missing, jobs, None, None))
+    except OSError as exc:
+        if is_disk_full(exc):
+            raise disk_filled_error(cache.root, what=what, where=str(cache.root), hint=_DISK_HINT) from None
+        raise
 
 
 def check_free_space(plan: PullPlan, cache: BlobCache, dest: Path) -> None:

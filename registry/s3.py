@@ -40,6 +40,8 @@ from registry.names import (
     manifest_path,
     ref_path,
     refs_dir,
+    stage_dir,
+    stage_path,
 )
 from registry.store import BlobInfo, RefState
 from registry.transfer import NETWORK_CHUNK_BYTES, NoProgress, RateLimiter, TransferProgress
@@ -259,9 +261,12 @@ class S3Store:
     # --- manifests -----------------------------------------------------------------------------------
 
     def create_manifest(self, model: str, key: str, body: bytes) -> bool:
-        object_key = self._key(manifest_path(model, key))
+        return self._create_once(manifest_path(model, key), body, f"manifest {model}@{key}")
+
+    def _create_once(self, path: str, body: bytes, what: str) -> bool:
+        object_key = self._key(path)
         for _ in range(CONDITIONAL_CONFLICT_RETRIES):
-            with self._errors(f"writing manifest {model}@{key}"):
+            with self._errors(f"writing {what}"):
                 try:
                     self._client.put_object(Bucket=self.bucket, Key=object_key, Body=body,
                                             ContentType="application/json", IfNoneMatch="*")
@@ -272,9 +277,9 @@ class S3Store:
                     if _error_code(exc) != "ConditionalRequestConflict":
                         raise
             time.sleep(0.2)  # another writer's conditional PUT is in flight; its outcome decides ours
-        if self.read_manifest(model, key) is not None:
+        if self._get_or_none(object_key, f"reading {what}") is not None:
             return False
-        raise RegistryUnavailableError(f"writing manifest {model}@{key} kept conflicting with another writer",
+        raise RegistryUnavailableError(f"writing {what} kept conflicting with another writer",
                                        where=self.location, hint="run the same command again")
 
     def read_manifest(self, model: str, key: str) -> bytes | None:
@@ -292,6 +297,24 @@ class S3Store:
         names = (item["Key"].rsplit("/", 1)[-1] for item in self._list_objects(self._key(manifest_dir(model) + "/")))
         keys = [n.removesuffix(MANIFEST_SUFFIX) for n in names if n.endswith(MANIFEST_SUFFIX)]
         return sorted(k for k in keys if is_name(k))
+
+    # --- stage records -------------------------------------------------------------------------------
+
+    def create_stage(self, stage: str, key: str, body: bytes) -> bool:
+        return self._create_once(stage_path(stage, key), body, f"stage record {stage}/{key}")
+
+    def read_stage(self, stage: str, key: str) -> bytes | None:
+        found = self._get_or_none(self._key(stage_path(stage, key)), f"reading stage record {stage}/{key}")
+        return None if found is None else found[0]
+
+    def list_stage_keys(self, stage: str) -> list[str]:
+        names = (item["Key"].rsplit("/", 1)[-1] for item in self._list_objects(self._key(stage_dir(stage) + "/")))
+        keys = [n.removesuffix(MANIFEST_SUFFIX) for n in names if n.endswith(MANIFEST_SUFFIX)]
+        return sorted(k for k in keys if is_name(k))
+
+    def delete_stage(self, stage: str, key: str) -> None:
+        with self._errors(f"deleting stage record {stage}/{key}"):
+            self._client.delete_object(Bucket=self.bucket, Key=self._key(stage_path(stage, key)))
 
     # --- refs ----------------------------------------------------------------------------------------
 

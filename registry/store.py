@@ -99,6 +99,18 @@ class RegistryStore(Protocol):
 
     def list_channels(self, model: str) -> list[str]: ...
 
+    def create_stage(self, stage: str, key: str, body: bytes) -> bool:
+        """Create a stage record (``stages/<stage>/<key>.json``: the files of one stage output, whose bytes are
+        blobs) unless one exists; exclusive and atomic as ``create_manifest``. Stage records are not artefacts:
+        listings and resolution never see them."""
+        ...
+
+    def read_stage(self, stage: str, key: str) -> bytes | None: ...
+
+    def list_stage_keys(self, stage: str) -> list[str]: ...
+
+    def delete_stage(self, stage: str, key: str) -> None: ...
+
     def delete_stale_uploads(self, older_than_s: float, *, now: float | None = None) -> int:
         """Remove uploads that never completed (temp files, multipart uploads) idle for longer than this before
         ``now`` (default: the current time); returns how many."""

@@ -61,13 +61,14 @@ class Workers:
     env: dict[str, str] = field(default_factory=dict)
     started: list[Worker] = field(default_factory=list)
 
-    def start(self, pool: str, name: str) -> Worker:
-        """``prefect worker start --pool pool --name name``; returns once the server lists it online."""
+    def start(self, pool: str, name: str, env: dict[str, str] | None = None) -> Worker:
+        """``prefect worker start --pool pool --name name``, with the node's own ``env`` on top of the shared one;
+        returns once the server lists it online."""
         from prefect.client.orchestration import get_client
         from prefect.client.schemas.filters import WorkerFilter, WorkerFilterStatus
 
         log_path = self.log_dir / f"worker-{name}.log"
-        env = {**os.environ, **self.env, "PREFECT_API_URL": self.api_url}
+        env = {**os.environ, **self.env, **(env or {}), "PREFECT_API_URL": self.api_url}
         with log_path.open("w") as log:
             process = subprocess.Popen([sys.executable, "-m", "prefect", "worker", "start", "--pool", pool,
                                         "--type", "process", "--name", name], cwd=REPO_ROOT, env=env, stdout=log,

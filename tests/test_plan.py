@@ -166,3 +166,27 @@ def test_key_changes_when_any_input_changes(inputs, data):
     field = data.draw(st.sampled_from(sorted(inputs)))
     new_value = data.draw(json_values.filter(lambda v: canonical_json(v) != canonical_json(inputs[field])))
     assert stage_key("s", {**inputs, field: new_value}) != stage_key("s", inputs)
+
+
+def test_a_cell_can_quantise_on_a_bigger_sku_than_it_builds_for(write_config, minimal):
+    """A 40 B model's fp8 checkpoint serves on one GH200 (and so does its BF16 reference), but calibrating it in
+    BF16 needs more than that node's one GPU: the plan refuses the cell until quantize_on names an H200 node."""
+    text = (minimal.replace("params_b: 1.0", "params_b: 40.0").replace("recipes: [bf16, fp8]", "recipes: [fp8]")
+            .replace("targets: [h100-sxm]", "targets: [gh200, h100-sxm]\n    kinds: [hf-quantized]"))
+    alone = {c.id: c for c in _plan(write_config, text).cells}
+    refused = alone["m/fp8/gh200/tp1/hf-quantized"]
+    assert refused.status == "invalid" and refused.quantize_target is None
+    assert [v.rule for v in refused.violations] == ["fits-memory"] and "quantize needs" in refused.reason
+
+    routed = {c.id: c for c in _plan(write_config, text + "quantize_on:\n  'm/*/gh200/*': h200\n").cells}
+    cell = routed["m/fp8/gh200/tp1/hf-quantized"]
+    assert cell.status == "build" and cell.quantize_target is not None and cell.quantize_target.id == "h200"
+    # Where it quantises does not change what it quantises: the key is the one the H100 cell shares.
+    assert cell.stage_keys.quantize == routed["m/fp8/h100-sxm/tp1/hf-quantized"].stage_keys.quantize
+    assert routed["m/fp8/h100-sxm/tp1/hf-quantized"].quantize_target is None
+
+
+def test_quantize_on_must_name_a_target(write_config, minimal):
+    with pytest.raises(ConfigError, match="'h300', which is not a target") as raised:
+        _plan(write_config, minimal + "quantize_on:\n  'm/*': h300\n")
+    assert raised.value.field == "quantize_on.m/*"

@@ -292,3 +292,30 @@ def test_a_stage_refuses_a_toolchain_other_than_its_keys(tiny_model_dir: Path, t
         quantize_checkpoint(request)
     assert "0.37.0" in caught.value.message and here in caught.value.message
     assert not (tmp_path / "out").exists() and not (tmp_path / "out.partial").exists()
+
+
+def test_a_model_accelerate_offloaded_is_refused_by_name_before_calibration(tiny_model_dir: Path,
+                                                                             tmp_path: Path) -> None:
+    """What ``device_map="auto"`` does when the GPUs' memory runs out: some modules on the CPU or disk, their
+    weights on the meta device, which ModelOpt's TensorRT-LLM export and the BF16 cast cannot handle. The load
+    here is accelerate's real dispatch, with the last decoder layer offloaded to disk (a device map as "auto"
+    computes it when the devices are full)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from quantization.stage import refuse_offloaded
+
+    layers = json.loads((tiny_model_dir / "config.json").read_text())["num_hidden_layers"]
+    device_map = {"model.embed_tokens": "cpu", "model.norm": "cpu", "model.rotary_emb": "cpu", "lm_head": "cpu",
+                  **{f"model.layers.{i}": "cpu" for i in range(layers - 1)}, f"model.layers.{layers - 1}": "disk"}
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32, device_map=device_map,
+                                                 offload_folder=str(tmp_path / "off"))
+    on_disk = sorted(name for name, where in model.hf_device_map.items() if where == "disk")
+    assert on_disk == [f"model.layers.{layers - 1}"]
+    assert any(p.is_meta for p in model.parameters())  # what ModelOpt's export and the cast cannot take
+    with pytest.raises(UserError, match="does not fit in the visible GPUs' free memory") as raised:
+        refuse_offloaded(model, "tiny-llama")
+    assert f"{on_disk[0]} on disk" in str(raised.value) and raised.value.where == "quantize/load"
+    assert "quantize_on" in (raised.value.hint or "")
+    # A model loaded without a device map (the CPU path) passes.
+    refuse_offloaded(AutoModelForCausalLM.from_pretrained(tiny_model_dir), "tiny-llama")

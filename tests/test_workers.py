@@ -27,6 +27,7 @@ import pytest
 from tests.conftest import CONFIGS, REPO_ROOT, needs_vllm_cpu
 from tests.postgres import needs_postgres, running_postgres
 from tests.prefect_processes import Worker, Workers, processes_with_env, running_prefect_server, stop_session
+from tests.registry_helpers import file_digests
 from tests.waiting import wait_for
 
 if TYPE_CHECKING:
@@ -83,11 +84,17 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         workers = Workers(api_url, root, env={"PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(HEARTBEAT_S),
                                               "PREFECT_LOGGING_LEVEL": "INFO"})
         try:
-            worker_a = workers.start("cpu", f"node-a-{suffix}")
-            worker_b = workers.start(SECOND_POOL, f"node-b-{suffix}")
+            worker_a = workers.start("cpu", f"node-a-{suffix}", env=node_disk(root, "a"))
+            worker_b = workers.start(SECOND_POOL, f"node-b-{suffix}", env=node_disk(root, "b"))
             yield Cluster(api_url, database_url, workers, worker_a, worker_b, root)
         finally:
             workers.stop_all()
+
+
+def node_disk(root: Path, node: str) -> dict[str, str]:
+    """A node's own work directory (its local disk): what one node quantised, another can only get through the
+    registry."""
+    return {"ENGINESMITH_WORKDIR": str(root / f"node-{node}-disk" / "work")}
 
 
 def tiny_matrix(root: Path, recipes: str = "[fp8, int4-awq]") -> Path:
@@ -159,6 +166,58 @@ def test_two_pools_two_workers_on_postgres_build_a_nightly_on_different_workers(
     assert _states_in_postgres(cluster.database_url, run_ids) == {run_id: "COMPLETED" for run_id in run_ids}
 
 
+def test_a_cell_quantised_on_another_pool_is_handed_to_its_build_node_through_the_registry(cluster, tmp_path):
+    """#17 item 1: the config's quantize_on sends the fp8 cell's quantisation to the cpu pool (node A) while the cell
+    builds on the second pool (node B, routed there). Node B's run asks node A's pool for the quantize stage, node A
+    quantises and stashes the output in the registry, node B fetches it into its own disk, builds, validates and
+    publishes; node B never quantises."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from prefect.client.schemas.objects import StateType
+
+    from enginesmith.artefacts import COMPLETE_MARKER
+    from enginesmith.config import default_catalogue
+    from enginesmith.plan_sources import plan_config
+    from flows.nightly import nightly
+
+    config = tiny_matrix(tmp_path / "matrix", recipes="[fp8]")
+    config.write_text(config.read_text() + "quantize_on:\n  '*/fp8/*': cpu\n")
+    [cell] = plan_config(config, default_catalogue(), resolve_hub=False)[1].cells
+    quantize_key = cell.stage_keys.quantize
+    summaries = nightly(config=str(config), dispatch="deployments", pools={FP8: SECOND_POOL},
+                        cell_timeout_s=CELL_TIMEOUT_S)
+
+    [summary] = summaries
+    assert summary.status == "built" and summary.worker == cluster.worker_b.name, summary
+    runs = {run.parameters["params"].get("until", "publish"): run for run in cell_runs(config)}
+    assert set(runs) == {"publish", "quantize"} and len(cell_runs(config)) == 2
+    build_run, quantize_run = runs["publish"], runs["quantize"]
+    assert (build_run.work_pool_name, quantize_run.work_pool_name) == (SECOND_POOL, "cpu")
+    assert quantize_run.state_type == StateType.COMPLETED and str(build_run.id) == summary.flow_run
+    wait_for(lambda: len(submitted_by([build_run.id, quantize_run.id])) == 2, "both workers' submitted events",
+             timeout_s=EVENT_TIMEOUT_S, interval_s=1)
+    assert submitted_by([build_run.id, quantize_run.id]) == {build_run.id: cluster.worker_b.name,
+                                                             quantize_run.id: cluster.worker_a.name}
+    with get_client(sync_client=True) as client:
+        tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(
+            id=FlowRunFilterId(any_=[build_run.id, quantize_run.id])))
+    done = {(task.flow_run_id, task.name.rsplit("-", 1)[0]) for task in tasks if task.state_type == StateType.COMPLETED}
+    assert {(quantize_run.id, "quantize"), (quantize_run.id, "stash-quantized")} <= done
+    assert {(build_run.id, "fetch-quantized"), (build_run.id, "publish")} <= done
+    assert not any(run_id == build_run.id and name == "quantize" for run_id, name in done)
+    # The record in the registry, and the same quantised files on both nodes' disks, node B's from its blob cache.
+    registry = tmp_path / "matrix" / "registry"
+    record = json.loads((registry / "stages" / "quantized" / f"{quantize_key}.json").read_text())
+    files = {f["path"]: f["sha256"] for f in record["quantized"]["files"]}
+    disks = {node: cluster.root / f"node-{node}-disk" / "work" / "quantized" / quantize_key[:16] for node in "ab"}
+    for node, quantized in disks.items():
+        assert (quantized / COMPLETE_MARKER).read_text().strip() == quantize_key, node
+        assert file_digests(quantized, list(files)) == files, node
+    assert (cluster.root / "node-b-disk" / "work" / "blob-cache" / "blobs" / "sha256").is_dir()
+    assert not (cluster.root / "node-a-disk" / "work" / "blob-cache").exists()
+    assert len(list(registry.glob("manifests/tiny-llama/*.json"))) == 1
+
+
 def test_a_node_killed_mid_cell_crashes_its_run_and_the_cell_is_rebuilt_and_published_once(cluster, tmp_path):
     """#17 item 6: the worker that runs a cell dies with its node (the worker and every process of the run killed)
     in the middle of the cell. The run's heartbeats stop, the server's automation marks it Crashed, the nightly
@@ -211,7 +270,8 @@ def test_a_node_killed_mid_cell_crashes_its_run_and_the_cell_is_rebuilt_and_publ
                  timeout_s=CELL_TIMEOUT_S, process=nightly_process, log=nightly_log, interval_s=1)
         victims = kill_node_when(cluster.worker_a, crashed_id, lambda: mid_cell(crashed_id))
         assert len(victims) > 1  # the worker and the run's own process at least
-        replacement = cluster.workers.start("cpu", f"{cluster.worker_a.name}-replacement")
+        replacement = cluster.workers.start("cpu", f"{cluster.worker_a.name}-replacement",
+                                            env=node_disk(cluster.root, "a-replacement"))
         wait_for(lambda: nightly_process.poll() is not None, "the nightly to finish", timeout_s=CELL_TIMEOUT_S,
                  interval_s=1)
     finally:
