@@ -12,6 +12,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.cache_policies import NO_CACHE
 from prefect.context import TaskRunContext
 
 from builders.stage import read_artefact
@@ -87,7 +88,7 @@ def quantize_task(cell: Cell, checkpoint: Checkpoint, work: Path) -> QuantizedCh
 
 
 @task(name="stash-quantized", retries=len(RETRY_DELAYS_S), retry_delay_seconds=RETRY_DELAYS_S,
-      retry_condition_fn=retry_transient)
+      retry_condition_fn=retry_transient, cache_policy=NO_CACHE)
 def stash_task(quantized: QuantizedCheckpoint, config: PipelineConfig) -> None:
     result = steps.stash_quantized(quantized, config)
     get_run_logger().info("stashed quantised checkpoint %s in %s (%d new blobs, %d reused%s)", result.key[:12],
@@ -95,8 +96,9 @@ def stash_task(quantized: QuantizedCheckpoint, config: PipelineConfig) -> None:
                           "" if result.created else "; its record was there already")
 
 
+# Never cached: the same call returns None before the quantize run and the checkpoint after it.
 @task(name="fetch-quantized", retries=len(RETRY_DELAYS_S), retry_delay_seconds=RETRY_DELAYS_S,
-      retry_condition_fn=retry_transient)
+      retry_condition_fn=retry_transient, cache_policy=NO_CACHE)
 def fetch_quantized_task(cell: Cell, work: Path, config: PipelineConfig) -> QuantizedCheckpoint | None:
     record = steps.read_stashed(cell, config)
     if record is None:
