@@ -1,6 +1,7 @@
 """More than one worker on a real database (#17 item 6): the Prefect server on PostgreSQL (a cluster of the test's
 own on loopback), two work pools with a process worker each, and the nightly fanning the tiny matrix's two cells
-out to both through the build-cell deployments. Then a worker's node killed in the middle of a cell: its run is
+out to both through the build-cell deployments, one cell quantised on the other pool's node (quantize_on) and
+handed over through the registry. Then a worker's node killed in the middle of a cell: its run is
 marked Crashed when its heartbeats stop, the nightly dispatches the cell again, and it is published once.
 
 One server, database and pair of workers serve the module (about a minute to start on 2 cores); each test builds
@@ -139,38 +140,12 @@ def cell_runs(config: Path) -> list[FlowRun]:
 
 def test_two_pools_two_workers_on_postgres_build_a_nightly_on_different_workers(cluster, tmp_path):
     """#17 item 6: a nightly of two cells on a Prefect server on PostgreSQL, dispatched at once to two pools, finishes
-    with both cells built and published, each by the worker of its pool."""
-    from prefect.client.orchestration import get_client
+    with both cells built and published, each by the worker of its pool.
 
-    from flows.nightly import nightly
-
-    config = tiny_matrix(tmp_path / "matrix")
-    summaries = nightly(config=str(config), dispatch="deployments", pools=ROUTES, cell_timeout_s=CELL_TIMEOUT_S)
-
-    by_cell = {s.cell: s for s in summaries}
-    assert {cell: s.status for cell, s in by_cell.items()} == {FP8: "built", INT4: "built"}, summaries
-    assert len(list((tmp_path / "matrix" / "registry").glob("manifests/tiny-llama/*.json"))) == 2
-    # The build-cell runs say which worker ran them; the workers' own events say the same.
-    assert (by_cell[FP8].worker, by_cell[INT4].worker) == (cluster.worker_a.name, cluster.worker_b.name)
-    run_ids = [UUID(by_cell[FP8].flow_run), UUID(by_cell[INT4].flow_run)]
-    wait_for(lambda: len(submitted_by(run_ids)) == 2, "both workers' submitted-flow-run events",
-             timeout_s=EVENT_TIMEOUT_S, interval_s=1)
-    assert submitted_by(run_ids) == {run_ids[0]: cluster.worker_a.name, run_ids[1]: cluster.worker_b.name}
-    with get_client(sync_client=True) as client:
-        fp8_run, int4_run = (client.read_flow_run(run_id) for run_id in run_ids)
-    assert (fp8_run.work_pool_name, int4_run.work_pool_name) == ("cpu", SECOND_POOL)
-    # Fanned out at once: the nightly created both runs before either of them had ended.
-    assert fp8_run.end_time and int4_run.end_time
-    assert max(fp8_run.created, int4_run.created) < min(fp8_run.end_time, int4_run.end_time)  # type: ignore[operator]
-    # And the server kept them in PostgreSQL.
-    assert _states_in_postgres(cluster.database_url, run_ids) == {run_id: "COMPLETED" for run_id in run_ids}
-
-
-def test_a_cell_quantised_on_another_pool_is_handed_to_its_build_node_through_the_registry(cluster, tmp_path):
-    """#17 item 1: the config's quantize_on sends the fp8 cell's quantisation to the cpu pool (node A) while the cell
-    builds on the second pool (node B, routed there). Node B's run asks node A's pool for the quantize stage, node A
-    quantises and stashes the output in the registry, node B fetches it into its own disk, builds, validates and
-    publishes; node B never quantises."""
+    #17 item 1 in the same nightly: the config's quantize_on sends the int4 cell's quantisation to the cpu pool (node
+    A) while the cell builds on the second pool (node B). Node B's run asks node A's pool for the quantize stage, node
+    A quantises and stashes the output in the registry, node B fetches it into its own disk and builds, validates and
+    publishes from it; node B never quantises."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
     from prefect.client.schemas.objects import StateType
@@ -180,42 +155,52 @@ def test_a_cell_quantised_on_another_pool_is_handed_to_its_build_node_through_th
     from enginesmith.plan_sources import plan_config
     from flows.nightly import nightly
 
-    config = tiny_matrix(tmp_path / "matrix", recipes="[fp8]")
-    config.write_text(config.read_text() + "quantize_on:\n  '*/fp8/*': cpu\n")
-    [cell] = plan_config(config, default_catalogue(), resolve_hub=False)[1].cells
-    quantize_key = cell.stage_keys.quantize
-    summaries = nightly(config=str(config), dispatch="deployments", pools={FP8: SECOND_POOL},
-                        cell_timeout_s=CELL_TIMEOUT_S)
+    config = tiny_matrix(tmp_path / "matrix")
+    config.write_text(config.read_text() + "quantize_on:\n  '*/int4-awq/*': cpu\n")
+    cells = {cell.id: cell for cell in plan_config(config, default_catalogue(), resolve_hub=False)[1].cells}
+    summaries = nightly(config=str(config), dispatch="deployments", pools=ROUTES, cell_timeout_s=CELL_TIMEOUT_S)
 
-    [summary] = summaries
-    assert summary.status == "built" and summary.worker == cluster.worker_b.name, summary
-    runs = {run.parameters["params"].get("until", "publish"): run for run in cell_runs(config)}
-    assert set(runs) == {"publish", "quantize"} and len(cell_runs(config)) == 2
-    build_run, quantize_run = runs["publish"], runs["quantize"]
-    assert (build_run.work_pool_name, quantize_run.work_pool_name) == (SECOND_POOL, "cpu")
-    assert quantize_run.state_type == StateType.COMPLETED and str(build_run.id) == summary.flow_run
-    wait_for(lambda: len(submitted_by([build_run.id, quantize_run.id])) == 2, "both workers' submitted events",
+    by_cell = {s.cell: s for s in summaries}
+    assert {cell: s.status for cell, s in by_cell.items()} == {FP8: "built", INT4: "built"}, summaries
+    registry = tmp_path / "matrix" / "registry"
+    assert len(list(registry.glob("manifests/tiny-llama/*.json"))) == 2
+    # The build-cell runs say which worker ran them; the workers' own events say the same.
+    assert (by_cell[FP8].worker, by_cell[INT4].worker) == (cluster.worker_a.name, cluster.worker_b.name)
+    run_ids = [UUID(by_cell[FP8].flow_run), UUID(by_cell[INT4].flow_run)]
+    [quantize_run] = [run for run in cell_runs(config) if run.parameters["params"].get("until") == "quantize"]
+    assert len(cell_runs(config)) == 3 and quantize_run.parameters["params"]["recipe"] == "int4-awq"
+    wait_for(lambda: len(submitted_by([*run_ids, quantize_run.id])) == 3, "the workers' submitted-flow-run events",
              timeout_s=EVENT_TIMEOUT_S, interval_s=1)
-    assert submitted_by([build_run.id, quantize_run.id]) == {build_run.id: cluster.worker_b.name,
-                                                             quantize_run.id: cluster.worker_a.name}
+    assert submitted_by([*run_ids, quantize_run.id]) == {run_ids[0]: cluster.worker_a.name,
+                                                         run_ids[1]: cluster.worker_b.name,
+                                                         quantize_run.id: cluster.worker_a.name}
     with get_client(sync_client=True) as client:
-        tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(
-            id=FlowRunFilterId(any_=[build_run.id, quantize_run.id])))
+        fp8_run, int4_run = (client.read_flow_run(run_id) for run_id in run_ids)
+        tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(
+            any_=[int4_run.id, quantize_run.id])))
+    assert (fp8_run.work_pool_name, int4_run.work_pool_name, quantize_run.work_pool_name) == ("cpu", SECOND_POOL,
+                                                                                              "cpu")
+    # Fanned out at once: the nightly created both runs before either of them had ended.
+    assert fp8_run.end_time and int4_run.end_time
+    assert max(fp8_run.created, int4_run.created) < min(fp8_run.end_time, int4_run.end_time)  # type: ignore[operator]
+    # And the server kept them in PostgreSQL.
+    all_ids = [*run_ids, quantize_run.id]
+    assert _states_in_postgres(cluster.database_url, all_ids) == {run_id: "COMPLETED" for run_id in all_ids}
+
+    # The int4 cell: quantised and stashed by node A's run, fetched (never quantised) by node B's.
     done = {(task.flow_run_id, task.name.rsplit("-", 1)[0]) for task in tasks if task.state_type == StateType.COMPLETED}
     assert {(quantize_run.id, "quantize"), (quantize_run.id, "stash-quantized")} <= done
-    assert {(build_run.id, "fetch-quantized"), (build_run.id, "publish")} <= done
-    assert not any(run_id == build_run.id and name == "quantize" for run_id, name in done)
-    # The record in the registry, and the same quantised files on both nodes' disks, node B's from its blob cache.
-    registry = tmp_path / "matrix" / "registry"
+    assert {(int4_run.id, "fetch-quantized"), (int4_run.id, "publish")} <= done
+    assert not any(run_id == int4_run.id and name == "quantize" for run_id, name in done)
+    quantize_key = cells[INT4].stage_keys.quantize
     record = json.loads((registry / "stages" / "quantized" / f"{quantize_key}.json").read_text())
     files = {f["path"]: f["sha256"] for f in record["quantized"]["files"]}
-    disks = {node: cluster.root / f"node-{node}-disk" / "work" / "quantized" / quantize_key[:16] for node in "ab"}
-    for node, quantized in disks.items():
+    for node in "ab":  # the same files on both nodes' disks, node B's through its blob cache
+        quantized = cluster.root / f"node-{node}-disk" / "work" / "quantized" / quantize_key[:16]
         assert (quantized / COMPLETE_MARKER).read_text().strip() == quantize_key, node
         assert file_digests(quantized, list(files)) == files, node
     assert (cluster.root / "node-b-disk" / "work" / "blob-cache" / "blobs" / "sha256").is_dir()
     assert not (cluster.root / "node-a-disk" / "work" / "blob-cache").exists()
-    assert len(list(registry.glob("manifests/tiny-llama/*.json"))) == 1
 
 
 def test_a_node_killed_mid_cell_crashes_its_run_and_the_cell_is_rebuilt_and_published_once(cluster, tmp_path):
