@@ -124,12 +124,16 @@ def quantize_elsewhere(params: BuildCellParams, cell: Cell, pool: str) -> None:
                                           .model_dump(mode="json")})
     assert isinstance(flow_run, FlowRun)
     state = flow_run.state
-    if state is None or not state.is_completed():
-        what = "no worker started it" if state is None or state.type.value in ("SCHEDULED", "PENDING") else \
-            f"it ended {state.type.value}: {state.message or ''}"[:500]
-        # A crash or a missing worker: the nightly's dispatch may try the cell again; a quantize error says so
-        raise TransientError(f"cell {cell.id}: its quantize run {flow_run.name} on pool {pool!r} did not finish: "
-                             f"{what}")
+    if state is not None and state.is_completed():
+        return
+    where = f"cell {cell.id}: its quantize run {flow_run.name} on pool {pool!r}"
+    if state is not None and state.is_failed():  # the stage's own error (a recipe, the checkpoint): not retried
+        raise UserError(f"{where} failed: {state.message or ''}"[:1000], where=f"build-cell/{pool}",
+                        hint="read that run's log")
+    what = "no worker started it" if state is None or state.type.value in ("SCHEDULED", "PENDING") else \
+        f"it ended {state.type.value}: {state.message or ''}"[:500]
+    raise TransientError(f"{where} did not finish: {what}",
+                         hint=f"start a worker on it: prefect worker start --pool {pool}")
 
 
 def quantize_pool(cell: Cell) -> str | None:
