@@ -47,7 +47,7 @@ class OnnxTiming(BaseModel):
     median_batch_latency_ms: float = Field(description="median over repeats of one batch's session.run")
 
 
-def _session(onnx_path: Path, threads: int, optimize: bool = True):
+def onnx_session(onnx_path: Path, threads: int, optimize: bool = True):
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -62,7 +62,7 @@ def _session(onnx_path: Path, threads: int, optimize: bool = True):
                         where=str(onnx_path)) from None
 
 
-def _tokenize(model_dir: Path, sentences: list[str], input_names: list[str], max_length: int):
+def tokenize_batch(model_dir: Path, sentences: list[str], input_names: list[str], max_length: int):
     import numpy as np
     from transformers import AutoTokenizer
 
@@ -82,11 +82,11 @@ def onnx_embeddings(onnx_path: Path, model_dir: Path, sentences: list[str], *, b
     """
     import numpy as np
 
-    session = _session(onnx_path, threads, optimize)
+    session = onnx_session(onnx_path, threads, optimize)
     input_names = [value.name for value in session.get_inputs()]
     chunks = []
     for start in range(0, len(sentences), batch_size):
-        feeds = _tokenize(model_dir, sentences[start:start + batch_size], input_names, max_length)
+        feeds = tokenize_batch(model_dir, sentences[start:start + batch_size], input_names, max_length)
         chunks.append(session.run(["sentence_embedding"], feeds)[0])
     return np.concatenate(chunks).astype(np.float32)
 
@@ -103,7 +103,7 @@ def torch_embeddings(model_dir: Path, sentences: list[str], *, batch_size: int =
     chunks = []
     with torch.no_grad():
         for start in range(0, len(sentences), batch_size):
-            feeds = _tokenize(model_dir, sentences[start:start + batch_size], input_names, max_length)
+            feeds = tokenize_batch(model_dir, sentences[start:start + batch_size], input_names, max_length)
             chunks.append(encoder(*(torch.from_numpy(feeds[name]) for name in input_names)).numpy())
     return np.concatenate(chunks).astype(np.float32)
 
@@ -145,9 +145,9 @@ def time_onnx_batch(onnx_path: Path, model_dir: Path, sentences: list[str], *, b
     """Median wall time of ``session.run`` on the first ``batch_size`` sentences (one warm-up run first)."""
     import statistics
 
-    session = _session(onnx_path, threads)
+    session = onnx_session(onnx_path, threads)
     input_names = [value.name for value in session.get_inputs()]
-    feeds = _tokenize(model_dir, sentences[:batch_size], input_names, 256)
+    feeds = tokenize_batch(model_dir, sentences[:batch_size], input_names, 256)
     session.run(["sentence_embedding"], feeds)
     laps = []
     for _ in range(repeats):

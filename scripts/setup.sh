@@ -21,6 +21,6 @@ fi
 echo "==> installing torch 2.13.0 (CPU)"
 "${PIP[@]}" install --upgrade pip >/dev/null
 "${PIP[@]}" install torch==2.13.0
-echo "==> installing enginesmith[quantization,flows,s3,validation,dev]"
-"${PIP[@]}" install -e '.[quantization,flows,s3,validation,dev]'
+echo "==> installing enginesmith[quantization,onnx,flows,s3,validation,dev]"
+"${PIP[@]}" install -e '.[quantization,onnx,flows,s3,validation,dev]'
 echo "$want" > "$stamp"

