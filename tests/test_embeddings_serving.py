@@ -14,7 +14,7 @@ import pytest
 from tests.conftest import needs_vllm_cpu
 from validation.embeddings import (
     RetrievalSet,
-    compare_embeddings,
+    compare_servers,
     cosine_agreement,
     embed_texts,
     load_retrieval_set,
@@ -191,7 +191,7 @@ def test_vllm_cpu_pools_and_normalises_like_sentence_transformers(vllm_reference
 
 @pytest.mark.slow
 def test_candidate_and_vllm_reference_agree_and_retrieve_the_same(candidate, vllm_reference):
-    comparison = compare_embeddings(candidate, vllm_reference, load_retrieval_set(), batch_sizes=(1, 8),
+    comparison = compare_servers(candidate, vllm_reference, load_retrieval_set(), batch_sizes=(1, 8),
                                     rounds=1, requests=3)
     assert comparison.cosine.min_cosine >= MIN_COSINE
     assert comparison.candidate_retrieval.recall_at_k == comparison.reference_retrieval.recall_at_k

@@ -243,7 +243,7 @@ class EmbeddingComparison(BaseModel):
     throughput: list[ThroughputLevel] = []
 
 
-def compare_embeddings(candidate: Endpoint, reference: Endpoint, retrieval_set: RetrievalSet, *, k: int = 10,
+def compare_servers(candidate: Endpoint, reference: Endpoint, retrieval_set: RetrievalSet, *, k: int = 10,
                        batch_sizes: Sequence[int] = (1, 8, 32), rounds: int = 3,
                        requests: int = 8) -> EmbeddingComparison:
     """Cosine agreement over every query and document of the set, recall@k on each side, and (with ``rounds``
