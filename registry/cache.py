@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import socket
 import time
 import uuid
@@ -127,6 +128,16 @@ class BlobCache:
         if not self.use_locks:
             return contextlib.nullcontext()
         return exclusive(self.root / "partial" / f"{digest}.lock", best_effort=True)
+
+
+def link_or_copy(blob: Path, target: Path) -> bool:
+    """Place a cached blob at ``target``: a hard link where the filesystem allows (True), else a copy (False)."""
+    try:
+        os.link(blob, target)
+        return True
+    except OSError:  # another filesystem, or one without hard links
+        shutil.copyfile(blob, target)
+        return False
 
 
 def _host() -> str:

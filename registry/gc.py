@@ -119,16 +119,17 @@ class StageRecordRef(BaseModel):
 def stage_records(store: RegistryStore, *, older_than: float) -> tuple[list[StageRecordRef], list[StageRecordRef]]:
     """The stage records to keep (stashed at or after ``older_than``, a Unix time) and those to delete: older, or
     unreadable (a handoff nobody can use; its blobs go when unreferenced)."""
-    from registry.stages import QUANTIZED_STAGE, StashedQuantized
+    from registry.stages import QUANTIZED_STAGE, read_stashed
 
     kept: list[StageRecordRef] = []
     expired: list[StageRecordRef] = []
     for key in store.list_stage_keys(QUANTIZED_STAGE):
-        body = store.read_stage(QUANTIZED_STAGE, key)
         try:
-            record = StashedQuantized.model_validate_json(body or b"")
-            stashed = parse_timestamp(record.stashed).timestamp()
-        except ValueError:  # pydantic's ValidationError is one
+            record = read_stashed(store, key)
+            stashed = parse_timestamp(record.stashed).timestamp() if record else None
+        except (IntegrityError, ValueError):
+            record = stashed = None
+        if record is None or stashed is None:  # unreadable, or deleted since the listing
             expired.append(StageRecordRef(stage=QUANTIZED_STAGE, key=key, digests=set()))
             continue
         ref = StageRecordRef(stage=QUANTIZED_STAGE, key=key,

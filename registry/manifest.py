@@ -150,11 +150,7 @@ class Manifest(BaseModel):
 
     def files_by_digest(self) -> dict[str, list[CheckpointFile]]:
         """Every distinct blob of this manifest and the files that hold it (identical files share a blob)."""
-        by_digest: dict[str, list[CheckpointFile]] = {}
-        for entry in self.artefact.files:
-            assert entry.sha256 is not None  # the validator refuses manifests without one
-            by_digest.setdefault(entry.sha256, []).append(entry)
-        return by_digest
+        return files_by_digest(self.artefact.files)  # the validator refuses manifests without a sha256
 
     def to_bytes(self) -> bytes:
         return (self.model_dump_json(indent=2, exclude_none=False) + "\n").encode()
@@ -236,3 +232,12 @@ def validation_metric(validation: Mapping[str, Any] | None, objective: Objective
 
 def higher_is_better(objective: Objective) -> bool:
     return objective == "throughput"
+
+
+def files_by_digest(files: list[CheckpointFile]) -> dict[str, list[CheckpointFile]]:
+    """Each distinct sha256 among ``files`` (which must all carry one) and the files that hold it."""
+    by_digest: dict[str, list[CheckpointFile]] = {}
+    for entry in files:
+        assert entry.sha256 is not None
+        by_digest.setdefault(entry.sha256, []).append(entry)
+    return by_digest

@@ -27,9 +27,9 @@ from enginesmith.artefacts import ARTEFACT_FILE
 from enginesmith.checkpoints.models import CheckpointFile
 from enginesmith.diskspace import disk_filled_error, is_disk_full, require_free_space, same_filesystem
 from enginesmith.errors import UserError
-from registry.cache import CACHE_ENV, LOCKS_ENV, BlobCache, size_or_zero
+from registry.cache import CACHE_ENV, LOCKS_ENV, BlobCache, link_or_copy, size_or_zero
 from registry.errors import IntegrityError, RegistryUnavailableError, UnsafePathError
-from registry.manifest import PULL_RECORD_FILE, Manifest, unsafe_path_reason, utc_timestamp
+from registry.manifest import PULL_RECORD_FILE, Manifest, files_by_digest, unsafe_path_reason, utc_timestamp
 from registry.store import RegistryStore
 from registry.transfer import (
     RateLimiter,
@@ -179,15 +179,13 @@ def fetch_files(store: RegistryStore, files: list[CheckpointFile], cache: BlobCa
                 jobs: int = DEFAULT_PULL_JOBS) -> int:
     """Fetch into ``cache`` the blobs of ``files`` it lacks, resumed and verified as ``pull_artefact`` fetches them;
     returns the bytes downloaded. For records that are not artefacts (a stage output handed between nodes)."""
-    by_digest: dict[str, list[CheckpointFile]] = {}
     for entry in files:
         reason = unsafe_path_reason(entry.path)
         if reason or entry.sha256 is None:
             raise UnsafePathError(f"path {entry.path!r} {reason or 'has no sha256'}", where=what)
-        by_digest.setdefault(entry.sha256, []).append(entry)
     missing = [PlannedBlob(sha256=digest, size=entries[0].size, paths=[e.path for e in entries], state="missing",
                            partial_bytes=0)
-               for digest, entries in by_digest.items() if not cache.has(digest, entries[0].size)]
+               for digest, entries in files_by_digest(files).items() if not cache.has(digest, entries[0].size)]
     require_free_space(cache.root, sum(b.size for b in missing), what=what, where=f"{cache.root} ({CACHE_ENV})",
                        hint=_DISK_HINT)
     try:
@@ -359,12 +357,9 @@ def _lay_out(registry: str, manifest: Manifest, cache: BlobCache, dest: Path) ->
             assert entry.sha256 is not None
             target = staging / entry.path
             target.parent.mkdir(parents=True, exist_ok=True)
-            source = cache.blob(entry.sha256)
-            try:
-                os.link(source, target)
+            if link_or_copy(cache.blob(entry.sha256), target):
                 linked += 1
-            except OSError:  # another filesystem, or one without hard links
-                shutil.copyfile(source, target)
+            else:
                 copied += 1
         (staging / ARTEFACT_FILE).write_text(manifest.artefact.model_dump_json(indent=2) + "\n")
         record = PullRecord(registry=registry, model=manifest.model, key=manifest.key, pulled=utc_timestamp(),

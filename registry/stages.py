@@ -10,7 +10,6 @@ Stage records are not artefacts: ``list``, ``resolve`` and ``pull`` never see th
 
 from __future__ import annotations
 
-import os
 import shutil
 import socket
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import Literal
 from pydantic import BaseModel, ValidationError
 
 from enginesmith.artefacts import COMPLETE_MARKER, METADATA_FILE, QuantizedCheckpoint
-from registry.cache import BlobCache
+from registry.cache import BlobCache, link_or_copy
 from registry.errors import IntegrityError
 from registry.manifest import utc_timestamp
 from registry.pull import fetch_files
@@ -98,10 +97,7 @@ def fetch_quantized(store: RegistryStore, record: StashedQuantized, out_dir: Pat
             assert entry.sha256 is not None
             target = staging / entry.path
             target.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                os.link(cache.blob(entry.sha256), target)
-            except OSError:  # another filesystem than the cache's
-                shutil.copyfile(cache.blob(entry.sha256), target)
+            link_or_copy(cache.blob(entry.sha256), target)
         local = quantized.model_copy(update={"out_dir": str(out_dir.resolve())})
         (staging / METADATA_FILE).write_text(local.model_dump_json(indent=2))
         (staging / COMPLETE_MARKER).write_text(quantized.key + "\n")

@@ -11,6 +11,7 @@ import httpx
 import numpy as np
 import pytest
 
+from quantization.embedding_quality import torch_embeddings
 from tests.conftest import needs_vllm_cpu
 from validation.embeddings import (
     RetrievalSet,
@@ -21,7 +22,6 @@ from validation.embeddings import (
     recall_at_k,
     serving_onnx_embeddings,
     serving_vllm_cpu_embeddings,
-    transformers_sentence_embeddings,
 )
 from validation.embeddings_server import BadRequest, EmbeddingServeConfig, parse_request, truncation_length
 
@@ -124,7 +124,7 @@ def texts() -> list[str]:
 
 @pytest.fixture(scope="module")
 def transformers_vectors(minilm_dir: Path, texts: list[str]) -> np.ndarray:
-    return transformers_sentence_embeddings(minilm_dir, texts)
+    return torch_embeddings(minilm_dir, texts)
 
 
 def post(endpoint, body):  # type: ignore[no-untyped-def]
@@ -168,8 +168,8 @@ def test_recall_at_10_on_the_shipped_set_is_the_same_for_the_server_and_transfor
     retrieval_set = load_retrieval_set()
     queries, documents = [q.text for q in retrieval_set.queries], [d.text for d in retrieval_set.documents]
     served = recall_at_k(embed_texts(candidate, queries), embed_texts(candidate, documents), retrieval_set)
-    computed = recall_at_k(transformers_sentence_embeddings(minilm_dir, queries),
-                           transformers_sentence_embeddings(minilm_dir, documents), retrieval_set)
+    computed = recall_at_k(torch_embeddings(minilm_dir, queries),
+                           torch_embeddings(minilm_dir, documents), retrieval_set)
     assert served.recall_at_k == computed.recall_at_k >= MIN_RECALL_AT_10
     assert served.missed == computed.missed
 

