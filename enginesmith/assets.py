@@ -13,6 +13,9 @@ from pydantic import BaseModel, ValidationError
 from enginesmith.errors import ConfigError, UserError
 
 ASSETS_DIR = Path(__file__).resolve().parent / "assets"
+# The sentences an encoder is calibrated on (its quantize key digests this file) and the held-out ones it is checked on.
+EMBEDDING_CALIBRATION_FILE = ASSETS_DIR / "embeddings" / "calibration.txt"
+EMBEDDING_HELD_OUT_FILE = ASSETS_DIR / "embeddings" / "held_out.txt"
 TINY_MODEL_DIR = ASSETS_DIR / "tiny-llama"
 BUILTIN_PREFIX = "builtin:"
 LOCAL_TASK_SUFFIX = ".jsonl"  # an accuracy task named by a path to its file

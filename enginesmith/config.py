@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
 from enginesmith.errors import ConfigError, UserError
-from enginesmith.specs import PipelineConfig, RecipeCatalogue, RecipeSpec, TargetCatalogue, TargetSpec
+from enginesmith.specs import (
+    EncoderRecipeSpec,
+    PipelineConfig,
+    RecipeCatalogue,
+    RecipeSpec,
+    TargetCatalogue,
+    TargetSpec,
+)
 from enginesmith.yamlio import YamlDocument, format_loc
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -25,6 +32,7 @@ class Catalogue:
 
     targets: dict[str, TargetSpec]
     recipes: dict[str, RecipeSpec]
+    encoder_recipes: dict[str, EncoderRecipeSpec] = field(default_factory=dict)
 
     def target(self, target_id: str) -> TargetSpec:
         try:
@@ -46,8 +54,9 @@ class Catalogue:
 def load_catalogue(directory: Path | None = None) -> Catalogue:
     directory = directory or config_dir()
     targets = YamlDocument.read(directory / "targets.yaml").validate(TargetCatalogue).targets
-    recipes = YamlDocument.read(directory / "recipes.yaml").validate(RecipeCatalogue).recipes
-    return Catalogue(targets={t.id: t for t in targets}, recipes={r.id: r for r in recipes})
+    recipe_catalogue = YamlDocument.read(directory / "recipes.yaml").validate(RecipeCatalogue)
+    return Catalogue(targets={t.id: t for t in targets}, recipes={r.id: r for r in recipe_catalogue.recipes},
+                     encoder_recipes={r.id: r for r in recipe_catalogue.encoder_recipes})
 
 
 @cache
@@ -92,6 +101,20 @@ def _reference_errors(
                 (("matrix", block_index, "profile"), f"unknown build profile {block.profile!r}",
                  f"define it under 'profiles:' (known: default{''.join(', ' + p for p in config.profiles)})")
             )
+    encoder_lists: list[tuple[str, list[str]]] = [
+        ("models", [e.id for e in config.encoders]),
+        ("recipes", list(catalogue.encoder_recipes)),
+        ("targets", list(catalogue.targets)),
+    ]
+    for block_index, encoder_block in enumerate(config.encoder_matrix):
+        for field_name, known in encoder_lists:
+            for item_index, name in enumerate(getattr(encoder_block, field_name)):
+                if name not in known:
+                    what = "encoder" if field_name == "models" else f"encoder {field_name.removesuffix('s')}"
+                    errors.append(
+                        (("encoder_matrix", block_index, field_name, item_index), f"unknown {what} {name!r}",
+                         f"known: {', '.join(known) or 'none (list encoders under encoders:)'}")
+                    )
     for recipe_id in config.gates.max_accuracy_drop_points:
         if recipe_id not in catalogue.recipes:
             errors.append(

@@ -14,6 +14,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 ArtefactKind = Literal["trtllm-engine", "hf-quantized"]
 ARTEFACT_KINDS: tuple[ArtefactKind, ...] = ("trtllm-engine", "hf-quantized")
+# Encoders (embedding models) take the ONNX road: the graph itself on onnxruntime's CPU provider, or a TensorRT
+# engine that trtexec builds from it on a GPU of the SKU.
+EncoderKind = Literal["onnx", "tensorrt-engine"]
+ENCODER_KINDS: tuple[EncoderKind, ...] = ("onnx", "tensorrt-engine")
 Runtime = Literal["trtllm-tensorrt", "trtllm-pytorch", "vllm", "vllm-cpu"]
 
 SLUG = r"^[a-z0-9][a-z0-9._-]*$"
@@ -149,6 +153,21 @@ class RecipeSpec(StrictModel):
         return self.modelopt_config is None
 
 
+class EncoderRecipeSpec(StrictModel):
+    """How an encoder's ONNX graph is made: its precision, ModelOpt ONNX quantisation (or none), the opset that
+    needs, and where each encoder kind can run it."""
+
+    id: str = Field(pattern=SLUG)
+    description: str = ""
+    quantize: Literal["int8", "fp8"] | None = Field(description="modelopt.onnx.quantization mode; null = none")
+    precision: Literal["fp32", "fp16"] = Field(description="the graph's floating-point precision (what is not "
+                                                            "quantised)")
+    opset: int = Field(ge=13, le=21, description="the export opset the recipe needs (int8 13, fp8 21)")
+    tensorrt_sm: list[int] = Field(description="SMs a TensorRT engine of this recipe runs on")
+    tensorrt_why: str
+    cpu: CpuSupport = Field(description="whether onnxruntime's CPU provider runs the graph (the onnx kind)")
+
+
 class TargetCatalogue(StrictModel):
     targets: list[TargetSpec]
 
@@ -160,10 +179,12 @@ class TargetCatalogue(StrictModel):
 
 class RecipeCatalogue(StrictModel):
     recipes: list[RecipeSpec]
+    encoder_recipes: list[EncoderRecipeSpec] = []
 
     @model_validator(mode="after")
     def _unique_ids(self) -> RecipeCatalogue:
         _refuse_duplicates([r.id for r in self.recipes], "recipe id")
+        _refuse_duplicates([r.id for r in self.encoder_recipes], "encoder recipe id")
         return self
 
 
@@ -217,6 +238,64 @@ class MatrixBlock(StrictModel):
         for size in sizes:
             check_power_of_two(size, name)
         return sizes
+
+
+class EncoderModelSpec(StrictModel):
+    """An embedding model (a sentence-transformers directory): exported to ONNX, quantised, served for
+    ``/v1/embeddings``. ``pooling`` and ``normalize``, when given, are what the config expects of the checkpoint's
+    own modules (a mismatch is an error, not a silent override); ``max_length`` caps the served sequence length."""
+
+    id: str = Field(pattern=SLUG, description="short name used in cell ids and registry paths")
+    repo: str = Field(description="a local sentence-transformers directory ('./dir', '/abs/dir') or a Hub repo id")
+    revision: str = Field("main", description="commit sha (preferred), branch or tag")
+    pooling: Literal["mean", "cls"] | None = None
+    normalize: bool | None = None
+    max_length: int | None = Field(None, ge=8, le=8192)
+
+    @field_validator("revision")
+    @classmethod
+    def _valid_revision(cls, revision: str) -> str:
+        return check_revision(revision)
+
+    @property
+    def is_local(self) -> bool:
+        return self.repo.startswith(("/", "./", "../", "~", "file:"))
+
+
+class EncoderMatrixBlock(StrictModel):
+    """Every encoder × encoder recipe × target × kind."""
+
+    models: list[str] = Field(min_length=1)
+    recipes: list[str] = Field(min_length=1)
+    targets: list[str] = Field(min_length=1)
+    kinds: list[EncoderKind] = Field(default_factory=lambda: list(ENCODER_KINDS), min_length=1)
+
+
+class EncoderWorkloadSpec(StrictModel):
+    """What validation sends to the candidate, the unquantised graph and the vLLM reference, in interleaved
+    rounds: requests of each batch size, one at a time, timed per side."""
+
+    batch_sizes: list[int] = Field(default_factory=lambda: [1, 8, 32], min_length=1)
+    requests: int = Field(8, ge=1, description="timed requests per batch size, side and round")
+    warmup_requests: int = Field(2, ge=0)
+    repeats: int = Field(3, ge=1, description="interleaved rounds")
+    recall_k: int = Field(10, ge=1)
+
+
+class EncoderGateSpec(StrictModel):
+    """What an encoder candidate must achieve against the vLLM reference (the checkpoint in float32)."""
+
+    min_cosine: dict[str, float] = Field(
+        default_factory=lambda: {"fp32": 0.9999, "fp16": 0.999, "int8": 0.95, "fp8": 0.98},
+        description="per recipe: the lowest cosine similarity of any sentence's embedding to the reference's")
+    default_min_cosine: float = Field(0.95, gt=0, le=1)
+    max_recall_drop: float = Field(0.05, ge=0, le=1, description="recall@k below the reference's, at most")
+    min_throughput_ratio: float = Field(
+        0.5, gt=0, description="candidate embeddings/s ÷ the unquantised graph's on the same runtime, at the "
+                               "largest batch size (median over rounds)")
+
+    def min_cosine_for(self, recipe_id: str) -> float:
+        return self.min_cosine.get(recipe_id, self.default_min_cosine)
 
 
 class WorkloadSpec(StrictModel):
@@ -307,12 +386,21 @@ class VllmToolchain(StrictModel):
     vllm: str = "0.32.0"
 
 
+class EncoderToolchain(StrictModel):
+    """What exports, quantises, runs and builds an encoder's graph (ModelOpt and torch come from ``quantize``)."""
+
+    onnx: str = "1.21.0"
+    onnxruntime: str = "1.24.4"
+    tensorrt: str = Field("11.4.0", description="the trtexec that builds tensorrt-engine encoder artefacts")
+
+
 class Toolchains(StrictModel):
     """Versions that determine outputs, so they are part of the stage keys."""
 
     quantize: QuantizeToolchain = QuantizeToolchain()
     trtllm: TrtllmToolchain = TrtllmToolchain()
     vllm: VllmToolchain = VllmToolchain()
+    encoder: EncoderToolchain = EncoderToolchain()
 
 
 class CalibrationSpec(StrictModel):
@@ -337,8 +425,8 @@ class PipelineConfig(StrictModel):
     name: str
     registry: RegistrySpec = RegistrySpec()
     workdir: str = ".enginesmith/work"
-    models: list[ModelSpec] = Field(min_length=1)
-    matrix: list[MatrixBlock] = Field(min_length=1)
+    models: list[ModelSpec] = []
+    matrix: list[MatrixBlock] = []
     build_profile: BuildProfile = BuildProfile()
     profiles: dict[str, BuildProfile] = {}
     calibration: CalibrationSpec = CalibrationSpec()
@@ -349,11 +437,25 @@ class PipelineConfig(StrictModel):
     # does): a model can need a bigger node to calibrate than to build and serve. That node's pool quantises and
     # hands the output over through the registry (registry/stages.py).
     quantize_on: dict[str, str] = {}
+    encoders: list[EncoderModelSpec] = []
+    encoder_matrix: list[EncoderMatrixBlock] = []
+    encoder_workload: EncoderWorkloadSpec = EncoderWorkloadSpec()
+    encoder_gates: EncoderGateSpec = EncoderGateSpec()
 
     @model_validator(mode="after")
     def _unique_model_ids(self) -> PipelineConfig:
-        _refuse_duplicates([m.id for m in self.models], "model id")
+        _refuse_duplicates([m.id for m in self.models] + [e.id for e in self.encoders], "model id")
+        if not self.matrix and not self.encoder_matrix:
+            raise ValueError("nothing to build: give 'matrix' (LLMs, with 'models') or 'encoder_matrix' (embedding "
+                             "models, with 'encoders'), or both")
+        if self.matrix and not self.models:
+            raise ValueError("'matrix' names LLMs but 'models' is empty")
+        if self.encoder_matrix and not self.encoders:
+            raise ValueError("'encoder_matrix' names encoders but 'encoders' is empty")
         return self
+
+    def encoder(self, model_id: str) -> EncoderModelSpec:
+        return next(e for e in self.encoders if e.id == model_id)
 
     def model(self, model_id: str) -> ModelSpec:
         return next(m for m in self.models if m.id == model_id)

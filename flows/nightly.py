@@ -18,12 +18,15 @@ from prefect.futures import PrefectFuture
 from prefect.states import Cancelled
 
 from enginesmith.config import default_catalogue
+from enginesmith.encoder_plan import EncoderCell
 from enginesmith.errors import TransientError
 from enginesmith.plan import Cell
+from enginesmith.plan_sources import plan_encoders_loaded
 from enginesmith.preflight import run_preflight
 from enginesmith.specs import ArtefactKind, TargetSpec
 from flows import steps
 from flows.cell import build_cell
+from flows.encoder_cell import BuildEncoderCellParams, build_encoder_cell, encoder_published
 from flows.params import BuildCellParams, CellSummary, RecipeName, TargetName
 
 BUILD_CELL_FLOW = "build-cell"
@@ -115,6 +118,29 @@ def outcome_of(cell_id: str, dispatched: PrefectFuture[CellSummary]) -> CellSumm
     return CellSummary(cell=cell_id, status="failed", reason=str(outcome)[:1000])
 
 
+def run_encoder_inline(config_path: str, cell: EncoderCell) -> CellSummary:
+    state = build_encoder_cell(BuildEncoderCellParams(config=config_path, cell=cell.id), return_state=True)
+    if state.is_completed():
+        return state.result()
+    return CellSummary(cell=cell.id, status="failed", key=cell.key,
+                       reason=f"{state.type.value}: {state.message or ''}"[:500])
+
+
+def encoder_summaries(config_path: str, pipeline: Any) -> list[CellSummary]:
+    """The config's encoder cells: invalid ones reported, published ones skipped, the rest built here, one after
+    another (encoder cells run in the nightly's own process, whatever ``dispatch`` says: they have no
+    deployments yet)."""
+    summaries = []
+    for cell in plan_encoders_loaded(pipeline, Path(config_path).parent, default_catalogue()):
+        if cell.status == "invalid":
+            summaries.append(CellSummary(cell=cell.id, status="invalid", key=cell.key, reason=cell.reason))
+        elif encoder_published(pipeline, cell):
+            summaries.append(CellSummary(cell=cell.id, status="cached", key=cell.key))
+        else:
+            summaries.append(run_encoder_inline(config_path, cell))
+    return summaries
+
+
 def run_inline(params: BuildCellParams, cell_id: str) -> CellSummary:
     state = build_cell(params, return_state=True)
     if state.is_completed():
@@ -157,6 +183,7 @@ def nightly(config: str = "configs/nightly.yaml", dispatch: Literal["deployments
         summaries += [outcome_of(cell.id, future) for cell, future in zip(todo, futures, strict=True)]
     order = {cell.id: index for index, cell in enumerate(plan.cells)}
     summaries.sort(key=lambda s: order.get(s.cell, len(order)))
+    summaries += encoder_summaries(config, pipeline)
     create_table_artifact(key="nightly-summary", description=f"nightly on {config}", table=[
         {"cell": s.cell, "status": s.status, "key": s.key[:12], "worker": s.worker, "reason": s.reason,
          "throughput ratio": s.throughput_ratio, "TPOT ratio": s.tpot_ratio} for s in summaries])

@@ -22,15 +22,15 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from enginesmith.assets import ASSETS_DIR
+from enginesmith.assets import EMBEDDING_CALIBRATION_FILE, EMBEDDING_HELD_OUT_FILE
 from enginesmith.errors import UserError
 from quantization.onnx_export import check_onnx_file, default_opset
 
 if TYPE_CHECKING:
     import numpy as np
 
-CALIBRATION_FILE = ASSETS_DIR / "embeddings" / "calibration.txt"
-HELD_OUT_FILE = ASSETS_DIR / "embeddings" / "held_out.txt"
+CALIBRATION_FILE = EMBEDDING_CALIBRATION_FILE
+HELD_OUT_FILE = EMBEDDING_HELD_OUT_FILE
 MIN_CALIBRATION_SENTENCES = 16
 MIN_OPSET: dict[str, int] = {"int8": 13, "fp8": 21}
 OnnxQuantMode = Literal["int8", "fp8"]
