@@ -14,6 +14,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from builders.serve import ENGINESMITH_PYTHON
 from enginesmith.artefacts import ARTEFACT_FILE, Artefact, GpuInfo, Lineage, ServeRecipe
 from enginesmith.checkpoints.digest import file_sha256
 from enginesmith.checkpoints.models import CheckpointFile
@@ -40,9 +41,9 @@ class EncoderBuildRequest(BaseModel):
 
 def onnx_serve_recipe() -> ServeRecipe:
     """The artefact behind ``/v1/embeddings`` with enginesmith's onnxruntime server (installed with the
-    ``onnx`` extra): ``python -m validation.embeddings_server``."""
+    ``onnx`` extra), in the interpreter that runs ``enginesmith serve``."""
     return ServeRecipe(runtime=ONNX_RUNTIME, argv=[
-        "python", "-m", "validation.embeddings_server", "--artefact", "{artefact_dir}", "--host", "{host}",
+        ENGINESMITH_PYTHON, "-m", "validation.embeddings_server", "--artefact", "{artefact_dir}", "--host", "{host}",
         "--port", "{port}", "--served-model-name", "{model_name}"])
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +18,8 @@ from enginesmith.runtimes import environment, environment_versions, locate, serv
 from enginesmith.specs import BuildProfile
 
 VLLM_CPU_PYTHON = "{vllm_cpu_python}"
+# The interpreter running enginesmith (its onnx extra serves encoder artefacts: validation.embeddings_server).
+ENGINESMITH_PYTHON = "{enginesmith_python}"
 VLLM_CPU_MODULE = "vllm.entrypoints.openai.api_server"
 # vllm-cpu's fix-ups: KV cache space in GiB, no Hub, no telemetry.
 VLLM_CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
@@ -164,6 +167,8 @@ def render(recipe: ServeRecipe, *, artefact_dir: Path, host: str, port: int,
     for index, arg in enumerate(recipe.argv):
         if arg == VLLM_CPU_PYTHON:
             argv.append(vllm_cpu_python())
+        elif arg == ENGINESMITH_PYTHON:
+            argv.append(sys.executable)
         elif arg == TRANSFORMERS_CLI:
             argv.append(str(Path(vllm_cpu_python()).parent / "transformers"))
         elif index == 0:  # trtllm-serve, vllm: from the runtime's own environment (configs/runtimes)

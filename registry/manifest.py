@@ -221,11 +221,29 @@ def validation_metric(validation: Mapping[str, Any] | None, objective: Objective
 
     throughput: ``comparison.candidate.max_output_throughput`` (output tokens/s, higher is better).
     latency: ``comparison.candidate.tpot_c1_median_ms`` (median TPOT at concurrency 1, lower is better).
+    An encoder's report (``kind: encoder``): the candidate's embeddings/s at the largest batch size, or its median
+    request latency at the smallest.
     """
+    if validation is not None and validation.get("kind") == "encoder":
+        return _encoder_metric(validation, objective)
     name = "max_output_throughput" if objective == "throughput" else "tpot_c1_median_ms"
     try:
         value = validation["comparison"]["candidate"][name]  # type: ignore[index]
     except (KeyError, TypeError):
+        return None
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _encoder_metric(validation: Mapping[str, Any], objective: Objective) -> float | None:
+    try:
+        levels = [level for level in validation["throughput"] if level["side"] == "candidate"]
+        if objective == "throughput":
+            level = max(levels, key=lambda level: level["batch_size"])
+            value = level["embeddings_per_s"]["median"]
+        else:
+            level = min(levels, key=lambda level: level["batch_size"])
+            value = level["median_latency_ms"]["median"]
+    except (KeyError, TypeError, ValueError):
         return None
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
