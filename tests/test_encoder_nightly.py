@@ -56,7 +56,7 @@ def test_minilm_nightly_publishes_fp32_and_int8_with_the_three_sided_report(enco
                                                            f"{MODEL}/int8/cpu/onnx": "built"}, encoder_nightly
     published = manifests(minilm_config)
     assert set(published) == {"fp32", "int8"}
-    for recipe, manifest in published.items():
+    for manifest in published.values():
         report = manifest["validation"]
         assert manifest["artefact"]["kind"] == "onnx" and report["kind"] == "encoder" and report["passed"]
         sides = {side["name"]: side for side in report["sides"]}
