@@ -106,12 +106,14 @@ def plan(
 ) -> None:
     """Expand a build matrix into cells: what would be built, with each stage key, and what is invalid and why."""
     from enginesmith.config import default_catalogue
-    from enginesmith.plan_sources import plan_config
+    from enginesmith.plan_sources import plan_config, plan_encoders_loaded
 
     # Hub branches stay unresolved here (no network needed to plan); the nightly resolves them to commit shas.
-    _, result = plan_config(config, default_catalogue(), resolve_hub=False)
+    pipeline, result = plan_config(config, default_catalogue(), resolve_hub=False)
+    encoder_cells = plan_encoders_loaded(pipeline, config.parent, default_catalogue(), resolve_hub=False)
     if json_output:
-        print_json({"config": result.config_name, "cells": [c.listing() for c in result.cells]})
+        print_json({"config": result.config_name, "cells": [c.listing() for c in result.cells],
+                    "encoder_cells": [c.listing() for c in encoder_cells]})
         return
     rows = []
     for c in result.cells:
@@ -121,10 +123,16 @@ def plan(
         revision = c.source_revision if len(c.source_revision) < 16 else c.source_revision[:12]
         rows.append([c.id, f"{c.model.repo}@{revision}", c.recipe.id, c.target.id, str(c.tp), c.kind,
                      c.key[:12], status])
+    for e in encoder_cells:
+        status = "[green]build[/]" if e.status == "build" else f"[red]invalid[/]: {escape(e.reason)}"
+        revision = e.source_revision if len(e.source_revision) < 16 else e.source_revision[:12]
+        rows.append([e.id, f"{e.model.repo}@{revision}", e.recipe.id, e.target.id, "-", e.kind, e.key[:12],
+                     status])
     stdout.print(table(f"Plan: {result.config_name}", ["cell", "model@revision", "recipe", "target", "tp",
                                                        "kind", "key", "status"], rows))
-    stdout.print(f"{len(result.buildable)} to build, {len(result.cells) - len(result.buildable)} invalid, "
-                 f"{len(result.cells)} cells")
+    buildable = len(result.buildable) + sum(e.status == "build" for e in encoder_cells)
+    total = len(result.cells) + len(encoder_cells)
+    stdout.print(f"{buildable} to build, {total - buildable} invalid, {total} cells")
 
 
 @app.command()
