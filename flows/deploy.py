@@ -21,6 +21,7 @@ from enginesmith.specs import ARTEFACT_KINDS, TargetSpec
 from flows.nightly import pool_for
 
 NIGHTLY_CRON = "0 2 * * *"
+ENCODER_ENTRYPOINT = "flows/encoder_cell.py:build_encoder_cell"
 DEPLOYMENT_TAG = "enginesmith"
 CRASH_AUTOMATION = "enginesmith: crash runs whose heartbeats stopped"
 MISSED_HEARTBEATS = 3  # silent this many heartbeat intervals: the run's process is gone (its node, an OOM kill)
@@ -84,6 +85,11 @@ def deploy_all(*, source_dir: Path = REPO_ROOT, nightly_config: str = "configs/n
     for pool in pools_to_create:
         deployments[f"build-cell/{pool}"] = cell_flow.deploy(  # type: ignore[union-attr,assignment]
             name=pool, work_pool_name=pool, tags=[DEPLOYMENT_TAG, pool], print_next_steps=False)
+    # Encoder cells build on the cpu pool (their onnx artefacts run on onnxruntime's CPU provider): the UI's form
+    # for one encoder cell. The nightly runs its encoder cells in its own process.
+    encoder_flow = prefect_flow.from_source(source=source, entrypoint=ENCODER_ENTRYPOINT)
+    deployments["build-encoder-cell/cpu"] = encoder_flow.deploy(  # type: ignore[union-attr,assignment]
+        name="cpu", work_pool_name="cpu", tags=[DEPLOYMENT_TAG, "cpu", "encoder"], print_next_steps=False)
     nightly_flow = prefect_flow.from_source(source=source, entrypoint="flows/nightly.py:nightly")
     deployments["nightly/nightly"] = nightly_flow.deploy(  # type: ignore[union-attr,assignment]
         name="nightly", work_pool_name="cpu", schedule=Cron(cron, timezone="UTC"),

@@ -106,6 +106,10 @@ def test_deployments_and_a_worker_run_build_cell(cpu_worker, published_tiny_conf
     with get_client(sync_client=True) as client:
         deployment = client.read_deployment_by_name("nightly/nightly")
         assert deployment.schedules[0].schedule.cron == "0 2 * * *"  # type: ignore[union-attr]
+        # the UI's form for one encoder cell: the typed parameters, the config and the cell id
+        encoder = client.read_deployment_by_name("build-encoder-cell/cpu")
+        form = encoder.parameter_openapi_schema["definitions"]["BuildEncoderCellParams"]["properties"]
+        assert set(form) == {"config", "cell"} and form["cell"]["default"] == "all-minilm-l6-v2/int8/cpu/onnx"
     # Through the worker: a cell already published is found in the registry and costs nothing.
     flow_run = run_deployment("build-cell/cpu", timeout=300, poll_interval=1, parameters={"params": {
         "config": str(published_tiny_config), "model": "tiny-llama", "recipe": "fp8", "target": "cpu"}})

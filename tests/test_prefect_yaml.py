@@ -35,3 +35,13 @@ def test_pool_names_cover_both_kinds_the_nightly_pool_and_routed_pools():
     assert pool_names([h100]) == ["cpu", "gpu-h100-sxm", "gpu-h100-sxm-engine"]
     assert pool_names([catalogue.target("cpu")], {"llama-3.1-70b-instruct/*": "gpu-h200-big"}) == [
         "cpu", "gpu-h200-big"]
+
+
+def test_prefect_yaml_has_the_encoder_cell_deployment_deploy_all_creates():
+    from flows.deploy import ENCODER_ENTRYPOINT
+
+    spec = yaml.safe_load((REPO_ROOT / "prefect.yaml").read_text())
+    encoder = [d for d in spec["deployments"] if d["entrypoint"] == ENCODER_ENTRYPOINT]
+    assert [(d["name"], d["work_pool"]["name"]) for d in encoder] == [("cpu", "cpu")]
+    module, _, function = ENCODER_ENTRYPOINT.partition(":")
+    assert f"def {function}(" in (REPO_ROOT / module).read_text()
