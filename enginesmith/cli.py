@@ -658,6 +658,17 @@ def report(
     manifest = find_manifest(open_store(registry), parse_ref(ref))
     if manifest.validation is None:
         raise UserError(f"{ref} was published without a validation report", where=ref)
+    if manifest.validation.get("kind") == "encoder":
+        from validation.encoder_stage import EncoderValidationReport, render_encoder_report
+
+        encoder_report = EncoderValidationReport.model_validate(manifest.validation)
+        if json_output:
+            print_json(encoder_report)
+        else:
+            from rich.markdown import Markdown
+
+            stdout.print(Markdown(render_encoder_report(encoder_report)))
+        return
     version = manifest.validation.get("schema_version")
     if version != ValidationReport.model_fields["schema_version"].default:
         raise UserError(f"{ref} carries a validation report of schema {version}, which this version cannot read "

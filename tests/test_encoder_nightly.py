@@ -76,7 +76,16 @@ def test_minilm_nightly_publishes_fp32_and_int8_with_the_three_sided_report(enco
     assert fp32_cosine["min_cosine"] > 0.9999
     assert 0.95 <= int8_cosine["min_cosine"] < 0.999
     int8_build = published["int8"]["artefact"]["build_config"]
-    assert int8_build["quantization"]["mode"] == "int8" and int8_build["quantization"]["quantize_linear_nodes"] > 0
+    assert int8_build["quantization"]["mode"] == "int8" and int8_build["quantization"]["dequantize_linear_nodes"] > 0
+
+    def graph_bytes(recipe: str) -> int:
+        return next(f["size"] for f in published[recipe]["artefact"]["files"] if f["path"] == "model.onnx")
+
+    assert graph_bytes("int8") < 0.75 * graph_bytes("fp32")  # int8 weights are stored as int8
+    shown = run_cli("report", f"{MODEL}@{published['int8']['key']}", "--registry", str(registry_of(minilm_config)))
+    assert shown.returncode == 0, shown.stderr
+    for text in ("Validation of all-minilm-l6-v2/int8/cpu/onnx", "fp32-onnx", "vLLM", "recall@k", "PASSED"):
+        assert text in shown.stdout
 
 
 @pytest.mark.slow

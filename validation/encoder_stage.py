@@ -185,6 +185,7 @@ def render_encoder_report(report: EncoderValidationReport) -> str:
         lines.append(f"| {batch_size} | " + " | ".join(cells) + f" | {ratio:.2f} |")
     lines += ["", "## Gates", "", "| gate | measured | limit | passed | detail |", "|---|---|---|---|---|"]
     for gate in report.gates:
-        lines.append(f"| {gate.name} | {gate.measured} | {gate.limit} | {'yes' if gate.passed else 'NO'} | "
+        measured = "-" if gate.measured is None else f"{gate.measured:.6g}"
+        lines.append(f"| {gate.name} | {measured} | {gate.limit} | {'yes' if gate.passed else 'NO'} | "
                      f"{gate.detail} |")
     return "\n".join(lines) + "\n"
