@@ -15,6 +15,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from builders.serve import ENGINESMITH_PYTHON
+from builders.stage import finished_artefact
 from enginesmith.artefacts import ARTEFACT_FILE, Artefact, GpuInfo, Lineage, ServeRecipe
 from enginesmith.checkpoints.digest import file_sha256
 from enginesmith.checkpoints.models import CheckpointFile
@@ -52,12 +53,9 @@ def build_encoder_artefact(request: EncoderBuildRequest, *, build_gpu: GpuInfo |
     the SKU it runs on, which the caller has detected."""
     out_dir = Path(request.out_dir)
     with output_lock(out_dir, "build"):
-        existing = _read(out_dir)
+        existing = finished_artefact(out_dir, request.key)
         if existing is not None:
-            if existing.key == request.key:
-                return existing
-            raise UserError(f"{out_dir} holds another artefact (key {existing.key[:12]}); it is not overwritten",
-                            where=str(out_dir), hint="delete that directory yourself")
+            return existing
         if request.kind == "tensorrt-engine" and build_gpu is None:
             raise UserError(f"a tensorrt-engine for {request.target.id} is built on a GPU of that SKU; none was "
                             "found here", where=request.target.id,
@@ -127,8 +125,3 @@ def _build_into(request: EncoderBuildRequest, staging: Path, build_gpu: GpuInfo 
     )
     (staging / ARTEFACT_FILE).write_text(artefact.model_dump_json(indent=2))
     return artefact
-
-
-def _read(out_dir: Path) -> Artefact | None:
-    path = out_dir / ARTEFACT_FILE
-    return Artefact.model_validate_json(path.read_text()) if path.is_file() else None

@@ -33,7 +33,7 @@ from enginesmith.artefacts import (
 )
 from enginesmith.checkpoints.digest import file_sha256
 from enginesmith.checkpoints.models import CheckpointFile
-from enginesmith.compat import CellRequest, violations
+from enginesmith.compat import CellRequest, describe_violations, violations
 from enginesmith.diskspace import disk_filled_error, is_disk_full, require_free_space
 from enginesmith.errors import IncompatibleError, UserError
 from enginesmith.gpus import VISIBLE_ENV, DetectedGpu, detect
@@ -74,6 +74,20 @@ def read_artefact(artefact_dir: Path) -> Artefact | None:
 DISK_HINT = "free some space, or give --out on a larger disk"
 
 
+def finished_artefact(out_dir: Path, key: str) -> Artefact | None:
+    """The artefact already built into ``out_dir`` under ``key``, or None when there is nothing there; a
+    directory holding another artefact, or something unfinished, is refused rather than overwritten."""
+    existing = read_artefact(out_dir)
+    if existing is not None:
+        if existing.key == key:
+            return existing
+        raise UserError(f"{out_dir} holds another artefact (key {existing.key[:12]}); it is not overwritten",
+                        where=str(out_dir), hint="choose another --out, or delete that directory yourself")
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise UserError(f"{out_dir} exists and is not a finished artefact; it is not overwritten", where=str(out_dir))
+    return None
+
+
 def build_artefact(request: BuildRequest, *, gpus: list[DetectedGpu] | None = None) -> Artefact:
     """Build (or find already built) the artefact; ``gpus`` defaults to what NVML sees here."""
     with output_lock(Path(request.out_dir), "build"):
@@ -82,14 +96,9 @@ def build_artefact(request: BuildRequest, *, gpus: list[DetectedGpu] | None = No
 
 def _build_once(request: BuildRequest, gpus: list[DetectedGpu] | None) -> Artefact:
     out_dir = Path(request.out_dir)
-    existing = read_artefact(out_dir)
+    existing = finished_artefact(out_dir, request.key)
     if existing is not None:
-        if existing.key == request.key:
-            return existing
-        raise UserError(f"{out_dir} holds another artefact (key {existing.key[:12]}); it is not overwritten",
-                        where=str(out_dir), hint="choose another --out, or delete that directory yourself")
-    if out_dir.exists() and any(out_dir.iterdir()):
-        raise UserError(f"{out_dir} exists and is not a finished artefact; it is not overwritten", where=str(out_dir))
+        return existing
     quantized = request.quantized
     if not (Path(quantized.out_dir) / COMPLETE_MARKER).is_file():
         raise UserError("the quantised checkpoint is incomplete (no completion marker)", where=quantized.out_dir,
@@ -210,7 +219,7 @@ def _refuse_incompatible(request: BuildRequest) -> None:
                                    tp=request.parallel[0], pp=request.parallel[1],
                                    toolchains=request.toolchains))
     if found:
-        raise IncompatibleError("; ".join(f"[{v.rule}] {v.message}" for v in found),
+        raise IncompatibleError(describe_violations(found),
                                 where=f"{request.recipe.id} → {request.target.id} ({request.kind})",
                                 hint="`enginesmith recipes` lists which SMs each recipe supports")
 

@@ -178,6 +178,11 @@ RULES: tuple[Rule, ...] = (
 )
 
 
+def describe_violations(found: list[Violation]) -> str:
+    """The rules a cell breaks, as one line: ``[rule] message; …``."""
+    return "; ".join(f"[{v.rule}] {v.message}" for v in found)
+
+
 def violations(cell: CellRequest) -> list[Violation]:
     """Every rule the cell breaks, in table order (empty: the cell can be built)."""
     found = []

@@ -16,7 +16,7 @@ from typing import Literal
 from pydantic import BaseModel
 
 from enginesmith.checkpoints.models import LOCAL_SOURCE, checkpoint_key
-from enginesmith.compat import Violation
+from enginesmith.compat import Violation, describe_violations
 from enginesmith.config import Catalogue
 from enginesmith.errors import ConfigError
 from enginesmith.keys import stage_key
@@ -58,7 +58,7 @@ class EncoderCell(BaseModel):
 
     @property
     def reason(self) -> str:
-        return "; ".join(f"[{v.rule}] {v.message}" for v in self.violations)
+        return describe_violations(self.violations)
 
     def listing(self) -> dict[str, object]:
         return {"id": self.id, "model": self.model.id, "repo": self.model.repo, "revision": self.source_revision,

@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import BaseModel
 
 from enginesmith.checkpoints.models import LOCAL_SOURCE, checkpoint_key
-from enginesmith.compat import CellRequest, Violation, violations
+from enginesmith.compat import CellRequest, Violation, describe_violations, violations
 from enginesmith.config import Catalogue
 from enginesmith.errors import ConfigError
 from enginesmith.keys import stage_key
@@ -78,7 +78,7 @@ class Cell(BaseModel):
 
     @property
     def reason(self) -> str:
-        return "; ".join(f"[{v.rule}] {v.message}" for v in self.violations)
+        return describe_violations(self.violations)
 
     def listing(self) -> dict[str, object]:
         """The cell as ``enginesmith plan --json`` lists it."""

@@ -199,16 +199,12 @@ def _refuse_duplicates(ids: list[str], what: str) -> None:
 # --- the build matrix ------------------------------------------------------------------------------
 
 
-class ModelSpec(StrictModel):
-    """A checkpoint to build from: a Hub repo pinned to a revision, or a local directory."""
+class CheckpointSourceSpec(StrictModel):
+    """Where a model's checkpoint comes from: a Hub repo pinned to a revision, or a local directory."""
 
     id: str = Field(pattern=SLUG, description="short name used in cell ids and registry paths")
     repo: str = Field(description="Hub repo id ('org/name') or a local directory ('./dir', '/abs/dir')")
     revision: str = Field("main", description="commit sha (preferred), branch or tag")
-    params_b: float | None = Field(None, gt=0, description="parameters in billions, for the memory check")
-    allow_pickle: bool = False
-    trust_remote_code: bool = False
-    task: str | None = Field(None, description="eval task shipped with the model (e.g. 'addition')")
 
     @field_validator("revision")
     @classmethod
@@ -218,6 +214,15 @@ class ModelSpec(StrictModel):
     @property
     def is_local(self) -> bool:
         return self.repo.startswith(("/", "./", "../", "~", "file:"))
+
+
+class ModelSpec(CheckpointSourceSpec):
+    """An LLM checkpoint to build from."""
+
+    params_b: float | None = Field(None, gt=0, description="parameters in billions, for the memory check")
+    allow_pickle: bool = False
+    trust_remote_code: bool = False
+    task: str | None = Field(None, description="eval task shipped with the model (e.g. 'addition')")
 
 
 class MatrixBlock(StrictModel):
@@ -240,26 +245,14 @@ class MatrixBlock(StrictModel):
         return sizes
 
 
-class EncoderModelSpec(StrictModel):
+class EncoderModelSpec(CheckpointSourceSpec):
     """An embedding model (a sentence-transformers directory): exported to ONNX, quantised, served for
     ``/v1/embeddings``. ``pooling`` and ``normalize``, when given, are what the config expects of the checkpoint's
     own modules (a mismatch is an error, not a silent override); ``max_length`` caps the served sequence length."""
 
-    id: str = Field(pattern=SLUG, description="short name used in cell ids and registry paths")
-    repo: str = Field(description="a local sentence-transformers directory ('./dir', '/abs/dir') or a Hub repo id")
-    revision: str = Field("main", description="commit sha (preferred), branch or tag")
     pooling: Literal["mean", "cls"] | None = None
     normalize: bool | None = None
     max_length: int | None = Field(None, ge=8, le=8192)
-
-    @field_validator("revision")
-    @classmethod
-    def _valid_revision(cls, revision: str) -> str:
-        return check_revision(revision)
-
-    @property
-    def is_local(self) -> bool:
-        return self.repo.startswith(("/", "./", "../", "~", "file:"))
 
 
 class EncoderMatrixBlock(StrictModel):

@@ -47,7 +47,8 @@ def test_catalogue_has_every_required_sku():
 
 def test_shipped_configs_validate():
     for path in [CONFIGS / "nightly.yaml", *sorted((CONFIGS / "examples").glob("*.yaml"))]:
-        assert load_pipeline_config(path).models
+        config = load_pipeline_config(path)
+        assert (config.models and config.matrix) or (config.encoders and config.encoder_matrix), path
 
 
 def test_yaml_syntax_error_names_file_and_line(write_config, minimal):
