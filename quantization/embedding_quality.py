@@ -108,15 +108,23 @@ def torch_embeddings(model_dir: Path, sentences: list[str], *, batch_size: int =
     return np.concatenate(chunks).astype(np.float32)
 
 
+def row_cosines(reference: np.ndarray, candidate: np.ndarray) -> np.ndarray:
+    """cos(reference_i, candidate_i) for each row, in float64 (a zero vector counts as norm 1e-12)."""
+    import numpy as np
+
+    if reference.shape != candidate.shape:
+        raise ValueError(f"shapes differ: {reference.shape} vs {candidate.shape}")
+    reference, candidate = np.asarray(reference, dtype=np.float64), np.asarray(candidate, dtype=np.float64)
+    norms = np.linalg.norm(reference, axis=1) * np.linalg.norm(candidate, axis=1)
+    return (reference * candidate).sum(axis=1) / np.maximum(norms, 1e-12)
+
+
 def compare_embeddings(reference: np.ndarray, candidate: np.ndarray, sentences: list[str], *,
                        reference_name: str, candidate_name: str) -> EmbeddingAgreement:
     """Per-sentence cosine similarity (formula in the module docstring), summarised as min and mean."""
-    import numpy as np
-
     if reference.shape != candidate.shape or reference.shape[0] != len(sentences):
         raise ValueError(f"shapes differ: {reference.shape} vs {candidate.shape} for {len(sentences)} sentences")
-    norms = np.linalg.norm(reference, axis=1) * np.linalg.norm(candidate, axis=1)
-    cosine = (reference * candidate).sum(axis=1) / np.maximum(norms, 1e-12)
+    cosine = row_cosines(reference, candidate)
     worst = int(cosine.argmin())
     return EmbeddingAgreement(reference=reference_name, candidate=candidate_name, sentences=len(sentences),
                               min_cosine=float(cosine.min()), mean_cosine=float(cosine.mean()),

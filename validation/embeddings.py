@@ -98,9 +98,11 @@ def _unit(vectors: NDArray[np.floating]) -> NDArray[np.float64]:
 
 
 def cosine_agreement(candidate: NDArray[np.floating], reference: NDArray[np.floating]) -> CosineAgreement:
+    from quantization.embedding_quality import row_cosines
+
     if candidate.shape != reference.shape:
         raise ValueError(f"candidate vectors {candidate.shape} and reference vectors {reference.shape} differ")
-    cosines = (_unit(candidate) * _unit(reference)).sum(axis=1)
+    cosines = row_cosines(reference, candidate)
     return CosineAgreement(inputs=len(cosines), min_cosine=float(cosines.min()), mean_cosine=float(cosines.mean()))
 
 
