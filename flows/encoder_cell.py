@@ -142,7 +142,7 @@ def engine_build_gpu(cell: EncoderCell) -> GpuInfo | None:
 @task(name="validate-encoder", retries=1, retry_delay_seconds=10, retry_condition_fn=retry_transient)
 def validate_encoder_task(cell: EncoderCell, artefact_dir: Path, graph: EncoderGraph, config: PipelineConfig,
                           work: Path) -> dict[str, Any]:
-    from validation.encoder_stage import render_encoder_report, validate_encoder
+    from validation.encoder_stage import render_encoder_report, validate_encoder, write_encoder_plot
 
     if cell.kind == "tensorrt-engine":
         raise UserError(f"cell {cell.id}: a TensorRT engine is validated by running it on its GPU, which this "
@@ -159,6 +159,7 @@ def validate_encoder_task(cell: EncoderCell, artefact_dir: Path, graph: EncoderG
     markdown = render_encoder_report(report)
     (reports / "report.md").write_text(markdown)
     (reports / "report.json").write_text(report.model_dump_json(indent=2))
+    write_encoder_plot(report, reports)
     create_markdown_artifact(markdown=markdown, key=f"report-{cell.key[:12]}", description=f"validation of {cell.id}")
     create_table_artifact(key=f"gates-{cell.key[:12]}", description=f"gates of {cell.id}",
                           table=[g.model_dump(include={"name", "measured", "limit", "passed", "detail"})

@@ -66,7 +66,9 @@ def test_minilm_nightly_publishes_fp32_and_int8_with_the_three_sided_report(enco
                 for level in report["throughput"]} == {(side, batch, 3) for side in sides for batch in (1, 32)}
         candidate = sides["candidate"]
         assert candidate["retrieval"]["recall_at_k"] >= sides["reference"]["retrieval"]["recall_at_k"] - 0.05
-        markdown = (minilm_config.parent / "work" / "reports" / manifest["key"][:16] / "report.md").read_text()
+        reports = minilm_config.parent / "work" / "reports" / manifest["key"][:16]
+        markdown = (reports / "report.md").read_text()
+        assert (reports / "throughput.png").read_bytes().startswith(b"\x89PNG")
         for heading in ("Accuracy against the vLLM reference", "Speed (embeddings/s", "Gates", "recall@k",
                         "candidate ÷ fp32-onnx"):
             assert heading in markdown

@@ -183,9 +183,41 @@ def render_encoder_report(report: EncoderValidationReport) -> str:
         ratio = (report.level(CANDIDATE, batch_size).embeddings_per_s.median
                  / report.level(BASELINE, batch_size).embeddings_per_s.median)
         lines.append(f"| {batch_size} | " + " | ".join(cells) + f" | {ratio:.2f} |")
+    lines += ["", f"![embeddings/s per batch size]({THROUGHPUT_PLOT})"]
     lines += ["", "## Gates", "", "| gate | measured | limit | passed | detail |", "|---|---|---|---|---|"]
     for gate in report.gates:
         measured = "-" if gate.measured is None else f"{gate.measured:.6g}"
         lines.append(f"| {gate.name} | {measured} | {gate.limit} | {'yes' if gate.passed else 'NO'} | "
                      f"{gate.detail} |")
     return "\n".join(lines) + "\n"
+
+
+THROUGHPUT_PLOT = "throughput.png"
+
+
+def write_encoder_plot(report: EncoderValidationReport, out_dir: Path) -> Path:
+    """Embeddings/s against batch size for each side: the median over rounds, bars from the slowest round to the
+    fastest."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(6, 4))
+    for side in report.sides:
+        levels = sorted((t for t in report.throughput if t.side == side.name), key=lambda t: t.batch_size)
+        medians = [t.embeddings_per_s.median for t in levels]
+        axes.errorbar([t.batch_size for t in levels], medians,
+                      yerr=[[m - t.embeddings_per_s.low for m, t in zip(medians, levels, strict=True)],
+                            [t.embeddings_per_s.high - m for m, t in zip(medians, levels, strict=True)]],
+                      marker="o", capsize=3, label=f"{side.name}: {side.what}")
+    axes.set_xscale("log", base=2)
+    axes.set_xlabel("batch size (inputs per request)")
+    axes.set_ylabel("embeddings/s")
+    axes.set_title(f"{report.cell} ({report.rounds} rounds, min–max)")
+    axes.legend(fontsize="small", loc="upper left")
+    figure.tight_layout()
+    path = out_dir / THROUGHPUT_PLOT
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path
