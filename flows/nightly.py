@@ -23,7 +23,7 @@ from enginesmith.errors import TransientError
 from enginesmith.plan import Cell
 from enginesmith.plan_sources import plan_encoders_loaded
 from enginesmith.preflight import run_preflight
-from enginesmith.specs import ArtefactKind, TargetSpec
+from enginesmith.specs import ArtefactKind, PipelineConfig, TargetSpec
 from flows import steps
 from flows.cell import build_cell
 from flows.encoder_cell import BuildEncoderCellParams, build_encoder_cell, encoder_published
@@ -126,12 +126,12 @@ def run_encoder_inline(config_path: str, cell: EncoderCell) -> CellSummary:
                        reason=f"{state.type.value}: {state.message or ''}"[:500])
 
 
-def encoder_summaries(config_path: str, pipeline: Any) -> list[CellSummary]:
+def encoder_summaries(config_path: str, pipeline: PipelineConfig, cells: list[EncoderCell]) -> list[CellSummary]:
     """The config's encoder cells: invalid ones reported, published ones skipped, the rest built here, one after
-    another (encoder cells run in the nightly's own process, whatever ``dispatch`` says: they have no
-    deployments yet)."""
+    another. They run in the nightly's own process (the cpu pool's node) whatever ``dispatch`` says; the
+    ``build-encoder-cell/cpu`` deployment is for running one from the UI."""
     summaries = []
-    for cell in plan_encoders_loaded(pipeline, Path(config_path).parent, default_catalogue()):
+    for cell in cells:
         if cell.status == "invalid":
             summaries.append(CellSummary(cell=cell.id, status="invalid", key=cell.key, reason=cell.reason))
         elif encoder_published(pipeline, cell):
@@ -157,6 +157,8 @@ def nightly(config: str = "configs/nightly.yaml", dispatch: Literal["deployments
     # The preflight's checks first: a cell that would fail (a task that does not exist, a model that cannot be
     # reached, memory a stage lacks, a serve command vLLM refuses) is reported, not sent to a GPU.
     pipeline, plan, report = run_preflight(Path(config), default_catalogue())
+    # Planned now, so a config error in the encoders stops the nightly before any cell is built.
+    encoder_cells = plan_encoders_loaded(pipeline, Path(config).parent, default_catalogue())
     verdicts = {checked.id: checked for checked in report.cells}
     for line in report.skipped:
         logger.info("preflight skipped %s", line)
@@ -183,7 +185,7 @@ def nightly(config: str = "configs/nightly.yaml", dispatch: Literal["deployments
         summaries += [outcome_of(cell.id, future) for cell, future in zip(todo, futures, strict=True)]
     order = {cell.id: index for index, cell in enumerate(plan.cells)}
     summaries.sort(key=lambda s: order.get(s.cell, len(order)))
-    summaries += encoder_summaries(config, pipeline)
+    summaries += encoder_summaries(config, pipeline, encoder_cells)
     create_table_artifact(key="nightly-summary", description=f"nightly on {config}", table=[
         {"cell": s.cell, "status": s.status, "key": s.key[:12], "worker": s.worker, "reason": s.reason,
          "throughput ratio": s.throughput_ratio, "TPOT ratio": s.tpot_ratio} for s in summaries])
