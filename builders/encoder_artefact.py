@@ -22,7 +22,7 @@ from enginesmith.checkpoints.models import CheckpointFile
 from enginesmith.errors import UserError
 from enginesmith.locks import output_lock
 from enginesmith.specs import EncoderKind, TargetSpec, Toolchains
-from quantization.encoder_stage import GRAPH_FILE, EncoderGraph
+from quantization.encoder_stage import GRAPH_FILE, EncoderGraph, check_encoder_tools
 
 TOKENIZER_FILE = "tokenizer.json"
 ONNX_RUNTIME = "onnxruntime"
@@ -99,13 +99,17 @@ def _build_into(request: EncoderBuildRequest, staging: Path, build_gpu: GpuInfo 
         from quantization.onnx_export import OnnxExportResult
 
         export = OnnxExportResult.model_validate_json((Path(graph.export_path).parent / "export.json").read_text())
+        # The log goes beside the artefact, not into it: a failed build deletes the staging directory, and the log
+        # is what the error points at.
         built = build_tensorrt_encoder(staging / GRAPH_FILE, staging, input_names=export.input_names,
                                        max_batch=MAX_ENGINE_BATCH, max_seq_length=graph.max_seq_length,
-                                       expected_tensorrt=request.toolchains.encoder.tensorrt)
+                                       expected_tensorrt=request.toolchains.encoder.tensorrt,
+                                       log_path=Path(request.out_dir + ".trtexec.log"))
         versions.update(built.versions)
         build_config["engine"] = {"file": built.engine_file, **built.build_config}
         runtimes = [TENSORRT_RUNTIME]
     else:
+        check_encoder_tools({"onnxruntime": request.toolchains.encoder.onnxruntime})  # what serves and validates it
         versions["onnxruntime"] = request.toolchains.encoder.onnxruntime
         runtimes = [ONNX_RUNTIME]
         serve = [onnx_serve_recipe()]

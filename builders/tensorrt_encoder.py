@@ -155,8 +155,10 @@ def build_tensorrt_encoder(
     timeout_s: float = DEFAULT_BUILD_TIMEOUT_S,
     opt_batch: int | None = None,
     opt_seq_length: int | None = None,
+    log_path: Path | None = None,
 ) -> TrtexecBuild:
-    """Build ``out_dir/model.plan`` from ``onnx_path`` with trtexec, logging to ``out_dir/trtexec.log``.
+    """Build ``out_dir/model.plan`` from ``onnx_path`` with trtexec, logging to ``log_path`` (default
+    ``out_dir/trtexec.log``; a caller that deletes ``out_dir`` on failure logs elsewhere).
 
     The opt shape defaults to the max shape (TensorRT picks its kernels for the opt shape; batched embedding is
     throughput work). Before anything is written, refuses a trtexec whose TensorRT major.minor is not
@@ -187,7 +189,7 @@ def build_tensorrt_encoder(
     out_dir.mkdir(parents=True, exist_ok=True)
     engine_path.unlink(missing_ok=True)  # a stale engine must not pass for this build's
     started = time.monotonic()
-    result = run_logged([trtexec, *argv[1:]], out_dir / LOG_FILE, timeout_s=timeout_s)
+    result = run_logged([trtexec, *argv[1:]], log_path or out_dir / LOG_FILE, timeout_s=timeout_s)
     build_seconds = round(time.monotonic() - started, 3)
     if result.timed_out:
         raise TransientError(f"trtexec did not finish within {timeout_s:.0f} s; it was stopped",

@@ -115,6 +115,12 @@ def _reference_errors(
                         (("encoder_matrix", block_index, field_name, item_index), f"unknown {what} {name!r}",
                          f"known: {', '.join(known) or 'none (list encoders under encoders:)'}")
                     )
+    for recipe_id in config.encoder_gates.min_cosine:
+        if recipe_id not in catalogue.encoder_recipes:
+            errors.append(
+                (("encoder_gates", "min_cosine", recipe_id), f"unknown encoder recipe {recipe_id!r}",
+                 f"known encoder recipes: {', '.join(catalogue.encoder_recipes)}")
+            )
     for recipe_id in config.gates.max_accuracy_drop_points:
         if recipe_id not in catalogue.recipes:
             errors.append(

@@ -86,24 +86,30 @@ def encoder_violations(recipe: EncoderRecipeSpec, target: TargetSpec, kind: Enco
     if kind == "tensorrt-engine" and target.sm is not None and target.sm not in recipe.tensorrt_sm:
         found.append(Violation(rule="recipe-sm", message=f"{recipe.id} on {target.id} (SM {target.sm_label}): "
                                                          f"{recipe.tensorrt_why}"))
+    if kind == "tensorrt-engine":
+        # builders/tensorrt_encoder.py builds one, but nothing here runs it behind /v1/embeddings to validate it:
+        # planned, such a cell would fail every night after export and quantise, and never publish.
+        found.append(Violation(rule="engine-not-validated", message=(
+            "a TensorRT engine encoder cannot be validated by this pipeline yet (it needs a TensorRT runner on a GPU "
+            "of the SKU); build the onnx kind, or the engine alone with builders.tensorrt_encoder")))
     return found
 
 
 def encoder_stage_keys(config: PipelineConfig, model: EncoderModelSpec, revision: str, recipe: EncoderRecipeSpec,
                        target: TargetSpec, kind: EncoderKind, calibration_fingerprint: str,
                        layout: Mapping[str, object] | None = None) -> EncoderStageKeys:
-    """``layout``: the checkpoint's pooling, normalisation and sequence length as its modules say (they decide the
-    graph, and the checkpoint digest covers only the transformer's files)."""
+    """``layout``: the checkpoint's pooling, normalisation and sequence length as its modules say (the checkpoint
+    digest covers those files too; the layout in the export key says what the graph was made with)."""
     tools = config.toolchains
     source = LOCAL_SOURCE if model.is_local else model.repo
     checkpoint = checkpoint_key(source, revision)
     export = stage_key("encoder-export", {
-        "checkpoint": checkpoint, "layout": dict(layout or {}), "opset": recipe.opset, "pooling": model.pooling,
-        "normalize": model.normalize,
-        "max_length": model.max_length, "torch": tools.quantize.torch, "transformers": tools.quantize.transformers,
-        "onnx": tools.encoder.onnx})
+        # the checkpoint's own layout decides the graph; the config's pooling/normalize only assert it
+        "checkpoint": checkpoint, "layout": dict(layout or {}), "opset": recipe.opset, "torch": tools.quantize.torch,
+        "transformers": tools.quantize.transformers, "onnx": tools.encoder.onnx})
     quantize = stage_key("encoder-quantize", {
-        "export": export, "quantize": recipe.quantize, "precision": recipe.precision,
+        # max_length: the served length, and the calibration sequences are cut to it
+        "export": export, "quantize": recipe.quantize, "precision": recipe.precision, "max_length": model.max_length,
         # an unquantised recipe has no calibration and no quantiser: its key must not move with them
         "calibration": calibration_fingerprint if recipe.quantize else None,
         "modelopt": tools.quantize.modelopt if recipe.quantize else None})

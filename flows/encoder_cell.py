@@ -92,10 +92,12 @@ def pull_encoder_task(config_path: Path, cell: EncoderCell) -> Checkpoint:
 
 
 @task(name="export-onnx", cache_key_fn=_export_key, persist_result=True)
-def export_task(cell: EncoderCell, checkpoint: Checkpoint, work: Path) -> OnnxExportResult:
+def export_task(cell: EncoderCell, checkpoint: Checkpoint, work: Path, config: PipelineConfig) -> OnnxExportResult:
     from quantization.encoder_stage import export_stage
 
-    result = export_stage(checkpoint, cell.recipe.opset, export_dir(cell, work))
+    tools = config.toolchains
+    result = export_stage(checkpoint, cell.recipe.opset, export_dir(cell, work), expected_versions={
+        "torch": tools.quantize.torch, "transformers": tools.quantize.transformers, "onnx": tools.encoder.onnx})
     get_run_logger().info("exported %s to ONNX opset %d (%s)", cell.model.id, result.opset, result.exporter)
     return result
 
@@ -188,7 +190,8 @@ def encoder_published(config: PipelineConfig, cell: EncoderCell) -> bool:
 
 def quantize_versions(config: PipelineConfig, cell: EncoderCell) -> dict[str, str]:
     tools = config.toolchains
-    versions = {"torch": tools.quantize.torch, "transformers": tools.quantize.transformers}
+    versions = {"torch": tools.quantize.torch, "transformers": tools.quantize.transformers,
+                "onnx": tools.encoder.onnx}
     if cell.recipe.quantize:
         versions["modelopt"] = tools.quantize.modelopt
     return versions
@@ -205,7 +208,7 @@ def build_encoder_cell(params: BuildEncoderCellParams = BuildEncoderCellParams()
         return CellSummary(cell=cell.id, status="cached", key=cell.key, worker=worker_name())
     work = steps.workdir(config)
     checkpoint = pull_encoder_task(Path(params.config), cell)
-    export = export_task(cell, checkpoint, work)
+    export = export_task(cell, checkpoint, work, config)
     graph = quantize_encoder_task(cell, checkpoint, export, work, quantize_versions(config, cell))
     artefact_dir = build_encoder_task(cell, graph, work, config)
     report = validate_encoder_task(cell, artefact_dir, graph, config, work)

@@ -126,19 +126,18 @@ def run_encoder_inline(config_path: str, cell: EncoderCell) -> CellSummary:
                        reason=f"{state.type.value}: {state.message or ''}"[:500])
 
 
-def encoder_summaries(config_path: str, pipeline: PipelineConfig, cells: list[EncoderCell]) -> list[CellSummary]:
-    """The config's encoder cells: invalid ones reported, published ones skipped, the rest built here, one after
-    another. They run in the nightly's own process (the cpu pool's node) whatever ``dispatch`` says; the
-    ``build-encoder-cell/cpu`` deployment is for running one from the UI."""
-    summaries = []
+def sort_encoder_cells(pipeline: PipelineConfig, cells: list[EncoderCell]
+                       ) -> tuple[list[CellSummary], list[EncoderCell]]:
+    """The summaries of encoder cells that need no work (invalid, already published) and the cells left to build."""
+    summaries, todo = [], []
     for cell in cells:
         if cell.status == "invalid":
             summaries.append(CellSummary(cell=cell.id, status="invalid", key=cell.key, reason=cell.reason))
         elif encoder_published(pipeline, cell):
             summaries.append(CellSummary(cell=cell.id, status="cached", key=cell.key))
         else:
-            summaries.append(run_encoder_inline(config_path, cell))
-    return summaries
+            todo.append(cell)
+    return summaries, todo
 
 
 def run_inline(params: BuildCellParams, cell_id: str) -> CellSummary:
@@ -158,7 +157,8 @@ def nightly(config: str = "configs/nightly.yaml", dispatch: Literal["deployments
     # reached, memory a stage lacks, a serve command vLLM refuses) is reported, not sent to a GPU.
     pipeline, plan, report = run_preflight(Path(config), default_catalogue())
     # Planned now, so a config error in the encoders stops the nightly before any cell is built.
-    encoder_cells = plan_encoders_loaded(pipeline, Path(config).parent, default_catalogue())
+    encoder_done, encoder_todo = sort_encoder_cells(
+        pipeline, plan_encoders_loaded(pipeline, Path(config).parent, default_catalogue()))
     verdicts = {checked.id: checked for checked in report.cells}
     for line in report.skipped:
         logger.info("preflight skipped %s", line)
@@ -185,7 +185,9 @@ def nightly(config: str = "configs/nightly.yaml", dispatch: Literal["deployments
         summaries += [outcome_of(cell.id, future) for cell, future in zip(todo, futures, strict=True)]
     order = {cell.id: index for index, cell in enumerate(plan.cells)}
     summaries.sort(key=lambda s: order.get(s.cell, len(order)))
-    summaries += encoder_summaries(config, pipeline, encoder_cells)
+    # Encoder cells run here, one after another, whatever ``dispatch`` says (the ``build-encoder-cell/cpu``
+    # deployment is for running one from the UI).
+    summaries += encoder_done + [run_encoder_inline(config, cell) for cell in encoder_todo]
     create_table_artifact(key="nightly-summary", description=f"nightly on {config}", table=[
         {"cell": s.cell, "status": s.status, "key": s.key[:12], "worker": s.worker, "reason": s.reason,
          "throughput ratio": s.throughput_ratio, "TPOT ratio": s.tpot_ratio} for s in summaries])

@@ -49,6 +49,31 @@ class EncoderGraph(BaseModel):
         return Path(self.out_dir) / GRAPH_FILE
 
 
+# The distributions whose versions the encoder stage keys name, by the name the keys use.
+ENCODER_TOOL_DISTRIBUTIONS = {"torch": "torch", "transformers": "transformers", "onnx": "onnx",
+                              "onnxruntime": "onnxruntime", "modelopt": "nvidia-modelopt"}
+
+
+def installed_encoder_tools() -> dict[str, str]:
+    """The installed versions of the encoder toolchain (a local build suffix such as ``+cpu`` dropped)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {}
+    for name, distribution in ENCODER_TOOL_DISTRIBUTIONS.items():
+        try:
+            found[name] = version(distribution).split("+")[0]
+        except PackageNotFoundError:
+            continue
+    return found
+
+
+def check_encoder_tools(expected: dict[str, str]) -> None:
+    """Refuse to run a stage under another toolchain than the one its key names (``quantization.stage``'s rule)."""
+    from quantization.stage import check_versions
+
+    check_versions(expected, installed_encoder_tools())
+
+
 def served_layout(model: EncoderModelSpec, checkpoint_dir: Path) -> tuple[EncoderLayout, int]:
     """The checkpoint's pooling and normalisation, checked against what the config says it expects, and the
     sequence length to serve (the config's ``max_length`` where it is shorter than the checkpoint's)."""
@@ -69,14 +94,18 @@ def served_layout(model: EncoderModelSpec, checkpoint_dir: Path) -> tuple[Encode
     return layout, min(model.max_length or limit, limit)
 
 
-def export_stage(checkpoint: Checkpoint, opset: int, out_dir: Path) -> OnnxExportResult:
+def export_stage(checkpoint: Checkpoint, opset: int, out_dir: Path, *,
+                 expected_versions: dict[str, str] | None = None) -> OnnxExportResult:
     """The FP32 graph at ``opset`` in ``out_dir`` (reused when it is there, complete)."""
     from quantization.onnx_export import OnnxExportRequest, export_encoder
 
     record = out_dir / "export.json"
     if (out_dir / COMPLETE_MARKER).is_file():
         return OnnxExportResult.model_validate_json(record.read_text())
+    check_encoder_tools(expected_versions or {})
     with output_lock(out_dir, "export"):
+        if (out_dir / COMPLETE_MARKER).is_file():  # another process finished it while this one waited
+            return OnnxExportResult.model_validate_json(record.read_text())
         staging = _fresh_staging(out_dir)
         result = export_encoder(OnnxExportRequest(model_dir=Path(checkpoint.local_path),
                                                   onnx_path=staging / GRAPH_FILE, opset=opset))
@@ -107,7 +136,11 @@ def quantize_stage(model: EncoderModelSpec, recipe: EncoderRecipeSpec, checkpoin
     if export.opset < recipe.opset:
         raise UserError(f"recipe {recipe.id} needs opset {recipe.opset}; the export is opset {export.opset}",
                         where=str(export.onnx_path), hint="export again at the recipe's opset")
+    check_encoder_tools(versions or {})
     with output_lock(out_dir, "quantize"):
+        done = read_encoder_graph(out_dir)  # another process finished it while this one waited
+        if done is not None and done.key == key:
+            return done
         staging = _fresh_staging(out_dir)
         graph = staging / GRAPH_FILE
         quantization = None

@@ -109,7 +109,7 @@ def _quantize_once(request: QuantizeRequest) -> QuantizedCheckpoint:
     if "hf-bf16" in request.formats and ("hf" not in request.formats or request.recipe.is_passthrough):
         raise UserError("hf-bf16 folds the HF export of a quantised model", where="--formats",
                         hint="add hf to --formats, and use a recipe other than bf16")
-    _check_versions(request.expected_versions or {}, installed_versions())
+    check_versions(request.expected_versions or {}, installed_versions())
     staging = out_dir.with_name(out_dir.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)  # what an interrupted run left: start clean
     what = f"quantising {request.checkpoint.repo_id} ({request.recipe.id})"
@@ -359,9 +359,9 @@ def _pick_device(requested: str) -> str:
     return requested
 
 
-def _check_versions(expected: dict[str, str], installed: dict[str, str]) -> None:
+def check_versions(expected: dict[str, str], installed: dict[str, str]) -> None:
     """The key names the toolchain the plan configured; a stage running another one would publish under a key that
-    does not describe it."""
+    does not describe it. Only the names both dicts have are compared."""
     differ = [f"{name} {want} (the key's) but {installed[name]} here" for name, want in expected.items()
               if name in installed and installed[name] != want]
     if differ:

@@ -52,11 +52,15 @@ def describe_machine(target: str, catalogue: Catalogue | None = None, *,
 
 
 def _installed_runtimes() -> dict[str, str]:
-    """The TensorRT-LLM version installed here, read from package metadata (importing it would take seconds)."""
-    try:
-        return {ENGINE_RUNTIME: metadata.version("tensorrt_llm")}
-    except metadata.PackageNotFoundError:
-        return {}
+    """The TensorRT-LLM and TensorRT versions installed here, read from package metadata (importing them would take
+    seconds): an engine of either kind runs only on the exact version it was built with."""
+    found = {}
+    for runtime in (ENGINE_RUNTIME, "tensorrt"):
+        try:
+            found[runtime] = metadata.version(runtime)
+        except metadata.PackageNotFoundError:
+            continue
+    return found
 
 
 def _host_memory_bytes() -> int | None:

@@ -140,3 +140,33 @@ def test_resolver_runs_onnx_on_the_cpu_and_checks_an_engines_tensorrt(fp32_graph
     engine_on_h100 = assess(Manifest(model="m", key="b" * 64, published=stamp, artefact=engine), h100, Constraints())
     assert engine_on_h100.status == "incompatible"
     assert "built with TensorRT 11.4.0; this machine has 10.14.1" in engine_on_h100.reasons[0]
+
+
+def test_a_failed_engine_build_leaves_its_log_and_no_artefact(  # type: ignore[no-untyped-def]
+        fp32_graph, tmp_path: Path, fake_trtexec_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    monkeypatch.setenv("FAKE_TRTEXEC_FAIL", "no-engine")
+    with pytest.raises(UserError) as caught:
+        build(fp32_graph[0], "tensorrt-engine", "h100-sxm", tmp_path / "engine", gpu=H100)
+    log = tmp_path / "engine.trtexec.log"
+    assert str(log) in (caught.value.hint or "") + caught.value.message + (caught.value.where or "")
+    assert "TensorRT.trtexec" in log.read_text()  # the log the error points at is still there
+    assert not (tmp_path / "engine").exists() and not (tmp_path / "engine.partial").exists()
+
+
+def test_a_stage_refuses_a_toolchain_other_than_its_keys(fp32_graph, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from quantization.encoder_stage import export_stage, installed_encoder_tools
+
+    _, checkpoint, _, _ = fp32_graph
+    installed = installed_encoder_tools()
+    assert installed["onnx"] == "1.21.0" and "+" not in installed["torch"]
+    with pytest.raises(UserError, match=r"onnx 1\.99\.0 \(the key's\) but 1\.21\.0 here") as caught:
+        export_stage(checkpoint, 13, tmp_path / "export", expected_versions={"onnx": "1.99.0"})
+    assert caught.value.where == "toolchains" and not (tmp_path / "export").exists()
+
+
+def test_the_checkpoint_digest_covers_the_sentence_transformers_modules(minilm_dir: Path) -> None:
+    from enginesmith.checkpoints.pull import local_checkpoint
+
+    files = {f.path for f in local_checkpoint(minilm_dir).files}
+    assert {"modules.json", "1_Pooling/config.json", "sentence_bert_config.json", "tokenizer.json"} <= files
+    assert "README.md" not in files and "provenance.json" not in files

@@ -7,6 +7,7 @@ download and to a local directory.
 from __future__ import annotations
 
 import fnmatch
+import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -15,8 +16,12 @@ from enginesmith.errors import UserError
 CONFIG_FILES = ["config.json", "generation_config.json"]
 TOKENIZER_FILES = [
     "tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json", "added_tokens.json",
-    "vocab.json", "merges.txt", "chat_template.jinja", "chat_template.json",
+    "vocab.json", "vocab.txt", "merges.txt", "chat_template.jinja", "chat_template.json",
 ]
+# A sentence-transformers encoder's pipeline: its modules, their order and the pooling each does (the ONNX road reads
+# them; they decide the graph, so the checkpoint's digest covers them).
+SENTENCE_TRANSFORMERS_FILES = ["modules.json", "sentence_bert_config.json", "config_sentence_transformers.json"]
+SENTENCE_TRANSFORMERS_MODULE_CONFIG = re.compile(r"^[0-9]+_[A-Za-z]+/config\.json$")
 # What transformers loads, in its order: one weights file, else the index and the shards its weight_map names.
 # Anything else at the root (Mistral's consolidated.safetensors, adapters, optimizer states) is not loaded.
 SAFETENSORS_WEIGHTS, SAFETENSORS_INDEX = "model.safetensors", "model.safetensors.index.json"
@@ -55,7 +60,8 @@ def needed_files(repo_files: Iterable[str], *, where: str, allow_pickle: bool,
                 hint="prefer a safetensors revision of the model, or set 'allow_pickle: true' on the model in "
                      "the config (--allow-pickle on the command line) if you trust the repo",
             )
-    return sorted({n for n in names if n in CONFIG_FILES or n in TOKENIZER_FILES} | set(weights))
+    return sorted({n for n in names if n in CONFIG_FILES or n in TOKENIZER_FILES or n in SENTENCE_TRANSFORMERS_FILES
+                   or SENTENCE_TRANSFORMERS_MODULE_CONFIG.match(n)} | set(weights))
 
 
 def _weight_set(names: list[str], single: str, index: str, *, where: str,
