@@ -204,6 +204,17 @@ class BundleStore:
     def delete_stage(self, stage: str, key: str) -> None:
         raise ReadOnlyStoreError("a bundle cannot be changed", where=self.location)
 
+    # Nor the build history of the registry it came from: a bundle is read, never recorded in.
+    def create_history(self, model: str, entry: str, body: bytes) -> bool:
+        raise ReadOnlyStoreError("a bundle cannot be changed", where=self.location,
+                                 hint="record history in the registry the artefact was published to")
+
+    def read_history(self, model: str, entry: str) -> bytes | None:
+        return None
+
+    def list_history(self, model: str) -> list[str]:
+        return []
+
     def _read_member(self, name: str) -> bytes:
         data_offset, size, _ = self._members[name]
         with self.path.open("rb") as handle:

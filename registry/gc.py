@@ -8,6 +8,9 @@ still be sending it, or a killed one continue it.
 
 Stage records (a quantised checkpoint handed between nodes, ``registry.stages``) are handoffs, not artefacts:
 one is kept, with its blobs, for ``stage_ttl_s`` after it was stashed, then deleted like an unreferenced blob.
+
+History records (``history/<model>/``, ``registry.history``) are never read or deleted here: they reference no
+blobs, they are small, and they are the only record of runs that failed and of who moved a channel.
 """
 
 from __future__ import annotations

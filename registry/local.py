@@ -23,6 +23,8 @@ from registry.names import (
     BLOBS_DIR,
     MANIFEST_SUFFIX,
     blob_path,
+    history_dir,
+    history_path,
     is_digest,
     is_name,
     manifest_dir,
@@ -157,6 +159,19 @@ class LocalStore:
 
     def delete_stage(self, stage: str, key: str) -> None:
         (self.root / stage_path(stage, key)).unlink(missing_ok=True)
+
+    # --- history records -----------------------------------------------------------------------------
+
+    def create_history(self, model: str, entry: str, body: bytes) -> bool:
+        return self._create_once(self.root / history_path(model, entry), entry, body)
+
+    def read_history(self, model: str, entry: str) -> bytes | None:
+        return _read_or_none(self.root / history_path(model, entry))
+
+    def list_history(self, model: str) -> list[str]:
+        names = [p.name.removesuffix(MANIFEST_SUFFIX) for p in _children(self.root / history_dir(model))
+                 if p.name.endswith(MANIFEST_SUFFIX)]
+        return sorted(n for n in names if is_name(n))
 
     # --- refs ----------------------------------------------------------------------------------------
 

@@ -7,6 +7,8 @@ blobs/sha256/<hex>                every file, once
 manifests/<model>/<key>.json      immutable
 refs/<model>/<channel>            mutable aliases (latest, stable), compare-and-swap
 stages/<stage>/<key>.json         immutable: a stage's output handed from the node that made it to the next
+history/<model>/<entry>.json      immutable, append-only: one cell run's outcome or one channel move
+                                  (``registry.history``); never listed as artefacts, never collected by gc
 ```
 
 A reference (``REF``) names one manifest: ``MODEL@KEY`` (a key or a unique prefix of one) or
@@ -29,6 +31,7 @@ BLOBS_DIR = "blobs/sha256"
 MANIFESTS_DIR = "manifests"
 REFS_DIR = "refs"
 STAGES_DIR = "stages"
+HISTORY_DIR = "history"
 MANIFEST_SUFFIX = ".json"
 
 
@@ -72,6 +75,14 @@ def stage_dir(stage: str) -> str:
 
 def stage_path(stage: str, key: str) -> str:
     return f"{stage_dir(stage)}/{check_name(key, 'key')}{MANIFEST_SUFFIX}"
+
+
+def history_dir(model: str) -> str:
+    return f"{HISTORY_DIR}/{check_name(model, 'model')}"
+
+
+def history_path(model: str, entry: str) -> str:
+    return f"{history_dir(model)}/{check_name(entry, 'history entry')}{MANIFEST_SUFFIX}"
 
 
 def refs_dir(model: str) -> str:

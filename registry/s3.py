@@ -34,6 +34,8 @@ from registry.manifest import utc_timestamp
 from registry.names import (
     MANIFEST_SUFFIX,
     blob_path,
+    history_dir,
+    history_path,
     is_digest,
     is_name,
     manifest_dir,
@@ -315,6 +317,20 @@ class S3Store:
     def delete_stage(self, stage: str, key: str) -> None:
         with self._errors(f"deleting stage record {stage}/{key}"):
             self._client.delete_object(Bucket=self.bucket, Key=self._key(stage_path(stage, key)))
+
+    # --- history records -----------------------------------------------------------------------------
+
+    def create_history(self, model: str, entry: str, body: bytes) -> bool:
+        return self._create_once(history_path(model, entry), body, f"history record {model}/{entry}")
+
+    def read_history(self, model: str, entry: str) -> bytes | None:
+        found = self._get_or_none(self._key(history_path(model, entry)), f"reading history record {model}/{entry}")
+        return None if found is None else found[0]
+
+    def list_history(self, model: str) -> list[str]:
+        names = (item["Key"].rsplit("/", 1)[-1] for item in self._list_objects(self._key(history_dir(model) + "/")))
+        entries = [n.removesuffix(MANIFEST_SUFFIX) for n in names if n.endswith(MANIFEST_SUFFIX)]
+        return sorted(e for e in entries if is_name(e))
 
     # --- refs ----------------------------------------------------------------------------------------
 

@@ -111,6 +111,18 @@ class RegistryStore(Protocol):
 
     def delete_stage(self, stage: str, key: str) -> None: ...
 
+    def create_history(self, model: str, entry: str, body: bytes) -> bool:
+        """Create a history record (``history/<model>/<entry>.json``: one cell run's outcome or one channel move,
+        ``registry.history``) unless one exists; exclusive and atomic as ``create_manifest``. History records are
+        append-only: nothing deletes them, and listings of artefacts and channels never see them."""
+        ...
+
+    def read_history(self, model: str, entry: str) -> bytes | None: ...
+
+    def list_history(self, model: str) -> list[str]:
+        """The entry names of ``model``'s history records, sorted."""
+        ...
+
     def delete_stale_uploads(self, older_than_s: float, *, now: float | None = None) -> int:
         """Remove uploads that never completed (temp files, multipart uploads) idle for longer than this before
         ``now`` (default: the current time); returns how many."""
