@@ -13,14 +13,37 @@ where a metric moved by more than its measurements spread (``Regression``).
 
 from __future__ import annotations
 
+import getpass
+import hashlib
+import json
+import os
+import socket
 import statistics
-from typing import Literal
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, computed_field
+from pydantic import BaseModel, ValidationError, computed_field
 
-from registry.manifest import utc_timestamp
+from registry.catalog import READ_THREADS, list_model
+from registry.errors import IntegrityError
+from registry.manifest import parse_timestamp, utc_timestamp
+from registry.names import is_name
+from registry.store import RegistryStore
+
+if TYPE_CHECKING:
+    from enginesmith.artefacts import Artefact
+    from registry.manifest import Manifest
 
 HISTORY_SCHEMA_VERSION = 1
+
+ACTOR_ENV = "ENGINESMITH_ACTOR"
+CHANNEL_ENTRY_PREFIX = "channel-"
+CELL_HASH_CHARS = 12
+# A task score is a share of examples (0..1) with no spread over rounds: a drop of more than one point
+# (0.01) is flagged. Smaller moves are within what re-running the same examples on another night gives.
+ACCURACY_DROP_TOLERANCE = 0.01
+ENCODER_KINDS = frozenset({"onnx", "tensorrt-engine"})
 
 OutcomeStatus = Literal["built", "gate-failed", "failed", "no-worker"]
 # The metrics a cell's history follows, and which way is better.
@@ -140,3 +163,374 @@ class ModelHistory(BaseModel):
 
 def now() -> str:
     return utc_timestamp()
+
+
+# --- entry names -------------------------------------------------------------------------------------
+
+
+def cell_entry_prefix(cell: str) -> str:
+    """The start of every entry name of ``cell``'s outcomes: a cell id holds '/', so it is hashed."""
+    return hashlib.sha256(cell.encode()).hexdigest()[:CELL_HASH_CHARS] + "-"
+
+
+def outcome_entry(outcome: CellOutcome) -> str:
+    """The entry name ``outcome`` is recorded under: ``<sha256(cell)[:12]>-<flow run>``, so a retried task of the
+    same flow run records once. Without a flow run: ``<sha256(cell)[:12]>-<recorded, compact>-<content hash>``
+    (the same outcome twice is still one entry; two different ones are two)."""
+    prefix = cell_entry_prefix(outcome.cell)
+    if outcome.flow_run:
+        run = outcome.flow_run
+        if not is_name(prefix + run):
+            run = hashlib.sha256(run.encode()).hexdigest()[:32]
+        return prefix + run
+    return f"{prefix}{_compact_time(outcome.recorded)}-{_content_hash(outcome)}"
+
+
+def channel_entry(move: ChannelMove) -> str:
+    """The entry name ``move`` is recorded under: ``channel-<recorded, compact>-<content hash>``; one move recorded
+    twice (a retry) is one entry."""
+    return f"{CHANNEL_ENTRY_PREFIX}{_compact_time(move.recorded)}-{_content_hash(move)}"
+
+
+def _compact_time(recorded: str) -> str:
+    try:
+        moment = parse_timestamp(recorded)
+    except ValueError:
+        moment = parse_timestamp(now())
+    return moment.strftime("%Y%m%dT%H%M%S%fZ")
+
+
+def _content_hash(record: BaseModel) -> str:
+    return hashlib.sha256(record.model_dump_json().encode()).hexdigest()[:12]
+
+
+def _to_bytes(record: BaseModel) -> bytes:
+    return (record.model_dump_json(indent=2) + "\n").encode()
+
+
+# --- writing -----------------------------------------------------------------------------------------
+
+
+def record_outcome(store: RegistryStore, outcome: CellOutcome) -> bool:
+    """Record ``outcome`` once: ``False`` (changing nothing) when its entry exists already.
+
+    Raises ``ReadOnlyStoreError`` for a bundle and ``RegistryUnavailableError`` when the storage does not answer.
+    """
+    return store.create_history(outcome.model, outcome_entry(outcome), _to_bytes(outcome))
+
+
+def record_channel_move(store: RegistryStore, move: ChannelMove) -> bool:
+    """Record ``move`` once (stamped now if it has no time): ``False`` when its entry exists already."""
+    if not move.recorded:
+        move = move.model_copy(update={"recorded": now()})
+    return store.create_history(move.model, channel_entry(move), _to_bytes(move))
+
+
+def current_actor() -> str:
+    """Who is acting, for ``ChannelMove.actor``: ``ENGINESMITH_ACTOR``, else ``user@host``."""
+    actor = os.environ.get(ACTOR_ENV, "").strip()
+    if actor:
+        return actor
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no login name (a container with an unnamed uid)
+        user = str(os.getuid()) if hasattr(os, "getuid") else "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+# --- outcomes from reports and manifests ---------------------------------------------------------------
+
+
+def outcome_from_report(
+    *,
+    model: str,
+    cell: str,
+    recipe: str,
+    target: str,
+    kind: str,
+    key: str,
+    status: OutcomeStatus,
+    report: Mapping[str, Any] | None,
+    artefact: Artefact | None = None,
+    flow_run: str = "",
+    reason: str = "",
+) -> CellOutcome:
+    """The outcome of one cell run, with what its validation report measured (read as the JSON dict it is stored
+    as, so the registry needs nothing of ``validation/``).
+
+    An LLM report (``validation.report.ValidationReport``): ``comparison.throughput_ratios`` and
+    ``comparison.tpot_ratios`` per round, the candidate's task scores, the gates. An encoder report
+    (``kind: encoder``): ``throughput_ratio`` per round, the candidate's minimum cosine to the reference
+    (``min_cosine``) and its recall@k (``recall@<k>``) as accuracy, the gates. A part the report lacks or holds in
+    another shape is left out, never raised.
+    """
+    metrics: dict[str, MetricSpread] = {}
+    accuracy: dict[str, float] = {}
+    gates: list[GateVerdict] = []
+    passed: bool | None = None
+    if report is not None:
+        if report.get("kind") == "encoder":
+            _put_spread(metrics, "throughput_ratio", report.get("throughput_ratio"))
+            accuracy = _encoder_accuracy(report)
+        else:
+            comparison = _mapping(report.get("comparison"))
+            _put_spread(metrics, "throughput_ratio", comparison.get("throughput_ratios"))
+            _put_spread(metrics, "tpot_ratio", comparison.get("tpot_ratios"))
+            accuracy = _llm_accuracy(_mapping(comparison.get("candidate")).get("accuracy"))
+        gates = _gates(report.get("gates"))
+        passed = report["passed"] if isinstance(report.get("passed"), bool) else None
+    lineage = artefact.lineage if artefact is not None else None
+    return CellOutcome(
+        model=model, cell=cell, recipe=recipe, target=target, kind=kind, status=status, key=key, recorded=now(),
+        flow_run=flow_run, commit_sha=lineage.commit_sha if lineage else "",
+        calibration_sha256=lineage.calibration_sha256 if lineage else None,
+        versions=dict(artefact.versions) if artefact is not None else {}, metrics=metrics, accuracy=accuracy,
+        gates=gates, passed=passed, reason=reason,
+    )
+
+
+def manifest_cell_id(manifest: Manifest) -> str:
+    """The plan's cell id of a published artefact (LLM and encoder cells are named differently)."""
+    artefact = manifest.artefact
+    if artefact.kind in ENCODER_KINDS:
+        from enginesmith.encoder_plan import encoder_cell_id
+
+        return encoder_cell_id(manifest.model, manifest.recipe, artefact.target, artefact.kind)
+    from enginesmith.plan import cell_id
+
+    return cell_id(manifest.model, manifest.recipe, artefact.target, artefact.tp, artefact.pp, artefact.kind)
+
+
+def outcome_from_manifest(manifest: Manifest) -> CellOutcome:
+    """A published artefact as a build of its cell (for manifests no outcome record mentions), recorded at its
+    publication."""
+    artefact = manifest.artefact
+    outcome = outcome_from_report(model=manifest.model, cell=manifest_cell_id(manifest), recipe=manifest.recipe,
+                                  target=artefact.target, kind=artefact.kind, key=manifest.key, status="built",
+                                  report=manifest.validation, artefact=artefact)
+    return outcome.model_copy(update={"recorded": manifest.published})
+
+
+def _mapping(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _put_spread(metrics: dict[str, MetricSpread], name: str, spread: object) -> None:
+    values = _mapping(spread).get("values")
+    if isinstance(values, list) and values:
+        numbers = [_number(v) for v in values]
+        if all(n is not None for n in numbers):
+            metrics[name] = MetricSpread(values=[n for n in numbers if n is not None])
+
+
+def _llm_accuracy(scores: object) -> dict[str, float]:
+    accuracy: dict[str, float] = {}
+    for score in scores if isinstance(scores, list) else []:
+        task, value = _mapping(score).get("task"), _number(_mapping(score).get("value"))
+        if isinstance(task, str) and value is not None:
+            accuracy[task] = value
+    return accuracy
+
+
+def _encoder_accuracy(report: Mapping[str, Any]) -> dict[str, float]:
+    sides = report.get("sides")
+    candidate = next((_mapping(s) for s in sides if _mapping(s).get("name") == "candidate"), {}) \
+        if isinstance(sides, list) else {}
+    accuracy: dict[str, float] = {}
+    min_cosine = _number(_mapping(candidate.get("cosine_to_reference")).get("min_cosine"))
+    if min_cosine is not None:
+        accuracy["min_cosine"] = min_cosine
+    retrieval = _mapping(candidate.get("retrieval"))
+    recall, k = _number(retrieval.get("recall_at_k")), retrieval.get("k")
+    if recall is not None and isinstance(k, int):
+        accuracy[f"recall@{k}"] = recall
+    return accuracy
+
+
+def _gates(gates: object) -> list[GateVerdict]:
+    verdicts = []
+    for gate in gates if isinstance(gates, list) else []:
+        try:
+            verdicts.append(GateVerdict.model_validate(gate))
+        except ValidationError:
+            continue
+    return verdicts
+
+
+# --- regressions -------------------------------------------------------------------------------------
+
+
+def find_regressions(before: CellOutcome, after: CellOutcome, against: str, against_key: str) -> list[Regression]:
+    """What got worse from ``before`` to ``after``.
+
+    A metric of ``HIGHER_IS_BETTER`` measured by both is flagged when its median moved the worse way by more than
+    ``before.half_range + after.half_range``: a move inside the two spreads is no difference (the validation
+    gates read their margins the same way). A metric measured in a single round has no spread, so any worsening of
+    it counts. A task score (``accuracy``) is flagged as ``accuracy:<task>`` when it dropped by more than
+    ``ACCURACY_DROP_TOLERANCE`` (one point).
+    """
+    found = []
+    for metric, higher_is_better in HIGHER_IS_BETTER.items():
+        old, new = before.metrics.get(metric), after.metrics.get(metric)
+        if old is None or new is None:
+            continue
+        worse_by = (old.median - new.median) if higher_is_better else (new.median - old.median)
+        if worse_by > old.half_range + new.half_range:
+            found.append(Regression(metric=metric, against=against, against_key=against_key, before=old.median,
+                                    after=new.median))
+    for task, old_score in before.accuracy.items():
+        new_score = after.accuracy.get(task)
+        if new_score is not None and old_score - new_score > ACCURACY_DROP_TOLERANCE:
+            found.append(Regression(metric=f"accuracy:{task}", against=against, against_key=against_key,
+                                    before=old_score, after=new_score))
+    return found
+
+
+def version_changes(previous: CellOutcome | None, outcome: CellOutcome) -> dict[str, tuple[str | None, str | None]]:
+    """Toolchain versions that differ between two builds: name → (before, after); ``None`` where one lacks it.
+    Empty when there is no previous build or either build has no versions recorded (a failure before the build)."""
+    if previous is None or not previous.versions or not outcome.versions:
+        return {}
+    names = sorted(set(previous.versions) | set(outcome.versions))
+    return {name: (previous.versions.get(name), outcome.versions.get(name)) for name in names
+            if previous.versions.get(name) != outcome.versions.get(name)}
+
+
+def _has_measurements(outcome: CellOutcome) -> bool:
+    return bool(outcome.metrics or outcome.accuracy)
+
+
+# --- reading -----------------------------------------------------------------------------------------
+
+HistoryRecord = CellOutcome | ChannelMove
+
+
+def parse_record(body: bytes, model: str) -> HistoryRecord:
+    """A stored history record; raises ``IntegrityError`` saying what is wrong with it."""
+    try:
+        raw = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise IntegrityError(f"not valid JSON ({exc})", where="history record") from None
+    if not isinstance(raw, dict):
+        raise IntegrityError("not a JSON object", where="history record")
+    version = raw.get("schema_version")
+    if isinstance(version, int) and version > HISTORY_SCHEMA_VERSION:
+        raise IntegrityError(f"history schema {version} is newer than this enginesmith reads "
+                             f"({HISTORY_SCHEMA_VERSION})", where="history record", hint="upgrade enginesmith")
+    kinds: dict[str, type[CellOutcome] | type[ChannelMove]] = {"cell-outcome": CellOutcome,
+                                                               "channel-move": ChannelMove}
+    record_type = kinds.get(str(raw.get("record")))
+    if record_type is None:
+        raise IntegrityError(f"unknown record type {raw.get('record')!r}", where="history record")
+    try:
+        record: HistoryRecord = record_type.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(part) for part in first["loc"]) or "(document)"
+        raise IntegrityError(f"{field}: {first['msg']}", where="history record") from None
+    if record.model != model:
+        raise IntegrityError(f"the record is of {record.model}, but it is stored under {model}",
+                             where="history record")
+    return record
+
+
+def _read_records(store: RegistryStore, model: str, entries: list[str]
+                  ) -> list[tuple[str, HistoryRecord | UnreadableRecord]]:
+    def read(entry: str) -> tuple[str, HistoryRecord | UnreadableRecord | None]:
+        try:
+            body = store.read_history(model, entry)
+            return entry, None if body is None else parse_record(body, model)
+        except IntegrityError as exc:
+            return entry, UnreadableRecord(entry=entry, problem=exc.message)
+
+    with ThreadPoolExecutor(READ_THREADS) as pool:
+        loaded = list(pool.map(read, entries))
+    return [(entry, record) for entry, record in loaded if record is not None]  # None: deleted since the listing
+
+
+def previous_outcome(store: RegistryStore, model: str, cell: str, *, excluding_flow_run: str = ""
+                     ) -> CellOutcome | None:
+    """The newest recorded outcome of ``cell`` that measured something (for "vs last night"), or ``None``.
+
+    Reads only that cell's records (their entry names start with its hash); unreadable ones are skipped, and so
+    are those of ``excluding_flow_run`` (the run asking).
+    """
+    prefix = cell_entry_prefix(cell)
+    entries = [entry for entry in store.list_history(model) if entry.startswith(prefix)]
+    outcomes = [record for _, record in _read_records(store, model, entries)
+                if isinstance(record, CellOutcome) and record.cell == cell and _has_measurements(record)
+                and not (excluding_flow_run and record.flow_run == excluding_flow_run)]
+    return max(outcomes, key=_recorded_order, default=None)
+
+
+def _recorded_order(outcome: CellOutcome | ChannelMove) -> tuple[float, str]:
+    try:
+        return parse_timestamp(outcome.recorded).timestamp(), outcome.recorded
+    except ValueError:
+        return 0.0, outcome.recorded
+
+
+def load_history(store: RegistryStore, model: str, *, recipe: str | None = None, target: str | None = None,
+                 kind: str | None = None) -> ModelHistory:
+    """Every build of ``model``'s cells (optionally of one recipe, target or kind), oldest first, joined with the
+    published manifests, with channels and regressions; and the channel moves, oldest first.
+
+    A manifest that no outcome names by key appears as a build read from its own report. Each build that measured
+    something is compared with the previous build of its cell that did (``against="previous"``) and, where it is
+    newer than a channel's build of the cell, with that build (``against="channel:<name>"``). A record that
+    cannot be read is listed in ``unreadable``, never raised.
+    """
+    loaded = _read_records(store, model, store.list_history(model))
+    listing = list_model(store, model)
+    outcomes = [record for _, record in loaded if isinstance(record, CellOutcome)]
+    moves = sorted((record for _, record in loaded if isinstance(record, ChannelMove)), key=_recorded_order)
+    unreadable = [record for _, record in loaded if isinstance(record, UnreadableRecord)]
+    recorded_keys = {outcome.key for outcome in outcomes if outcome.key}
+    outcomes += [outcome_from_manifest(m) for m in listing.manifests if m.key not in recorded_keys]
+    published = {m.key for m in listing.manifests}
+
+    def wanted(outcome: CellOutcome) -> bool:
+        return ((recipe is None or outcome.recipe == recipe) and (target is None or outcome.target == target)
+                and (kind is None or outcome.kind == kind))
+
+    by_cell: dict[str, list[CellOutcome]] = {}
+    for outcome in filter(wanted, outcomes):
+        by_cell.setdefault(outcome.cell, []).append(outcome)
+    cells = [_cell_history(model, cell, sorted(cell_outcomes, key=_recorded_order), published, listing.channels)
+             for cell, cell_outcomes in sorted(by_cell.items())]
+    return ModelHistory(model=model, cells=cells, channel_moves=moves, channels=listing.channels,
+                        unreadable=unreadable)
+
+
+def _cell_history(model: str, cell: str, outcomes: list[CellOutcome], published: set[str],
+                  channels: dict[str, str]) -> CellHistory:
+    builds = [BuildEntry(outcome=outcome, published=bool(outcome.key) and outcome.key in published,
+                         channels=sorted(c for c, key in channels.items() if outcome.key and key == outcome.key))
+              for outcome in outcomes]
+    # A channel's build of this cell: the newest build under its key that measured something.
+    channel_builds: dict[str, int] = {}
+    for channel, key in sorted(channels.items()):
+        under_key = [i for i, build in enumerate(builds) if build.outcome.key == key
+                     and _has_measurements(build.outcome)]
+        if under_key:
+            channel_builds[channel] = under_key[-1]
+    previous: int | None = None
+    for index, build in enumerate(builds):
+        if not _has_measurements(build.outcome):
+            continue
+        if previous is not None:
+            before = builds[previous].outcome
+            build.regressions += find_regressions(before, build.outcome, "previous", before.key)
+        for channel, at in channel_builds.items():
+            # An older build is not a candidate to replace the channel's: comparing it would flag only progress.
+            if at < index and builds[at].outcome.key != build.outcome.key:
+                before = builds[at].outcome
+                build.regressions += find_regressions(before, build.outcome, f"channel:{channel}", before.key)
+        previous = index
+    first = outcomes[0]
+    return CellHistory(model=model, cell=cell, recipe=first.recipe, target=first.target, kind=first.kind,
+                       builds=builds)
