@@ -64,6 +64,7 @@ def add_registry_commands(app: typer.Typer) -> None:
     app.command("promote")(promote)
     app.command("gc")(gc)
     app.command("bundle")(bundle)
+    app.command("catalogue")(catalogue)
 
 
 def publish(
@@ -360,6 +361,47 @@ def bundle(
         print_json(result)
         return
     stdout.print(f"wrote {out}: {len(result.artefacts)} artefact(s), {result.blobs} blobs, {_size(result.bytes)}")
+
+
+def catalogue(
+    out: Annotated[Path, typer.Option("--out", help="The directory to write the site to (replaced whole if an earlier "
+                                      "catalogue is there).")],
+    registry: RegistryOption = DEFAULT_REGISTRY,
+    s3_endpoint: S3EndpointOption = None,
+    json_output: JsonOption = False,
+) -> None:
+    """Write the registry as a static site (HTML, CSS, PNGs): every model, its artefacts, their reports and history.
+
+    The directory needs no server: open index.html, or copy it to a bucket, e.g.
+    `enginesmith catalogue --out site --registry s3://models/registry && aws s3 sync site s3://models-site`.
+    A registry may also be a bundle file (`enginesmith bundle`).
+    """
+    from importlib.util import find_spec
+
+    from registry.site import write_catalogue
+
+    missing = [name for name in ("matplotlib", "numpy", "aiohttp") if find_spec(name) is None]
+    if missing:  # the reports' models and plots live in validation/
+        raise UserError(f"the catalogue needs {', '.join(missing)} to render reports and plots", where="catalogue",
+                        hint="pip install 'enginesmith[validation]'")
+    store: RegistryStore
+    if Path(registry).is_file():
+        from registry.bundle import BundleStore
+
+        store = BundleStore(Path(registry))
+    else:
+        store = _open_store(registry, s3_endpoint)
+    # The pull commands on the pages must work from anywhere: a local registry is named by its absolute path.
+    registry_url = registry if "://" in registry else str(Path(registry).absolute())
+    result = write_catalogue(store, out, registry_url=registry_url, s3_endpoint=s3_endpoint)
+    if json_output:
+        print_json(result)
+        return
+    stdout.print(f"wrote {result.pages} pages for {result.models} model(s), {result.artefacts} artefact(s) from "
+                 f"{store.location}; open {result.index}")
+    if result.unreadable:
+        stderr.print(f"[yellow]note:[/] {result.unreadable} manifest(s) or history record(s) could not be read; "
+                     "the pages list them with the reason")
 
 
 # --- helpers ------------------------------------------------------------------------------------------

@@ -1,0 +1,547 @@
+"""The registry as a static site (``enginesmith catalogue``): HTML, CSS and PNGs in one directory that any file
+server or S3 bucket can host.
+
+Pages: ``index.html`` (every model), ``models/<model>.html`` (its artefacts as a profile table, its channel moves,
+each cell's history) and ``models/<model>/<key>.html`` (one artefact: its validation report, plots, provenance and
+the pull command). Every link is relative; file names come from model ids, keys and cell ids through
+``safe_file_name``. The view models below are built by pure functions of manifests, reports and histories; the
+templates (``registry/templates``, autoescaped) only lay them out, and ``write_catalogue`` does the I/O.
+
+A manifest, report or history record that cannot be read is listed with its reason; it never stops the site.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shlex
+import shutil
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ValidationError
+
+from enginesmith.errors import UserError
+from registry.catalog import ModelListing, list_model, list_models
+from registry.history import HIGHER_IS_BETTER, BuildEntry, CellHistory, ModelHistory, Regression
+from registry.manifest import Manifest
+from registry.names import is_name
+from registry.store import RegistryStore
+
+if TYPE_CHECKING:
+    import jinja2
+
+    from validation.encoder_stage import EncoderValidationReport
+    from validation.report import ValidationReport
+
+# Written into every catalogue: a directory holding it may be replaced by the next one, any other may not.
+MARKER_FILE = ".enginesmith-catalogue"
+STYLESHEET = "catalogue.css"
+# Beside the artefact pages of a model; a registry name cannot start with "_", so no key collides with it.
+HISTORY_DIR = "_history"
+_UNSAFE_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+class CatalogueResult(BaseModel):
+    out_dir: str
+    index: str  # the index page's path
+    pages: int
+    models: int
+    artefacts: int
+    unreadable: int  # manifests and history records listed as unreadable
+
+
+# --- view models --------------------------------------------------------------------------------------
+
+
+class TableView(BaseModel):
+    caption: str
+    columns: list[str]
+    rows: list[list[str]]
+    verdict_column: int | None = None  # cells of this column are styled pass/fail
+
+
+class ReportView(BaseModel):
+    """A validation report as the artefact page shows it."""
+
+    kind: Literal["llm", "encoder", "none", "unreadable"]
+    problem: str = ""  # why the report could not be read (kind "unreadable")
+    passed: bool | None = None
+    summary: str = ""
+    tables: list[TableView] = []
+    notes: list[str] = []
+    throughput_ratio: str = "—"
+    tpot_ratio: str = "—"
+
+
+class ArtefactRow(BaseModel):
+    """One row of a model's profile table: one published artefact."""
+
+    key: str
+    short_key: str
+    href: str  # relative to the model page
+    target: str
+    recipe: str
+    kind: str
+    tp: int
+    pp: int
+    published: str
+    size: str
+    throughput_ratio: str
+    tpot_ratio: str
+    verdict: str  # pass | FAIL | — (no report) | unreadable
+    channels: list[str]
+
+
+class UnreadableRow(BaseModel):
+    what: str  # a manifest key or a history entry
+    problem: str
+
+
+class MoveRow(BaseModel):
+    recorded: str
+    actor: str
+    channel: str
+    previous: str
+    key: str
+
+
+class BuildRow(BaseModel):
+    recorded: str
+    status: str
+    key: str
+    href: str | None  # the artefact page (relative to the model page) where the build is published
+    metrics: list[str]  # "throughput_ratio 0.95 ± 0.01"
+    verdict: str
+    channels: list[str]
+    regressions: list[str]  # "throughput_ratio −31% vs previous"
+    reason: str
+
+
+class CellView(BaseModel):
+    cell: str
+    anchor: str
+    recipe: str
+    target: str
+    kind: str
+    builds: list[BuildRow]  # newest first
+    plots: list[str] = []  # relative to the model page
+    plot_problem: str = ""
+
+
+class ModelPage(BaseModel):
+    model: str
+    channels: dict[str, str]
+    artefacts: list[ArtefactRow]
+    unreadable: list[UnreadableRow]
+    cells: list[CellView]
+    moves: list[MoveRow]  # newest first
+    history_problem: str = ""
+
+
+class IndexRow(BaseModel):
+    model: str
+    href: str
+    artefacts: int
+    unreadable: int
+    channels: dict[str, str]
+
+
+class ArtefactPage(BaseModel):
+    model: str
+    key: str
+    model_href: str
+    pull_command: str
+    channels: list[str]
+    profile: list[tuple[str, str]]
+    provenance: list[tuple[str, str]]
+    report: ReportView
+    plots: list[str] = []  # relative to the artefact page
+    plot_problem: str = ""
+    files: list[tuple[str, str, str]]  # path, size, sha256 (first 16)
+
+
+# --- pure view building -------------------------------------------------------------------------------
+
+
+def safe_file_name(text: str) -> str:
+    """A file name for ``text``: itself when it is a registry name (letters, digits, '.', '_', '-'), otherwise its
+    safe characters and a digest of the whole, so that two ids never share a file and none escapes its folder."""
+    if is_name(text) and text not in (".", ".."):
+        return text
+    stem = _UNSAFE_CHARS.sub("-", text).strip(".-")[:60] or "x"
+    return f"{stem}-{hashlib.sha256(text.encode()).hexdigest()[:10]}"
+
+
+def pull_command(model: str, key: str, registry_url: str, *, bundle: bool = False,
+                 s3_endpoint: str | None = None) -> str:
+    """The command that pulls ``model@key`` from this registry (a bundle is pulled with ``--from-bundle``)."""
+    source = ["--from-bundle", registry_url] if bundle else ["--registry", registry_url]
+    endpoint = ["--s3-endpoint", s3_endpoint] if s3_endpoint and not bundle else []
+    dest = f"{safe_file_name(model)}-{key[:12]}"
+    return shlex.join(["enginesmith", "pull", f"{model}@{key}", *source, *endpoint, "--dest", dest])
+
+
+def size_label(count: int) -> str:
+    value = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:,.0f} {unit}" if unit == "B" else f"{value:,.1f} {unit}"
+        value /= 1024
+    return f"{value:,.1f} TiB"
+
+
+def _timestamp(text: str) -> str:
+    return text[:19].replace("T", " ") if text else "—"
+
+
+def _short(key: str | None) -> str:
+    return key[:12] if key else "—"
+
+
+def parse_report(validation: dict[str, Any] | None) -> ValidationReport | EncoderValidationReport | str | None:
+    """The manifest's validation as a report model; a string saying why when it is not one; None when absent."""
+    if validation is None:
+        return None
+    from validation.encoder_stage import EncoderValidationReport
+    from validation.report import ValidationReport
+
+    model: type[ValidationReport] | type[EncoderValidationReport] = (
+        EncoderValidationReport if validation.get("kind") == "encoder" else ValidationReport)
+    try:
+        return model.model_validate(validation)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(part) for part in first["loc"]) or "(top level)"
+        return f"not a {'n encoder' if model is EncoderValidationReport else ' validation'} report: {field}: " \
+               f"{first['msg']} ({exc.error_count()} problem(s))"
+
+
+def report_view(parsed: ValidationReport | EncoderValidationReport | str | None) -> ReportView:
+    from validation.encoder_stage import EncoderValidationReport
+
+    if parsed is None:
+        return ReportView(kind="none")
+    if isinstance(parsed, str):
+        return ReportView(kind="unreadable", problem=parsed, summary="the validation report could not be read")
+    if isinstance(parsed, EncoderValidationReport):
+        return _encoder_report_view(parsed)
+    return _llm_report_view(parsed)
+
+
+def _llm_report_view(report: ValidationReport) -> ReportView:
+    from validation.report import GATE_COLUMNS, comparison_rows, fmt_ratio, gate_rows, measurement_summary, side_names
+
+    w, c = report.workload, report.comparison
+    summary = (f"{report.recipe} on {report.target}; workload {w.name}: {w.dataset}, {w.num_prompts} prompts, input "
+               f"{w.input_len} / output {w.output_len} tokens, concurrency {', '.join(map(str, w.concurrency))}. "
+               f"{measurement_summary(report)}")
+    tables = [
+        TableView(caption="Values are medians over rounds (min–max); ratios are per-round candidate / reference, "
+                          "median ±relative half-range.",
+                  columns=["metric", *side_names(report), "candidate / reference"], rows=comparison_rows(report)),
+        TableView(caption="Gates", columns=GATE_COLUMNS, rows=gate_rows(report), verdict_column=4),
+    ]
+    notes = list(report.notes)
+    if c.greedy_agreement is not None:
+        notes.insert(0, f"Greedy agreement (first {c.greedy_agreement_tokens} tokens): {c.greedy_agreement:.1%}")
+    return ReportView(kind="llm", passed=report.passed, summary=summary, tables=tables, notes=notes,
+                      throughput_ratio=fmt_ratio(c.throughput_ratios), tpot_ratio=fmt_ratio(c.tpot_ratios))
+
+
+def _encoder_report_view(report: EncoderValidationReport) -> ReportView:
+    from validation.encoder_stage import BASELINE, CANDIDATE
+    from validation.report import fmt_ratio
+
+    accuracy = [[s.name, s.what, f"{s.cosine_to_reference.min_cosine:.6f}", f"{s.cosine_to_reference.mean_cosine:.6f}",
+                 f"{s.retrieval.recall_at_k:.3f} (k={s.retrieval.k})"] for s in report.sides]
+    speed = []
+    for batch_size in sorted({t.batch_size for t in report.throughput}):
+        try:
+            cells = [f"{lv.embeddings_per_s.median:.1f} [{lv.embeddings_per_s.low:.1f}–{lv.embeddings_per_s.high:.1f}]"
+                     f", {lv.median_latency_ms.median:.1f} ms"
+                     for lv in (report.level(s.name, batch_size) for s in report.sides)]
+            ratio = (report.level(CANDIDATE, batch_size).embeddings_per_s.median
+                     / report.level(BASELINE, batch_size).embeddings_per_s.median)
+        except StopIteration:  # a side not measured at this batch size
+            continue
+        speed.append([str(batch_size), *cells, f"{ratio:.2f}"])
+    gates = [[g.name, "—" if g.measured is None else f"{g.measured:.6g}", f"{g.limit:g}",
+              "pass" if g.passed else "FAIL", g.detail] for g in report.gates]
+    tables = [
+        TableView(caption="Accuracy against the vLLM reference",
+                  columns=["side", "what", "cosine min", "cosine mean", "recall@k"], rows=accuracy),
+        TableView(caption="Speed: embeddings/s, median over rounds [low–high]; latency median",
+                  columns=["batch", *(s.name for s in report.sides), "candidate ÷ fp32-onnx"], rows=speed),
+        TableView(caption="Gates", columns=["gate", "measured", "limit", "verdict", "detail"], rows=gates,
+                  verdict_column=3),
+    ]
+    return ReportView(kind="encoder", passed=report.passed, tables=tables,
+                      summary=f"{report.cell}: {report.texts} texts, {report.rounds} interleaved rounds",
+                      throughput_ratio=fmt_ratio(report.throughput_ratio))
+
+
+def _verdict(view: ReportView) -> str:
+    if view.kind == "unreadable":
+        return "unreadable"
+    return "—" if view.passed is None else ("pass" if view.passed else "FAIL")
+
+
+def channels_by_key(channels: dict[str, str]) -> dict[str, list[str]]:
+    by_key: dict[str, list[str]] = {}
+    for channel, key in sorted(channels.items()):
+        by_key.setdefault(key, []).append(channel)
+    return by_key
+
+
+def artefact_row(manifest: Manifest, view: ReportView, channels: list[str]) -> ArtefactRow:
+    a = manifest.artefact
+    return ArtefactRow(key=manifest.key, short_key=_short(manifest.key),
+                       href=f"{safe_file_name(manifest.model)}/{safe_file_name(manifest.key)}.html",
+                       target=a.target, recipe=manifest.recipe, kind=a.kind, tp=a.tp, pp=a.pp,
+                       published=_timestamp(manifest.published), size=size_label(manifest.total_bytes),
+                       throughput_ratio=view.throughput_ratio, tpot_ratio=view.tpot_ratio, verdict=_verdict(view),
+                       channels=channels)
+
+
+def provenance_rows(manifest: Manifest) -> list[tuple[str, str]]:
+    a, lineage = manifest.artefact, manifest.artefact.lineage
+    gpu = a.build_gpu
+    return [
+        ("checkpoint", f"{lineage.repo_id} @ {lineage.commit_sha}"),
+        ("checkpoint key", lineage.checkpoint_key),
+        ("calibration dataset", lineage.calibration_dataset or "—"),
+        ("calibration sha256", lineage.calibration_sha256 or "—"),
+        ("quantize key", lineage.quantize_key or "—"),
+        ("toolchain", ", ".join(f"{name} {version}" for name, version in sorted(a.versions.items())) or "—"),
+        ("build GPU", f"{gpu.name} (SM {gpu.sm}, driver {gpu.driver_version or '—'})" if gpu else "— (no GPU)"),
+        ("artefact key", a.key),
+        ("created", a.created),
+        ("published", manifest.published),
+    ]
+
+
+def profile_rows(manifest: Manifest) -> list[tuple[str, str]]:
+    a = manifest.artefact
+    return [("recipe", manifest.recipe), ("kind", a.kind),
+            ("target", a.target + (f" (SM {a.target_sm})" if a.target_sm else "")), ("tp × pp", f"{a.tp} × {a.pp}"),
+            ("size", f"{size_label(manifest.total_bytes)} in {len(a.files)} files"),
+            ("runtimes", ", ".join(a.runtimes) or "—")]
+
+
+def regression_label(regression: Regression) -> str:
+    """``throughput_ratio −31% vs previous`` (a true minus sign, the change rounded to a whole percent)."""
+    against = "previous" if regression.against == "previous" else regression.against.replace("channel:", "channel ")
+    percent = round(regression.change * 100)
+    sign = "−" if percent < 0 else "+"
+    return f"{regression.metric} {sign}{abs(percent)}% vs {against} ({_short(regression.against_key)})"
+
+
+def build_row(model: str, entry: BuildEntry) -> BuildRow:
+    outcome = entry.outcome
+    metrics = [f"{name} {spread.median:.3f} ± {spread.half_range:.3f}"
+               for name in [*HIGHER_IS_BETTER, *sorted(set(outcome.metrics) - set(HIGHER_IS_BETTER))]
+               if (spread := outcome.metrics.get(name)) is not None and spread.values]
+    verdict = "—" if outcome.passed is None else ("pass" if outcome.passed else "FAIL")
+    href = f"{safe_file_name(model)}/{safe_file_name(outcome.key)}.html" if entry.published and outcome.key else None
+    return BuildRow(recorded=_timestamp(outcome.recorded), status=outcome.status, key=_short(outcome.key), href=href,
+                    metrics=metrics, verdict=verdict, channels=entry.channels,
+                    regressions=[regression_label(r) for r in entry.regressions], reason=outcome.reason)
+
+
+def cell_view(history: CellHistory) -> CellView:
+    return CellView(cell=history.cell, anchor=f"cell-{safe_file_name(history.cell)}", recipe=history.recipe,
+                    target=history.target, kind=history.kind,
+                    builds=[build_row(history.model, entry) for entry in reversed(history.builds)])
+
+
+def model_page(listing: ModelListing, history: ModelHistory | None, reports: dict[str, ReportView], *,
+               history_problem: str = "") -> ModelPage:
+    """The model page's view: ``reports`` holds each readable manifest's report view by key."""
+    channels_of = channels_by_key(listing.channels)
+    rows = [artefact_row(m, reports[m.key], channels_of.get(m.key, [])) for m in listing.manifests]
+    unreadable = [UnreadableRow(what=f"manifest {u.key}", problem=u.problem) for u in listing.unreadable]
+    cells: list[CellView] = []
+    moves: list[MoveRow] = []
+    if history is not None:
+        cells = [cell_view(cell) for cell in history.cells]
+        moves = [MoveRow(recorded=_timestamp(m.recorded), actor=m.actor, channel=m.channel,
+                         previous=_short(m.previous), key=_short(m.key)) for m in reversed(history.channel_moves)]
+        unreadable += [UnreadableRow(what=f"history record {r.entry}", problem=r.problem) for r in history.unreadable]
+    return ModelPage(model=listing.model, channels=listing.channels, artefacts=rows, unreadable=unreadable,
+                     cells=cells, moves=moves, history_problem=history_problem)
+
+
+def artefact_page(manifest: Manifest, view: ReportView, channels: list[str], command: str) -> ArtefactPage:
+    return ArtefactPage(model=manifest.model, key=manifest.key, model_href=f"../{safe_file_name(manifest.model)}.html",
+                        pull_command=command, channels=channels, profile=profile_rows(manifest),
+                        provenance=provenance_rows(manifest), report=view,
+                        files=[(f.path, f"{f.size:,}", (f.sha256 or "—")[:16]) for f in manifest.artefact.files])
+
+
+# --- writing ------------------------------------------------------------------------------------------
+
+
+def template_environment() -> jinja2.Environment:
+    import jinja2
+
+    return jinja2.Environment(loader=jinja2.PackageLoader("registry", "templates"), autoescape=True,
+                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+
+
+def write_catalogue(store: RegistryStore, out_dir: Path, *, registry_url: str, s3_endpoint: str | None = None,
+                    load_history: Callable[[RegistryStore, str], ModelHistory] | None = None) -> CatalogueResult:
+    """Write the site for every model in ``store`` to ``out_dir``, replacing the catalogue there if any.
+
+    The pages are written to a new directory beside ``out_dir`` and renamed into place at the end, so an
+    interrupted run leaves the previous site whole. ``registry_url`` is what the pull commands name.
+    ``load_history`` reads a model's history (default: ``registry.history.load_history``).
+
+    Raises ``UserError`` when ``out_dir`` exists and is not a catalogue this command wrote.
+    """
+    from registry.bundle import BundleStore
+
+    out_dir = out_dir.absolute()
+    _check_replaceable(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    staging.mkdir()
+    try:
+        writer = _SiteWriter(staging, template_environment(), registry_url=registry_url,
+                             bundle=isinstance(store, BundleStore), s3_endpoint=s3_endpoint)
+        result = writer.write(store, load_history or _default_history_loader())
+        (staging / MARKER_FILE).write_text("written by enginesmith catalogue; replaced whole by the next run\n")
+        _swap_into_place(staging, out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return result.model_copy(update={"out_dir": str(out_dir), "index": str(out_dir / "index.html")})
+
+
+def _default_history_loader() -> Callable[[RegistryStore, str], ModelHistory]:
+    from registry.history import load_history
+
+    return load_history
+
+
+def _check_replaceable(out_dir: Path) -> None:
+    if out_dir.exists() and (not out_dir.is_dir() or (any(out_dir.iterdir()) and not (out_dir / MARKER_FILE).exists())):
+        raise UserError(f"{out_dir} exists and is not a catalogue written by enginesmith", where="--out",
+                        hint="name a new or empty directory, or one an earlier `enginesmith catalogue` wrote")
+
+
+def _swap_into_place(staging: Path, out_dir: Path) -> None:
+    if not out_dir.exists():
+        staging.rename(out_dir)
+        return
+    retired = out_dir.parent / f".{out_dir.name}.old-{uuid.uuid4().hex[:8]}"
+    out_dir.rename(retired)
+    staging.rename(out_dir)
+    shutil.rmtree(retired, ignore_errors=True)
+
+
+class _SiteWriter:
+    """Renders the views into ``root``; counts what it wrote."""
+
+    def __init__(self, root: Path, env: jinja2.Environment, *, registry_url: str, bundle: bool,
+                 s3_endpoint: str | None) -> None:
+        self.root, self.env = root, env
+        self.registry_url, self.bundle, self.s3_endpoint = registry_url, bundle, s3_endpoint
+        self.pages = 0
+
+    def render(self, template: str, path: Path, *, depth: int, **context: Any) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        html = self.env.get_template(template).render(root="../" * depth, stylesheet=STYLESHEET, **context)
+        path.write_text(html, encoding="utf-8")
+        self.pages += 1
+
+    def write(self, store: RegistryStore, load_history: Callable[[RegistryStore, str], ModelHistory]
+              ) -> CatalogueResult:
+        shutil.copyfile(Path(__file__).parent / "templates" / STYLESHEET, self.root / STYLESHEET)
+        index_rows: list[IndexRow] = []
+        broken: list[UnreadableRow] = []
+        artefacts = unreadable = 0
+        for summary in list_models(store):
+            try:
+                listing = list_model(store, summary.model)
+            except UserError as exc:  # a model directory whose listing fails: listed, the others still written
+                broken.append(UnreadableRow(what=summary.model, problem=exc.render()))
+                unreadable += 1
+                continue
+            page = self.write_model(store, listing, load_history)
+            artefacts += len(page.artefacts)
+            unreadable += len(page.unreadable)
+            index_rows.append(IndexRow(model=listing.model, href=f"models/{safe_file_name(listing.model)}.html",
+                                       artefacts=len(listing.manifests), unreadable=len(page.unreadable),
+                                       channels=listing.channels))
+        self.render("index.html.j2", self.root / "index.html", depth=0, models=index_rows, broken=broken,
+                    location=store.location, title="enginesmith catalogue")
+        return CatalogueResult(out_dir=str(self.root), index=str(self.root / "index.html"), pages=self.pages,
+                               models=len(index_rows), artefacts=artefacts, unreadable=unreadable)
+
+    def write_model(self, store: RegistryStore, listing: ModelListing,
+                    load_history: Callable[[RegistryStore, str], ModelHistory]) -> ModelPage:
+        model_dir = self.root / "models" / safe_file_name(listing.model)
+        channels_of = channels_by_key(listing.channels)
+        reports: dict[str, ReportView] = {}
+        for manifest in listing.manifests:
+            parsed = parse_report(manifest.validation)
+            reports[manifest.key] = view = report_view(parsed)
+            self.write_artefact(manifest, parsed, view, channels_of.get(manifest.key, []), model_dir)
+        history: ModelHistory | None = None
+        history_problem = ""
+        try:
+            history = load_history(store, listing.model)
+        except UserError as exc:
+            history_problem = exc.render()
+        page = model_page(listing, history, reports, history_problem=history_problem)
+        if history is not None:
+            for cell, cell_page in zip(history.cells, page.cells, strict=True):
+                cell_page.plots, cell_page.plot_problem = self.write_history_plots(
+                    cell, model_dir / HISTORY_DIR / cell_page.anchor, relative_to=model_dir.parent)
+        self.render("model.html.j2", model_dir.parent / f"{safe_file_name(listing.model)}.html", depth=1, page=page,
+                    title=listing.model)
+        return page
+
+    def write_artefact(self, manifest: Manifest, parsed: ValidationReport | EncoderValidationReport | str | None,
+                       view: ReportView, channels: list[str], model_dir: Path) -> None:
+        page = artefact_page(manifest, view, channels,
+                             pull_command(manifest.model, manifest.key, self.registry_url, bundle=self.bundle,
+                                          s3_endpoint=self.s3_endpoint))
+        if parsed is not None and not isinstance(parsed, str):
+            page.plots, page.plot_problem = self.write_report_plots(parsed, model_dir / safe_file_name(manifest.key),
+                                                                    relative_to=model_dir)
+        self.render("artefact.html.j2", model_dir / f"{safe_file_name(manifest.key)}.html", depth=2, page=page,
+                    title=manifest.ref)
+
+    def write_report_plots(self, report: ValidationReport | EncoderValidationReport, plot_dir: Path, *,
+                           relative_to: Path) -> tuple[list[str], str]:
+        from validation.encoder_stage import EncoderValidationReport, write_encoder_plot
+        from validation.report import write_plots
+
+        def write() -> list[Path]:
+            if isinstance(report, EncoderValidationReport):
+                return [write_encoder_plot(report, plot_dir)]
+            return write_plots(report, plot_dir)
+
+        return _plots(write, plot_dir, relative_to)
+
+    def write_history_plots(self, history: CellHistory, plot_dir: Path, *, relative_to: Path) -> tuple[list[str], str]:
+        from registry.history_plots import write_history_plots
+
+        return _plots(lambda: write_history_plots(history, plot_dir), plot_dir, relative_to)
+
+
+def _plots(write: Callable[[], list[Path]], plot_dir: Path, relative_to: Path) -> tuple[list[str], str]:
+    """The plots ``write`` makes in ``plot_dir``, as links relative to ``relative_to``; or why there are none."""
+    plot_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        paths = write()
+    # A report that validates but cannot be drawn (no levels, a side with no rounds) loses its plots, not its page.
+    except (ValueError, KeyError, IndexError, StopIteration, ZeroDivisionError) as exc:
+        return [], f"plots not drawn: {type(exc).__name__}: {exc}"
+    return [path.relative_to(relative_to).as_posix() for path in paths], ""
+
