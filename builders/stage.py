@@ -36,7 +36,7 @@ from enginesmith.checkpoints.models import CheckpointFile
 from enginesmith.compat import CellRequest, describe_violations, violations
 from enginesmith.diskspace import disk_filled_error, is_disk_full, require_free_space
 from enginesmith.errors import IncompatibleError, UserError
-from enginesmith.gpus import VISIBLE_ENV, DetectedGpu, detect
+from enginesmith.gpus import VISIBLE_ENV, DetectedGpu, build_gpu_info, detect
 from enginesmith.locks import output_lock
 from enginesmith.memory import GIB
 from enginesmith.specs import ArtefactKind, BuildProfile, ModelSpec, RecipeSpec, TargetSpec, Toolchains
@@ -230,9 +230,7 @@ def _check_build_gpus(request: BuildRequest, gpus: list[DetectedGpu]) -> GpuInfo
     matching = [d for d in gpus if d.match.target_id == target.id]
     needed = request.quantized.tp * request.quantized.pp
     first = gpus[0].gpu if gpus else None
-    build_gpu = (GpuInfo(name=first.name, pci_device_id=first.pci_device_id, sm=first.sm,
-                         memory_total_bytes=first.memory_total_bytes, driver_version=first.driver_version,
-                         cuda_driver_version=first.cuda_driver_version) if first else None)
+    build_gpu = build_gpu_info(first) if first else None
     if request.skip_gpu_check:
         return build_gpu
     if not matching:

@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel
 
 from enginesmith.specs import TargetSpec, normalize_pci_device_id
+
+if TYPE_CHECKING:
+    from enginesmith.artefacts import GpuInfo
 
 NVIDIA_VENDOR_ID = 0x10DE
 # NVML reports a little less than the nominal size (an H100 80GB shows 79.6 GiB); SKUs that share a PCI id
@@ -70,6 +73,15 @@ class GpuRecord(BaseModel):
 class TargetMatch(BaseModel):
     target_id: str | None
     note: str
+
+
+def build_gpu_info(record: GpuRecord) -> GpuInfo:
+    """What an artefact records of the GPU it was built on."""
+    from enginesmith.artefacts import GpuInfo
+
+    return GpuInfo(name=record.name, pci_device_id=record.pci_device_id, sm=record.sm,
+                   memory_total_bytes=record.memory_total_bytes, driver_version=record.driver_version,
+                   cuda_driver_version=record.cuda_driver_version)
 
 
 class DetectedGpu(BaseModel):

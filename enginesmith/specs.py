@@ -409,6 +409,8 @@ class CalibrationSpec(StrictModel):
 
 class RegistrySpec(StrictModel):
     url: str = Field(".enginesmith/registry", description="a local directory, file:// or s3://bucket/prefix")
+    catalogue: str | None = Field(None, description="where the nightly writes the registry's static catalogue site "
+                                  "after publishing (a local directory; default: <workdir>/catalogue)")
 
 
 class PipelineConfig(StrictModel):

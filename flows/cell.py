@@ -24,6 +24,7 @@ from enginesmith.plan import Cell
 from enginesmith.plan_sources import plan_loaded
 from enginesmith.specs import GateSpec, MatrixBlock, PipelineConfig
 from flows import steps
+from flows.history import record_cell
 from flows.params import BuildCellParams, CellSummary
 
 RETRY_DELAYS_S: list[float] = [10, 60, 300]
@@ -46,7 +47,7 @@ def retry_transient(task: Any, task_run: Any, state: Any) -> bool:
     return False
 
 
-def _key_if(path: Path, key: str) -> str | None:
+def key_if(path: Path, key: str) -> str | None:
     """A cached result is only worth having while its files are on disk; otherwise run the stage again."""
     return key if path.exists() else None
 
@@ -57,14 +58,14 @@ def _pull_key(context: TaskRunContext, parameters: dict[str, Any]) -> str | None
 
 def _quantize_key(context: TaskRunContext, parameters: dict[str, Any]) -> str | None:
     cell: Cell = parameters["cell"]
-    return _key_if(parameters["work"] / steps.QUANTIZED_DIR / cell.stage_keys.quantize[:16] / COMPLETE_MARKER,
+    return key_if(parameters["work"] / steps.QUANTIZED_DIR / cell.stage_keys.quantize[:16] / COMPLETE_MARKER,
                    cell.stage_keys.quantize)
 
 
 def _build_key(context: TaskRunContext, parameters: dict[str, Any]) -> str | None:
     cell: Cell = parameters["cell"]
     artefact_json = parameters["work"] / steps.ARTEFACTS_DIR / cell.stage_keys.build[:16] / "artefact.json"
-    return _key_if(artefact_json, cell.stage_keys.build)
+    return key_if(artefact_json, cell.stage_keys.build)
 
 
 @task(name="pull", retries=len(RETRY_DELAYS_S), retry_delay_seconds=RETRY_DELAYS_S,
@@ -185,7 +186,7 @@ def validate_task(cell: Cell, artefact_dir: Path, checkpoint: Checkpoint, config
 @task(name="publish", retries=len(RETRY_DELAYS_S), retry_delay_seconds=RETRY_DELAYS_S,
       retry_condition_fn=retry_transient)
 def publish_task(cell: Cell, artefact_dir: Path, report: dict[str, Any], config: PipelineConfig) -> str:
-    result = steps.publish(cell, artefact_dir, report, config)
+    result = steps.publish(cell.key, artefact_dir, report, config)
     get_run_logger().info("published %s/%s (%d new blobs, %d reused) to %s", result.model, result.key[:12],
                           result.uploaded_blobs, result.reused_blobs, result.registry)
     return result.key
@@ -233,12 +234,24 @@ def build_cell(params: BuildCellParams = BuildCellParams()) -> CellSummary:
     config_path, config, cell = cell_for(params)
     if cell.status == "invalid":
         raise ConfigError(f"cell {cell.id} cannot be built: {cell.reason}", field="params")
-    if steps.published(config, cell):
+    if steps.published(config, cell.model.id, cell.key):
         logger.info("cell %s (key %s) is already in the registry: nothing to do", cell.id, cell.key[:12])
         return CellSummary(cell=cell.id, status="cached", key=cell.key, worker=worker_name())
     work = steps.workdir(config)
     if params.until == "quantize":
         return quantize_and_stash(cell, config_path, config, work)
+    try:
+        return build_validate_publish(params, cell, config_path, config, work)
+    except GateFailed:
+        raise  # recorded with its report
+    except Exception as exc:
+        record_cell(config, cell, "failed", reason=exc.render() if isinstance(exc, UserError) else repr(exc))
+        raise
+
+
+def build_validate_publish(params: BuildCellParams, cell: Cell, config_path: Path, config: PipelineConfig,
+                           work: Path) -> CellSummary:
+    logger = get_run_logger()
     checkpoint = pull_task(config_path, cell)
     quantized = obtain_quantized(params, cell, checkpoint, work, config)
     artefact_dir = build_task(cell, quantized, work, config)
@@ -252,8 +265,10 @@ def build_cell(params: BuildCellParams = BuildCellParams()) -> CellSummary:
     if not report["passed"]:
         failed = [g for g in report["gates"] if not g["passed"]]
         verdict = "; ".join(f"{g['name']} = {g['measured']} (limit {g['limit']})" for g in failed)
+        record_cell(config, cell, "gate-failed", report=report, artefact_dir=artefact_dir, reason=verdict)
         raise GateFailed(f"cell {cell.id} failed its gates: {verdict}. Nothing was published.")
     publish_task(cell, artefact_dir, report, config)
+    record_cell(config, cell, "built", report=report, artefact_dir=artefact_dir)
     artefact = read_artefact(artefact_dir)
     logger.info("cell %s built and published (%d files)", cell.id, len(artefact.files) if artefact else 0)
     return CellSummary(cell=cell.id, status="built", key=cell.key, throughput_ratio=comparison["throughput_ratio"],

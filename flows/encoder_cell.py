@@ -19,10 +19,11 @@ from enginesmith.checkpoints.models import Checkpoint
 from enginesmith.config import default_catalogue, load_pipeline_config
 from enginesmith.encoder_plan import EncoderCell
 from enginesmith.errors import ConfigError, UserError
-from enginesmith.plan_sources import model_source, plan_encoders_loaded
+from enginesmith.plan_sources import plan_encoders_loaded
 from enginesmith.specs import PipelineConfig
 from flows import steps
-from flows.cell import RETRY_DELAYS_S, GateFailed, retry_transient, worker_name
+from flows.cell import RETRY_DELAYS_S, GateFailed, key_if, retry_transient, worker_name
+from flows.history import record_cell
 from flows.params import CellSummary
 from quantization.encoder_stage import EncoderGraph
 from quantization.onnx_export import OnnxExportResult
@@ -57,38 +58,26 @@ def encoder_graph_dir(cell: EncoderCell, work: Path) -> Path:
     return work / ENCODER_QUANTIZED_DIR / cell.stage_keys.quantize[:16]
 
 
-def _done_key(path: Path, key: str) -> str | None:
-    return key if path.exists() else None
-
-
 def _export_key(context: TaskRunContext, parameters: dict[str, Any]) -> str | None:
     cell: EncoderCell = parameters["cell"]
-    return _done_key(export_dir(cell, parameters["work"]) / COMPLETE_MARKER, cell.stage_keys.export)
+    return key_if(export_dir(cell, parameters["work"]) / COMPLETE_MARKER, cell.stage_keys.export)
 
 
 def _quantize_key(context: TaskRunContext, parameters: dict[str, Any]) -> str | None:
     cell: EncoderCell = parameters["cell"]
-    return _done_key(encoder_graph_dir(cell, parameters["work"]) / COMPLETE_MARKER, cell.stage_keys.quantize)
+    return key_if(encoder_graph_dir(cell, parameters["work"]) / COMPLETE_MARKER, cell.stage_keys.quantize)
 
 
 def _build_key(context: TaskRunContext, parameters: dict[str, Any]) -> str | None:
     cell: EncoderCell = parameters["cell"]
     artefact_json = parameters["work"] / steps.ARTEFACTS_DIR / cell.stage_keys.build[:16] / ARTEFACT_FILE
-    return _done_key(artefact_json, cell.stage_keys.build)
+    return key_if(artefact_json, cell.stage_keys.build)
 
 
 @task(name="pull-encoder", retries=len(RETRY_DELAYS_S), retry_delay_seconds=RETRY_DELAYS_S,
       retry_condition_fn=retry_transient)
 def pull_encoder_task(config_path: Path, cell: EncoderCell) -> Checkpoint:
-    from enginesmith.checkpoints.pull import pull_checkpoint
-
-    checkpoint = pull_checkpoint(model_source(cell.model, config_path.parent),
-                                 cell.model.revision if cell.model.is_local else cell.source_revision)
-    if cell.revision_pinned and checkpoint.commit_sha != cell.source_revision:
-        raise UserError(f"{cell.model.id} changed after it was planned: planned {cell.source_revision[:19]}, found "
-                        f"{checkpoint.commit_sha[:19]}", where=checkpoint.local_path,
-                        hint="leave the model alone while a cell builds")
-    return checkpoint
+    return steps.pull(config_path, cell)
 
 
 @task(name="export-onnx", cache_key_fn=_export_key, persist_result=True)
@@ -130,15 +119,12 @@ def build_encoder_task(cell: EncoderCell, graph: EncoderGraph, work: Path, confi
 
 def engine_build_gpu(cell: EncoderCell) -> GpuInfo | None:
     """The GPU of the cell's SKU that trtexec builds on (CUDA device 0 must be one); None when there is none."""
-    from enginesmith.gpus import detect
+    from enginesmith.gpus import build_gpu_info, detect
 
     gpus = detect([cell.target])
     if not gpus or gpus[0].match.target_id != cell.target.id:
         return None
-    first = gpus[0].gpu
-    return GpuInfo(name=first.name, pci_device_id=first.pci_device_id, sm=first.sm,
-                   memory_total_bytes=first.memory_total_bytes, driver_version=first.driver_version,
-                   cuda_driver_version=first.cuda_driver_version)
+    return build_gpu_info(gpus[0].gpu)
 
 
 @task(name="validate-encoder", retries=1, retry_delay_seconds=10, retry_condition_fn=retry_transient)
@@ -173,19 +159,10 @@ def validate_encoder_task(cell: EncoderCell, artefact_dir: Path, graph: EncoderG
       retry_condition_fn=retry_transient)
 def publish_encoder_task(cell: EncoderCell, artefact_dir: Path, report: dict[str, Any],
                          config: PipelineConfig) -> str:
-    from registry.publish import publish_artefact
-    from registry.store import open_store
-
-    result = publish_artefact(open_store(steps.registry_url(config)), artefact_dir, key=cell.key, validation=report)
+    result = steps.publish(cell.key, artefact_dir, report, config)
     get_run_logger().info("published %s/%s (%d new blobs, %d reused) to %s", result.model, result.key[:12],
                           result.uploaded_blobs, result.reused_blobs, result.registry)
     return result.key
-
-
-def encoder_published(config: PipelineConfig, cell: EncoderCell) -> bool:
-    from registry.store import open_store
-
-    return open_store(steps.registry_url(config)).read_manifest(cell.model.id, cell.key) is not None
 
 
 def quantize_versions(config: PipelineConfig, cell: EncoderCell) -> dict[str, str]:
@@ -203,9 +180,21 @@ def build_encoder_cell(params: BuildEncoderCellParams = BuildEncoderCellParams()
     config, cell = encoder_cell_for(params)
     if cell.status == "invalid":
         raise ConfigError(f"cell {cell.id} cannot be built: {cell.reason}", field="params.cell")
-    if encoder_published(config, cell):
+    if steps.published(config, cell.model.id, cell.key):
         logger.info("cell %s (key %s) is already in the registry: nothing to do", cell.id, cell.key[:12])
         return CellSummary(cell=cell.id, status="cached", key=cell.key, worker=worker_name())
+    try:
+        return build_validate_publish_encoder(params, cell, config)
+    except GateFailed:
+        raise  # recorded with its report
+    except Exception as exc:
+        record_cell(config, cell, "failed", reason=exc.render() if isinstance(exc, UserError) else repr(exc))
+        raise
+
+
+def build_validate_publish_encoder(params: BuildEncoderCellParams, cell: EncoderCell,
+                                   config: PipelineConfig) -> CellSummary:
+    logger = get_run_logger()
     work = steps.workdir(config)
     checkpoint = pull_encoder_task(Path(params.config), cell)
     export = export_task(cell, checkpoint, work, config)
@@ -215,8 +204,10 @@ def build_encoder_cell(params: BuildEncoderCellParams = BuildEncoderCellParams()
     if not report["passed"]:
         failed = [g for g in report["gates"] if not g["passed"]]
         verdict = "; ".join(f"{g['name']} = {g['measured']} (limit {g['limit']})" for g in failed)
+        record_cell(config, cell, "gate-failed", report=report, artefact_dir=artefact_dir, reason=verdict)
         raise GateFailed(f"cell {cell.id} failed its gates: {verdict}. Nothing was published.")
     publish_encoder_task(cell, artefact_dir, report, config)
+    record_cell(config, cell, "built", report=report, artefact_dir=artefact_dir)
     logger.info("cell %s built and published", cell.id)
     return CellSummary(cell=cell.id, status="built", key=cell.key,
                        throughput_ratio=report["throughput_ratio"]["median"], worker=worker_name())

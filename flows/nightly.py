@@ -26,7 +26,8 @@ from enginesmith.preflight import run_preflight
 from enginesmith.specs import ArtefactKind, PipelineConfig, TargetSpec
 from flows import steps
 from flows.cell import build_cell
-from flows.encoder_cell import BuildEncoderCellParams, build_encoder_cell, encoder_published
+from flows.encoder_cell import BuildEncoderCellParams, build_encoder_cell
+from flows.history import PlannedCell, last_outcomes, record_unreported, versus_last_night
 from flows.params import BuildCellParams, CellSummary, RecipeName, TargetName
 
 BUILD_CELL_FLOW = "build-cell"
@@ -133,7 +134,7 @@ def sort_encoder_cells(pipeline: PipelineConfig, cells: list[EncoderCell]
     for cell in cells:
         if cell.status == "invalid":
             summaries.append(CellSummary(cell=cell.id, status="invalid", key=cell.key, reason=cell.reason))
-        elif encoder_published(pipeline, cell):
+        elif steps.published(pipeline, cell.model.id, cell.key):
             summaries.append(CellSummary(cell=cell.id, status="cached", key=cell.key))
         else:
             todo.append(cell)
@@ -170,19 +171,24 @@ def nightly(config: str = "configs/nightly.yaml", dispatch: Literal["deployments
         elif verdicts[cell.id].status == "blocked":
             summaries.append(CellSummary(cell=cell.id, status="blocked", key=cell.key,
                                          reason="; ".join(verdicts[cell.id].reasons)[:1000]))
-        elif steps.published(pipeline, cell):
+        elif steps.published(pipeline, cell.model.id, cell.key):
             summaries.append(CellSummary(cell=cell.id, status="cached", key=cell.key))
         else:
             todo.append(cell)
     logger.info("%d cells: %d to build, %d already published, %d invalid, %d blocked", len(plan.cells), len(todo),
                 sum(s.status == "cached" for s in summaries), sum(s.status == "invalid" for s in summaries),
                 sum(s.status == "blocked" for s in summaries))
+    to_build: list[PlannedCell] = [*todo, *encoder_todo]
+    built_tonight = {cell.id: cell for cell in to_build}
+    last_night = last_outcomes(pipeline, list(built_tonight.values()))
     if dispatch == "inline":
         summaries += [run_inline(params_for(config, cell), cell.id) for cell in todo]
     elif todo:
         futures = dispatch_cell.map([params_for(config, c) for c in todo], [c.id for c in todo],
                                     [pool_of(c, pools) for c in todo], unmapped(cell_timeout_s))
-        summaries += [outcome_of(cell.id, future) for cell, future in zip(todo, futures, strict=True)]
+        dispatched = [outcome_of(cell.id, future) for cell, future in zip(todo, futures, strict=True)]
+        record_unreported(pipeline, built_tonight, dispatched)
+        summaries += dispatched
     order = {cell.id: index for index, cell in enumerate(plan.cells)}
     summaries.sort(key=lambda s: order.get(s.cell, len(order)))
     # Encoder cells run here, one after another, whatever ``dispatch`` says (the ``build-encoder-cell/cpu``
@@ -190,5 +196,33 @@ def nightly(config: str = "configs/nightly.yaml", dispatch: Literal["deployments
     summaries += encoder_done + [run_encoder_inline(config, cell) for cell in encoder_todo]
     create_table_artifact(key="nightly-summary", description=f"nightly on {config}", table=[
         {"cell": s.cell, "status": s.status, "key": s.key[:12], "worker": s.worker, "reason": s.reason,
-         "throughput ratio": s.throughput_ratio, "TPOT ratio": s.tpot_ratio} for s in summaries])
+         "throughput ratio": s.throughput_ratio, "TPOT ratio": s.tpot_ratio,
+         "vs last night": versus_last_night(pipeline, built_tonight[s.cell], s, last_night.get(s.cell))
+         if s.cell in built_tonight else ""} for s in summaries])
+    publish_catalogue(pipeline, changed=any(s.status in ("built", "failed", "no-worker") for s in summaries))
     return summaries
+
+
+def publish_catalogue(pipeline: PipelineConfig, *, changed: bool) -> None:
+    """Regenerate the registry's static catalogue where tonight added to the registry or its history (or there is
+    no catalogue yet), and link it from the run; a catalogue that cannot be written is logged (the night's builds
+    are published whatever the site says)."""
+    from prefect.artifacts import create_link_artifact
+
+    from enginesmith.errors import UserError
+    from registry.site import write_catalogue
+    from registry.store import open_store
+
+    url = steps.registry_url(pipeline)
+    out = Path(pipeline.registry.catalogue or steps.workdir(pipeline) / "catalogue")
+    if not changed and out.exists():
+        return
+    try:
+        result = write_catalogue(open_store(url), out, registry_url=url)
+    except (UserError, OSError) as exc:
+        get_run_logger().warning("the catalogue was not written to %s: %s", out, exc)
+        return
+    index = Path(result.index).resolve()
+    get_run_logger().info("catalogue written: %s", index)
+    create_link_artifact(key="catalogue", link=index.as_uri(), link_text="the registry's catalogue",
+                         description=f"catalogue of {url}")

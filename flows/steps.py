@@ -12,11 +12,12 @@ from enginesmith.artefacts import ExportFormat, QuantizedCheckpoint
 from enginesmith.assets import task_fingerprints
 from enginesmith.checkpoints.models import Checkpoint
 from enginesmith.checkpoints.pull import pull_checkpoint
+from enginesmith.encoder_plan import EncoderCell
 from enginesmith.errors import ConfigError, UserError
 from enginesmith.keys import stage_key
 from enginesmith.plan import Cell, Plan
 from enginesmith.plan_sources import model_source
-from enginesmith.specs import PipelineConfig
+from enginesmith.specs import ModelSpec, PipelineConfig
 
 if TYPE_CHECKING:
     from registry.publish import PublishResult
@@ -42,13 +43,15 @@ def registry_url(config: PipelineConfig) -> str:
     return os.environ.get("ENGINESMITH_REGISTRY", config.registry.url)
 
 
-def pull(config_path: Path, cell: Cell) -> Checkpoint:
+def pull(config_path: Path, cell: Cell | EncoderCell) -> Checkpoint:
     """The checkpoint the cell was planned and keyed on: a Hub model at the commit the plan resolved (a branch
     that moved since is not followed), a local directory only while its content is what the plan digested."""
     model = cell.model
     source = model_source(model, config_path.parent)
+    # Encoder checkpoints load neither pickles nor remote code.
     checkpoint = pull_checkpoint(source, model.revision if model.is_local else cell.source_revision,
-                                 allow_pickle=model.allow_pickle, trust_remote_code=model.trust_remote_code)
+                                 allow_pickle=isinstance(model, ModelSpec) and model.allow_pickle,
+                                 trust_remote_code=isinstance(model, ModelSpec) and model.trust_remote_code)
     if cell.revision_pinned and checkpoint.commit_sha != cell.source_revision:
         raise UserError(f"{model.id} changed after it was planned: planned {cell.source_revision[:19]}, found "
                         f"{checkpoint.commit_sha[:19]}", where=source,
@@ -190,15 +193,15 @@ def validate(cell: Cell, artefact_dir: Path, checkpoint: Checkpoint, config: Pip
     return report
 
 
-def published(config: PipelineConfig, cell: Cell) -> bool:
-    """Is the cell's final key already in the registry (so it costs no GPU time)?"""
+def published(config: PipelineConfig, model_id: str, key: str) -> bool:
+    """Is a cell's final key already in the registry (so it costs no GPU time)?"""
     from registry.store import open_store
 
-    return open_store(registry_url(config)).read_manifest(cell.model.id, cell.key) is not None
+    return open_store(registry_url(config)).read_manifest(model_id, key) is not None
 
 
-def publish(cell: Cell, artefact_dir: Path, report_json: dict[str, object], config: PipelineConfig) -> PublishResult:
+def publish(key: str, artefact_dir: Path, report_json: dict[str, object], config: PipelineConfig) -> PublishResult:
     from registry.publish import publish_artefact
     from registry.store import open_store
 
-    return publish_artefact(open_store(registry_url(config)), artefact_dir, key=cell.key, validation=report_json)
+    return publish_artefact(open_store(registry_url(config)), artefact_dir, key=key, validation=report_json)

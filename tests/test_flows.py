@@ -46,6 +46,23 @@ def test_nightly_builds_every_valid_cell_then_nothing(first_nightly, tiny_config
     rows = summary[0].data
     rows = json.loads(rows) if isinstance(rows, str) else rows  # table artifacts come back as JSON text
     assert {row["cell"] for row in rows} == set(_statuses(first_nightly))
+    assert all("vs last night" in row for row in rows)
+
+    # Each built cell's outcome is in the registry's history, with the measurements its report gated on.
+    from registry.history import load_history
+    from registry.store import open_store
+
+    history = load_history(open_store(str(registry)), "tiny-llama")
+    assert {c.cell for c in history.cells} == set(_statuses(first_nightly)) and not history.unreadable
+    for cell in history.cells:
+        [build] = cell.builds
+        assert build.outcome.status == "built" and build.published and build.outcome.flow_run
+        assert build.outcome.metrics["throughput_ratio"].values and build.outcome.passed is True
+        assert build.outcome.commit_sha and build.outcome.versions.get("modelopt")
+    # The catalogue was written after publishing and linked from the run; the second nightly left it alone.
+    index = tiny_config.parent / "work" / "catalogue" / "index.html"
+    assert "tiny-llama" in index.read_text()
+    assert any(a.key == "catalogue" and a.data == index.resolve().as_uri() for a in artifacts)
 
 
 def test_a_changed_cell_is_rebuilt_alone(first_nightly, tiny_config):
@@ -60,6 +77,30 @@ def test_a_changed_cell_is_rebuilt_alone(first_nightly, tiny_config):
     assert statuses == {"tiny-llama/fp8/cpu/tp1/hf-quantized": "cached",
                         "tiny-llama/int4-awq/cpu/tp1/hf-quantized": "cached",
                         "tiny-llama/int8-sq/cpu/tp1/hf-quantized": "built"}
+
+
+def test_a_failed_gate_is_recorded_in_the_cells_history_and_publishes_nothing(published_tiny_config):
+    """The fp8 cell again with a TPOT gate no build can pass: a new validation key, so the run validates (the
+    quantised checkpoint and artefact are reused), fails its gate, publishes nothing, and records gate-failed
+    with the measurements; `enginesmith history` shows it beside the published build."""
+    from flows.cell import build_cell
+    from flows.params import BuildCellParams
+
+    registry = published_tiny_config.parent / "registry"
+    manifests = set(registry.glob("manifests/tiny-llama/*.json"))
+    state = build_cell(BuildCellParams(config=str(published_tiny_config), recipe="fp8", max_tpot_ratio=0.01),
+                       return_state=True)
+    assert state.is_failed() and "failed its gates" in (state.message or ""), state
+    assert set(registry.glob("manifests/tiny-llama/*.json")) == manifests
+
+    shown = run_cli("history", "tiny-llama", "--recipe", "fp8", "--json", "--registry", str(registry))
+    assert shown.returncode == 0, shown.stderr
+    [cell] = json.loads(shown.stdout)["cells"]
+    statuses = [build["outcome"]["status"] for build in cell["builds"]]
+    assert statuses == ["built", "gate-failed"], statuses
+    failed = cell["builds"][-1]["outcome"]
+    assert not cell["builds"][-1]["published"] and failed["passed"] is False and "max_tpot_ratio" in failed["reason"]
+    assert failed["metrics"]["tpot_ratio"]["values"] and failed["key"] != cell["builds"][0]["outcome"]["key"]
 
 
 def test_invalid_parameters_fail_the_run_at_once_with_the_field(prefect_server):
@@ -161,6 +202,39 @@ matrix:
     assert "no-weights/fp8/cpu/tp1/hf-quantized" in result.stdout and "failed" in result.stdout
     assert "invalid" in result.stdout  # nvfp4 on cpu: invalid, listed, not a failure
     assert "1 cell(s) failed" in " ".join(result.stderr.split())
+    shown = run_cli("history", "no-weights", "--json", "--registry", str(tmp_path / "registry"))
+    assert shown.returncode == 0, shown.stderr
+    [cell] = json.loads(shown.stdout)["cells"]
+    [build] = cell["builds"]
+    assert build["outcome"]["status"] == "failed" and build["outcome"]["reason"] and not build["published"]
+
+
+def test_a_cell_no_worker_ran_is_recorded_once_by_the_nightly(write_config, tiny_model_dir, tmp_path):
+    """The nightly records a dispatched run that never recorded itself (no worker, a crash) under that run's id;
+    recording the same run again (the run did record, or the nightly retried) adds nothing."""
+    from enginesmith.config import default_catalogue, load_pipeline_config
+    from enginesmith.plan_sources import plan_loaded
+    from flows.history import record_unreported
+    from flows.params import CellSummary
+    from registry.history import load_history
+    from registry.store import open_store
+
+    config_path = write_config(f"""
+version: 1
+name: unreported
+registry: {{url: {tmp_path / 'registry'}}}
+models: [{{id: tiny-llama, repo: {tiny_model_dir}}}]
+matrix: [{{models: [tiny-llama], recipes: [fp8], targets: [h100-sxm], kinds: [hf-quantized]}}]
+""")
+    config = load_pipeline_config(config_path, default_catalogue())
+    [cell] = plan_loaded(config, config_path.parent, default_catalogue()).cells
+    summary = CellSummary(cell=cell.id, status="no-worker", flow_run="0b1d6e6a-run", reason="no worker on gpu-h100-sxm")
+    record_unreported(config, {cell.id: cell}, [summary])
+    record_unreported(config, {cell.id: cell}, [summary])
+    history = load_history(open_store(config.registry.url), "tiny-llama")
+    [recorded] = history.cells
+    assert [(b.outcome.status, b.outcome.flow_run, b.outcome.reason) for b in recorded.builds] == [
+        ("no-worker", "0b1d6e6a-run", "no worker on gpu-h100-sxm")]
 
 
 @pytest.mark.parametrize(("error", "retried"), [

@@ -1,0 +1,122 @@
+"""What the flows write to each cell's history (``registry.history``), and what the nightly reads back from it.
+
+A build-cell run records how it ended (built, gate-failed, failed) under its own flow run id, so a retried task
+or a second writer of the same run records once; the nightly records the runs that never reported (no worker, a
+crash) under the id of the run it dispatched, which the run itself never wrote. Recording is best effort: the
+manifest is the record of what was published, and a registry that stops answering while a cell is recorded is
+logged, not turned into a failed build.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Protocol
+
+from enginesmith.errors import UserError
+from enginesmith.specs import PipelineConfig
+from flows import steps
+from flows.params import CellSummary
+from registry.history import CellOutcome, OutcomeStatus, find_regressions, outcome_from_report, previous_outcome
+
+log = logging.getLogger(__name__)
+
+
+class PlannedCell(Protocol):
+    """What both LLM and encoder cells carry that history needs."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def key(self) -> str: ...
+
+    @property
+    def model(self) -> Any: ...
+
+    @property
+    def recipe(self) -> Any: ...
+
+    @property
+    def target(self) -> Any: ...
+
+
+def this_flow_run() -> str:
+    from prefect.runtime import flow_run
+
+    return str(flow_run.id or "")
+
+
+def record_cell(config: PipelineConfig, cell: PlannedCell, status: OutcomeStatus, *,
+                report: dict[str, Any] | None = None, artefact_dir: Path | None = None, reason: str = "",
+                flow_run: str | None = None) -> CellOutcome | None:
+    """Record how a run of ``cell`` ended; the outcome, or None where the registry could not take it."""
+    from builders.stage import read_artefact
+    from registry.history import record_outcome
+    from registry.store import open_store
+
+    outcome = outcome_from_report(
+        model=cell.model.id, cell=cell.id, recipe=cell.recipe.id, target=cell.target.id, kind=cell.kind,
+        key=cell.key, status=status, report=report,
+        artefact=read_artefact(artefact_dir) if artefact_dir is not None else None,
+        flow_run=this_flow_run() if flow_run is None else flow_run, reason=reason[:1000])
+    try:
+        record_outcome(open_store(steps.registry_url(config)), outcome)
+    except UserError as exc:
+        log.warning("could not record cell %s's outcome in the registry's history: %s", cell.id, exc.render())
+        return None
+    return outcome
+
+
+def last_outcomes(config: PipelineConfig, cells: list[PlannedCell]) -> dict[str, CellOutcome]:
+    """The newest recorded outcome with measurements of each cell (before tonight's runs record theirs)."""
+    from registry.store import open_store
+
+    store = open_store(steps.registry_url(config))
+    found = {}
+    for cell in cells:
+        try:
+            outcome = previous_outcome(store, cell.model.id, cell.id)
+        except UserError as exc:
+            log.warning("could not read cell %s's history: %s", cell.id, exc.render())
+            continue
+        if outcome is not None:
+            found[cell.id] = outcome
+    return found
+
+
+def versus_last_night(config: PipelineConfig, cell: PlannedCell, summary: CellSummary,
+                      before: CellOutcome | None) -> str:
+    """The nightly summary's "vs last night" cell: tonight's measurements against the cell's previous ones."""
+    if summary.status not in ("built", "failed"):
+        return ""
+    if before is None:
+        return "first build" if summary.status == "built" else ""
+    from registry.store import open_store
+
+    try:
+        tonight = previous_outcome(open_store(steps.registry_url(config)), cell.model.id, cell.id)
+    except UserError:
+        return ""
+    if tonight is None or tonight.recorded == before.recorded:
+        return ""
+    regressions = find_regressions(before, tonight, "previous", before.key)
+    if regressions:
+        return "; ".join(f"{r.metric} {r.change:+.0%} (regression)" for r in regressions)
+    changes = []
+    for metric, spread in tonight.metrics.items():
+        if metric in before.metrics:
+            changes.append(f"{metric} {spread.median / before.metrics[metric].median - 1:+.0%}")
+    return ", ".join(changes) + " (within spread)" if changes else "no comparable measurement"
+
+
+def record_unreported(config: PipelineConfig, cells: dict[str, PlannedCell], summaries: list[CellSummary]) -> None:
+    """Record the dispatched cells whose runs never recorded themselves: no worker started them, or they crashed.
+    A run that did record (a gate, its own error) wrote the same entry first, so this write changes nothing."""
+    for summary in summaries:
+        if summary.status in ("failed", "no-worker") and summary.flow_run and summary.cell in cells:
+            record_cell(config, cells[summary.cell], summary.status if summary.status == "no-worker" else "failed",
+                        reason=summary.reason, flow_run=summary.flow_run)
