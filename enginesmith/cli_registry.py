@@ -1,4 +1,4 @@
-"""The registry verbs of the ``enginesmith`` command: publish, ls, show, resolve, pull, promote, gc, bundle.
+"""The registry verbs of the ``enginesmith`` command: publish, ls, show, resolve, pull, promote, history, gc, bundle.
 
 Each calls into ``registry/`` and prints a rich table for people or JSON (``--json``) for scripts.
 """
@@ -20,6 +20,7 @@ from enginesmith.errors import UserError
 if TYPE_CHECKING:  # imported where used, so that `enginesmith --help` stays quick
     from rich.progress import Progress, TaskID
 
+    from registry.history import BuildEntry, CellHistory, ModelHistory
     from registry.resolve import Constraints, Machine, Resolution
     from registry.store import RegistryStore
     from registry.transfer import RateLimiter
@@ -62,6 +63,7 @@ def add_registry_commands(app: typer.Typer) -> None:
     app.command("resolve")(resolve)
     app.command("pull")(pull)
     app.command("promote")(promote)
+    app.command("history")(history)
     app.command("gc")(gc)
     app.command("bundle")(bundle)
     app.command("catalogue")(catalogue)
@@ -283,24 +285,74 @@ def pull(
 
 def promote(
     ref: Annotated[str, typer.Argument(help="MODEL@KEY or MODEL:CHANNEL to point the channel at.")],
-    channel: Annotated[str, typer.Argument(help="The channel to move, e.g. stable.")],
+    channel_argument: Annotated[str | None, typer.Argument(
+        metavar="[CHANNEL]", help="The channel to move (the older spelling of --channel).", show_default=False)] = None,
+    channel: Annotated[str | None, typer.Option("--channel", help="The channel to move, e.g. stable.")] = None,
     registry: RegistryOption = DEFAULT_REGISTRY,
     s3_endpoint: S3EndpointOption = None,
     json_output: JsonOption = False,
 ) -> None:
-    """Point a channel (stable, canary, …) at an artefact."""
+    """Point a channel (stable, canary, …) at an artefact, and record who moved it and when in the model's history.
+
+    Example: enginesmith promote tiny-llama@3f2a9c --channel stable  (ENGINESMITH_ACTOR names who; default
+    user@host)
+    """
     from registry.catalog import find_manifest
+    from registry.history import ChannelMove, current_actor, now, record_channel_move
     from registry.names import parse_ref
     from registry.refs import promote as promote_ref
 
+    if (channel is None) == (channel_argument is None):
+        raise UserError("give the channel to move once" if channel else "no channel given", where="--channel",
+                        hint="write `enginesmith promote REF --channel NAME`, e.g. --channel stable")
+    name = channel if channel is not None else channel_argument
+    assert name is not None
     store = _open_store(registry, s3_endpoint)
-    change = promote_ref(store, find_manifest(store, parse_ref(ref)), channel)
+    change = promote_ref(store, find_manifest(store, parse_ref(ref)), name)
+    if change.moved:
+        move = ChannelMove(model=change.model, channel=change.channel, key=change.key, previous=change.previous,
+                           actor=current_actor(), recorded=now())
+        try:
+            record_channel_move(store, move)
+        except UserError as exc:  # the channel has moved; say that the log lacks it rather than fail the move
+            stderr.print(f"[yellow]warning:[/] {change.model}:{change.channel} moved, but the move was not recorded "
+                         f"in its history: {exc.render()}")
     if json_output:
         print_json(change)
         return
     before = f" (was {change.previous[:12]})" if change.previous else " (new channel)"
     verb = "→" if change.moved else "already on"
     stdout.print(f"{change.model}:{change.channel} {verb} {change.key[:12]}{before if change.moved else ''}")
+
+
+def history(
+    model: Annotated[str, typer.Argument(help="The model whose cells' builds to show.")],
+    recipe: Annotated[str | None, typer.Option("--recipe", help="Only cells of this recipe.")] = None,
+    target: Annotated[str | None, typer.Option("--target", help="Only cells of this target.")] = None,
+    kind: Annotated[str | None, typer.Option("--kind", help="Only cells of this kind, e.g. hf-quantized.")] = None,
+    plots: Annotated[Path | None, typer.Option(
+        "--plots", help="Also write one PNG per metric and cell into DIR/<cell>/.")] = None,
+    registry: RegistryOption = DEFAULT_REGISTRY,
+    s3_endpoint: S3EndpointOption = None,
+    json_output: JsonOption = False,
+) -> None:
+    """Each cell's builds across nightlies: what each measured, whether it passed, where the channels point, and
+    what regressed beyond the measurements' spread.
+
+    Example: enginesmith history tiny-llama --recipe int8-sq --plots history-plots
+    """
+    from registry.history import load_history
+    from registry.names import check_name
+
+    store = _open_store(registry, s3_endpoint)
+    result = load_history(store, check_name(model, "MODEL"), recipe=recipe, target=target, kind=kind)
+    written = _write_history_plots(result, plots) if plots is not None else []
+    if json_output:
+        print_json(result)
+        return
+    _print_history(result, store.location)
+    if written:
+        stdout.print(f"wrote {len(written)} plot(s) under {plots}")
 
 
 def gc(
@@ -445,6 +497,76 @@ def _print_resolution(resolution: Resolution) -> None:
                      f"(by {resolution.constraints.objective})")
     elif resolution.candidates:
         stdout.print("[red]nothing runnable here[/]")
+
+
+# The toolchain a build is known by, first found first, where no version changed since the previous build.
+_MAIN_VERSIONS = ("tensorrt_llm", "vllm", "onnxruntime", "tensorrt", "modelopt", "torch", "transformers")
+_STATUS_COLOUR = {"built": "green", "gate-failed": "yellow", "failed": "red", "no-worker": "red"}
+
+
+def _print_history(result: ModelHistory, location: str) -> None:
+    if not result.cells:
+        stdout.print(f"No builds of {result.model} in {location}.")
+    for cell in result.cells:
+        rows = [_history_row(build, cell.builds[:index]) for index, build in enumerate(cell.builds)]
+        stdout.print(table(f"{cell.cell} ({len(cell.builds)} builds, oldest first)",
+                           ["date (UTC)", "key", "status", "checkpoint", "toolchain", "throughput ratio",
+                            "TPOT ratio", "accuracy", "gates", "channels", "regressions"], rows))
+    if result.channel_moves:
+        stdout.print(table(f"Channel moves of {result.model}", ["date (UTC)", "channel", "key", "was", "by"], [
+            [_short_time(m.recorded), m.channel, m.key[:12], (m.previous or "-")[:12], m.actor]
+            for m in result.channel_moves]))
+    for record in result.unreadable:
+        stderr.print(f"[yellow]unreadable[/] history record {record.entry}: {record.problem}")
+
+
+def _history_row(build: BuildEntry, earlier: list[BuildEntry]) -> list[str]:
+    from registry.history import version_changes
+
+    outcome = build.outcome
+    previous = next((b.outcome for b in reversed(earlier) if b.outcome.versions), None)
+    changes = version_changes(previous, outcome)
+    if changes:
+        toolchain = ", ".join(f"{name} {old or '-'}→{new or '-'}" for name, (old, new) in changes.items())
+    else:
+        toolchain = ", ".join([f"{name} {outcome.versions[name]}" for name in _MAIN_VERSIONS
+                               if name in outcome.versions][:2]) or "-"
+    status = f"[{_STATUS_COLOUR[outcome.status]}]{outcome.status}[/]" + (", published" if build.published else "")
+    if outcome.reason and outcome.status != "built":
+        status += f": {outcome.reason}"
+    failed_gates = [g.name for g in outcome.gates if not g.passed]
+    gates = {True: "[green]pass[/]", False: f"[red]fail[/] ({', '.join(failed_gates) or '?'})", None: "-"}[
+        outcome.passed]
+    regressions = "; ".join(f"[red]{r.metric} {_signed_percent(r.change)} vs {r.against}[/]"
+                            for r in build.regressions) or "-"
+    return [_short_time(outcome.recorded), (outcome.key or "-")[:12], status, (outcome.commit_sha or "-")[:12],
+            toolchain, _spread_text(build, "throughput_ratio"), _spread_text(build, "tpot_ratio"),
+            ", ".join(f"{task} {score:.3f}" for task, score in sorted(outcome.accuracy.items())) or "-", gates,
+            ", ".join(build.channels) or "-", regressions]
+
+
+def _spread_text(build: BuildEntry, metric: str) -> str:
+    spread = build.outcome.metrics.get(metric)
+    return "-" if spread is None else f"{spread.median:.3f} ±{spread.half_range:.3f}"
+
+
+def _signed_percent(change: float) -> str:
+    return f"{'−' if change < 0 else '+'}{abs(change):.0%}"
+
+
+def _short_time(recorded: str) -> str:
+    return recorded[:16].replace("T", " ") or "-"
+
+
+def _write_history_plots(result: ModelHistory, out_dir: Path) -> list[Path]:
+    try:
+        from registry.history_plots import cell_slug, write_history_plots
+    except ImportError as exc:
+        raise UserError(f"plots need matplotlib ({exc})", where="--plots",
+                        hint="install enginesmith with the validation extra: pip install 'enginesmith[validation]'"
+                        ) from None
+    cells: list[CellHistory] = result.cells
+    return [path for cell in cells for path in write_history_plots(cell, out_dir / cell_slug(cell.cell))]
 
 
 def _read_json_file(path: Path, option: str) -> dict[str, Any]:
