@@ -509,9 +509,11 @@ def _print_history(result: ModelHistory, location: str) -> None:
         stdout.print(f"No builds of {result.model} in {location}.")
     for cell in result.cells:
         rows = [_history_row(build, cell.builds[:index]) for index, build in enumerate(cell.builds)]
-        stdout.print(table(f"{cell.cell} ({len(cell.builds)} builds, oldest first)",
-                           ["date (UTC)", "key", "status", "checkpoint", "toolchain", "throughput ratio",
-                            "TPOT ratio", "accuracy", "gates", "channels", "regressions"], rows))
+        builds = table(f"{cell.cell} ({len(cell.builds)} builds, oldest first)",
+                       ["date (UTC)", "key", "status", "checkpoint", "toolchain", "throughput ratio", "TPOT ratio",
+                        "accuracy", "gates", "channels", "regressions"], rows)
+        builds.columns[-1].no_wrap = True  # one regression a line, whole: the column people scan for
+        stdout.print(builds)
     if result.channel_moves:
         stdout.print(table(f"Channel moves of {result.model}", ["date (UTC)", "channel", "key", "was", "by"], [
             [_short_time(m.recorded), m.channel, m.key[:12], (m.previous or "-")[:12], m.actor]
@@ -537,8 +539,8 @@ def _history_row(build: BuildEntry, earlier: list[BuildEntry]) -> list[str]:
     failed_gates = [g.name for g in outcome.gates if not g.passed]
     gates = {True: "[green]pass[/]", False: f"[red]fail[/] ({', '.join(failed_gates) or '?'})", None: "-"}[
         outcome.passed]
-    regressions = "; ".join(f"[red]{r.metric} {_signed_percent(r.change)} vs {r.against}[/]"
-                            for r in build.regressions) or "-"
+    regressions = "\n".join(f"[red]{r.metric} {_signed_percent(r.change)} vs {r.against}[/]"
+                             for r in build.regressions) or "-"
     return [_short_time(outcome.recorded), (outcome.key or "-")[:12], status, (outcome.commit_sha or "-")[:12],
             toolchain, _spread_text(build, "throughput_ratio"), _spread_text(build, "tpot_ratio"),
             ", ".join(f"{task} {score:.3f}" for task, score in sorted(outcome.accuracy.items())) or "-", gates,

@@ -490,8 +490,10 @@ def load_history(store: RegistryStore, model: str, *, recipe: str | None = None,
     moves = sorted((record for _, record in loaded if isinstance(record, ChannelMove)), key=_recorded_order)
     unreadable = [record for _, record in loaded if isinstance(record, UnreadableRecord)]
     recorded_keys = {outcome.key for outcome in outcomes if outcome.key}
+    manifests = {m.key: m for m in listing.manifests}
+    outcomes = [_with_lineage(outcome, manifests.get(outcome.key)) for outcome in outcomes]
     outcomes += [outcome_from_manifest(m) for m in listing.manifests if m.key not in recorded_keys]
-    published = {m.key for m in listing.manifests}
+    published = set(manifests)
 
     def wanted(outcome: CellOutcome) -> bool:
         return ((recipe is None or outcome.recipe == recipe) and (target is None or outcome.target == target)
@@ -504,6 +506,18 @@ def load_history(store: RegistryStore, model: str, *, recipe: str | None = None,
              for cell, cell_outcomes in sorted(by_cell.items())]
     return ModelHistory(model=model, cells=cells, channel_moves=moves, channels=listing.channels,
                         unreadable=unreadable)
+
+
+def _with_lineage(outcome: CellOutcome, manifest: Manifest | None) -> CellOutcome:
+    """``outcome`` with the source commit and toolchain of its published artefact where it recorded none."""
+    if manifest is None or (outcome.commit_sha and outcome.versions):
+        return outcome
+    lineage = manifest.artefact.lineage
+    return outcome.model_copy(update={
+        "commit_sha": outcome.commit_sha or lineage.commit_sha,
+        "calibration_sha256": outcome.calibration_sha256 or lineage.calibration_sha256,
+        "versions": outcome.versions or dict(manifest.artefact.versions),
+    })
 
 
 def _cell_history(model: str, cell: str, outcomes: list[CellOutcome], published: set[str],

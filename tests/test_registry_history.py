@@ -1,0 +1,353 @@
+"""Each cell's history across nightlies: outcome and channel-move records, regressions, the join with manifests,
+the ``history`` and ``promote`` commands, and the plots."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+from enginesmith.plan import cell_id
+from registry.bundle import BundleStore, write_bundle
+from registry.catalog import list_model, load_manifest
+from registry.errors import ReadOnlyStoreError
+from registry.gc import collect_garbage
+from registry.history import (
+    CellOutcome,
+    ChannelMove,
+    MetricSpread,
+    find_regressions,
+    load_history,
+    outcome_entry,
+    outcome_from_manifest,
+    outcome_from_report,
+    previous_outcome,
+    record_channel_move,
+    record_outcome,
+)
+from registry.history_plots import write_history_plots
+from registry.local import LocalStore
+from registry.names import history_path
+from registry.publish import publish_artefact
+from registry.refs import promote
+from tests.conftest import run_cli
+from tests.registry_helpers import cli_json, read_artefact, registry_env, tiny_files, write_artefact
+
+MODEL = "tiny-llama"
+CELL = cell_id(MODEL, "fp8", "cpu", 1, 1, "hf-quantized")
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> LocalStore:
+    return LocalStore(tmp_path / "registry")
+
+
+def llm_report(throughput: list[float], tpot: list[float] | None = None, *, accuracy: float | None = 0.5,
+               passed: bool = True, artefact_key: str | None = None, key: str | None = None) -> dict:
+    """A validation report as ``ValidationReport.model_dump(mode="json")`` lays out the parts the history reads."""
+    report: dict = {
+        "comparison": {
+            "throughput_ratios": {"values": throughput},
+            "tpot_ratios": None if tpot is None else {"values": tpot},
+            "candidate": {"accuracy": [] if accuracy is None else [
+                {"task": "addition", "metric": "exact_match", "value": accuracy, "examples": 50,
+                 "source": "enginesmith"}]},
+        },
+        "gates": [{"name": "throughput_ratio", "measured": throughput[0], "limit": 0.9, "passed": passed,
+                   "detail": ""}],
+        "passed": passed,
+    }
+    if artefact_key is not None:
+        report |= {"artefact_key": artefact_key, "key": key}
+    return report
+
+
+def outcome(recorded: str, throughput: list[float] | None = None, *, key: str = "", flow_run: str = "",
+            status: str = "built", tpot: list[float] | None = None, accuracy: float | None = 0.5,
+            passed: bool = True) -> CellOutcome:
+    report = None if throughput is None else llm_report(throughput, tpot, accuracy=accuracy, passed=passed)
+    result = outcome_from_report(model=MODEL, cell=CELL, recipe="fp8", target="cpu", kind="hf-quantized", key=key,
+                                 status=status, report=report, flow_run=flow_run)  # type: ignore[arg-type]
+    return result.model_copy(update={"recorded": recorded})
+
+
+# --- records -----------------------------------------------------------------------------------------
+
+
+def test_an_outcome_is_recorded_once_per_flow_run(store: LocalStore) -> None:
+    first = outcome("2026-11-01T02:00:00+00:00", [1.0, 1.1], flow_run="run-1")
+    assert record_outcome(store, first)
+    body = store.read_history(MODEL, outcome_entry(first))
+    retried = first.model_copy(update={"reason": "retried", "recorded": "2026-11-01T03:00:00+00:00"})
+    assert outcome_entry(retried) == outcome_entry(first)
+    assert not record_outcome(store, retried)
+    assert store.read_history(MODEL, outcome_entry(first)) == body
+    other_run = first.model_copy(update={"flow_run": "run-2"})
+    assert record_outcome(store, other_run)
+    assert len(store.list_history(MODEL)) == 2
+
+
+def test_concurrent_creates_of_one_entry_leave_exactly_one(store: LocalStore) -> None:
+    results: list[bool] = []
+    barrier = threading.Barrier(8)
+
+    def create(index: int) -> None:
+        barrier.wait()
+        results.append(store.create_history(MODEL, "entry-1", json.dumps({"writer": index}).encode()))
+
+    threads = [threading.Thread(target=create, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(results) == [False] * 7 + [True]
+    body = store.read_history(MODEL, "entry-1")
+    assert body is not None and json.loads(body)["writer"] in range(8)
+    assert store.list_history(MODEL) == ["entry-1"]
+    assert not list((store.root / "tmp").iterdir())
+
+
+def test_history_is_not_an_artefact_or_a_channel(store: LocalStore) -> None:
+    record_outcome(store, outcome("2026-11-01T02:00:00+00:00", [1.0], flow_run="run-1"))
+    record_channel_move(store, ChannelMove(model=MODEL, channel="stable", key="k" * 64, previous=None, actor="a"))
+    assert store.list_models() == []
+    assert store.list_channels(MODEL) == []
+    assert list_model(store, MODEL).manifests == []
+
+
+def test_a_damaged_record_is_listed_not_raised(store: LocalStore) -> None:
+    record_outcome(store, outcome("2026-11-01T02:00:00+00:00", [1.0, 1.1], flow_run="run-1"))
+    damaged = store.root / history_path(MODEL, "broken")
+    damaged.write_text("{ not json")
+    wrong_model = store.root / history_path(MODEL, "elsewhere")
+    wrong_model.write_text(outcome("2026-11-02T02:00:00+00:00").model_copy(update={"model": "other"})
+                           .model_dump_json())
+
+    history = load_history(store, MODEL)
+
+    assert [len(cell.builds) for cell in history.cells] == [1]
+    problems = {record.entry: record.problem for record in history.unreadable}
+    assert set(problems) == {"broken", "elsewhere"}
+    assert "not valid JSON" in problems["broken"] and "other" in problems["elsewhere"]
+    assert previous_outcome(store, MODEL, CELL) is not None
+
+
+def test_a_bundle_records_nothing(store: LocalStore, tmp_path: Path) -> None:
+    published = publish_artefact(store, write_artefact(tmp_path / "a"))
+    out = tmp_path / "one.bundle"
+    write_bundle(store, [load_manifest(store, MODEL, published.key)], out)
+    bundle = BundleStore(out)
+    with pytest.raises(ReadOnlyStoreError):
+        record_outcome(bundle, outcome("2026-11-01T02:00:00+00:00", [1.0], flow_run="run-1"))
+    assert bundle.list_history(MODEL) == [] and bundle.read_history(MODEL, "x") is None
+    assert [len(cell.builds) for cell in load_history(bundle, MODEL).cells] == [1]  # the manifest, as a build
+
+
+def test_gc_leaves_the_history(store: LocalStore, tmp_path: Path) -> None:
+    keys = [publish_artefact(store, write_artefact(tmp_path / str(seed), files=tiny_files(seed=seed))).key
+            for seed in range(3)]
+    for night, key in enumerate(keys):
+        record_outcome(store, outcome(f"2026-11-0{night + 1}T02:00:00+00:00", [1.0], key=key, flow_run=f"run-{night}"))
+    record_outcome(store, outcome("2026-11-04T02:00:00+00:00", status="failed", flow_run="run-3"))
+    record_channel_move(store, ChannelMove(model=MODEL, channel="stable", key=keys[0], previous=None, actor="a"))
+    entries = store.list_history(MODEL)
+    assert len(entries) == 5
+
+    result = collect_garbage(store, keep_last=1, grace_s=0)
+
+    assert len(result.deleted_manifests) == 2
+    assert store.list_history(MODEL) == entries
+    history = load_history(store, MODEL)
+    assert [(b.outcome.status, b.published) for b in history.cells[0].builds] == [
+        ("built", False), ("built", False), ("built", True), ("failed", False)]
+
+
+# --- regressions -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("after", "flagged"), [
+    ([1.01, 1.01], False),  # 0.09 lower; the spreads add up to 0.1
+    ([0.99, 0.99], True),   # 0.11 lower
+    ([0.9, 1.1], False),    # 0.1 lower, but its own spread is 0.1: together 0.2
+    ([1.5, 1.5], False),    # better
+])
+def test_a_throughput_drop_counts_only_beyond_the_spreads(after: list[float], flagged: bool) -> None:
+    before = outcome("2026-11-01T02:00:00+00:00", [1.0, 1.2], key="a" * 64)  # median 1.1, half range 0.1
+    found = find_regressions(before, outcome("2026-11-02T02:00:00+00:00", after), "previous", "a" * 64)
+    assert [r.metric for r in found] == (["throughput_ratio"] if flagged else [])
+    if flagged:
+        assert found[0].before == pytest.approx(1.1) and found[0].after == pytest.approx(0.99)
+        assert found[0].change == pytest.approx(0.99 / 1.1 - 1)
+        assert found[0].against == "previous" and found[0].against_key == "a" * 64
+
+
+def test_a_tpot_rise_is_the_regression_and_accuracy_drops_beyond_a_point() -> None:
+    before = outcome("2026-11-01T02:00:00+00:00", [1.0], tpot=[1.0, 1.1], accuracy=0.50)
+    slower = outcome("2026-11-02T02:00:00+00:00", [1.0], tpot=[1.3, 1.3], accuracy=0.485)
+    faster = outcome("2026-11-02T02:00:00+00:00", [1.0], tpot=[0.7, 0.7], accuracy=0.495)
+    assert [r.metric for r in find_regressions(before, slower, "previous", "")] == ["tpot_ratio", "accuracy:addition"]
+    assert find_regressions(before, faster, "previous", "") == []
+
+
+def test_metric_spread_is_median_and_half_range() -> None:
+    spread = MetricSpread(values=[1.0, 3.0, 2.0])
+    assert (spread.median, spread.half_range) == (2.0, 1.0)
+
+
+# --- reports and manifests ---------------------------------------------------------------------------
+
+
+def test_an_encoder_report_gives_throughput_cosine_and_recall(tmp_path: Path) -> None:
+    report = {
+        "kind": "encoder", "throughput_ratio": {"values": [1.8, 2.0, 1.9]},
+        "sides": [
+            {"name": "candidate", "cosine_to_reference": {"inputs": 40, "min_cosine": 0.991, "mean_cosine": 0.998},
+             "retrieval": {"k": 10, "queries": 20, "recall_at_k": 0.95, "missed": ["q3"]}},
+            {"name": "reference", "cosine_to_reference": {"inputs": 40, "min_cosine": 1.0, "mean_cosine": 1.0},
+             "retrieval": {"k": 10, "queries": 20, "recall_at_k": 1.0, "missed": []}},
+        ],
+        "gates": [{"name": "min_cosine", "measured": 0.991, "limit": 0.98, "passed": True}], "passed": True,
+    }
+    artefact = read_artefact(write_artefact(tmp_path, kind="onnx", recipe="int8",
+                                            versions={"onnxruntime": "1.22.0"}))
+    result = outcome_from_report(model=MODEL, cell="c", recipe="int8", target="cpu", kind="onnx", key="k" * 64,
+                                 status="built", report=report, artefact=artefact, flow_run="run-1")
+    assert result.metrics["throughput_ratio"].median == pytest.approx(1.9)
+    assert result.accuracy == {"min_cosine": 0.991, "recall@10": 0.95}
+    assert result.passed is True and [g.name for g in result.gates] == ["min_cosine"]
+    assert (result.commit_sha, result.calibration_sha256, result.versions) == ("a" * 40, "d" * 64,
+                                                                             {"onnxruntime": "1.22.0"})
+
+
+def test_an_llm_report_without_tpot_gives_what_it_has() -> None:
+    result = outcome("2026-11-01T02:00:00+00:00", [0.9, 1.1], passed=False)
+    assert set(result.metrics) == {"throughput_ratio"}
+    assert result.accuracy == {"addition": 0.5} and result.passed is False
+    assert outcome("2026-11-01T02:00:00+00:00").metrics == {}
+
+
+def test_manifests_become_builds_of_their_cells(tmp_path: Path, store: LocalStore) -> None:
+    llm = publish_artefact(store, write_artefact(tmp_path / "llm"))
+    encoder = publish_artefact(store, write_artefact(tmp_path / "enc", kind="onnx", recipe="int8",
+                                                     files=tiny_files(seed=5)))
+    cells = {outcome_from_manifest(load_manifest(store, MODEL, key)).cell for key in (llm.key, encoder.key)}
+    assert cells == {CELL, f"{MODEL}/int8/cpu/onnx"}
+
+
+# --- load_history ------------------------------------------------------------------------------------
+
+
+def publish_validated(store: LocalStore, tmp_path: Path, seed: int, throughput: list[float]) -> str:
+    """Publish an artefact under a validation key, as the build-cell flow does; returns that key."""
+    source = write_artefact(tmp_path / f"build-{seed}", files=tiny_files(seed=seed))
+    artefact = read_artefact(source)
+    key = f"{seed:02d}" + "v" * 62
+    publish_artefact(store, source, key=key,
+                     validation=llm_report(throughput, artefact_key=artefact.key, key=key))
+    return key
+
+
+def test_load_history_joins_outcomes_manifests_and_channels(store: LocalStore, tmp_path: Path) -> None:
+    recorded_key = publish_validated(store, tmp_path, 1, [1.0, 1.02])
+    record_outcome(store, outcome("2026-11-01T02:00:00+00:00", [1.0, 1.02], key=recorded_key, flow_run="run-1"))
+    record_outcome(store, outcome("2026-11-02T02:00:00+00:00", [0.6, 0.62], key="f" * 64, status="gate-failed",
+                                  passed=False, flow_run="run-2"))
+    record_outcome(store, outcome("2026-11-03T02:00:00+00:00", status="no-worker", flow_run="run-3"))
+    by_hand = publish_validated(store, tmp_path, 2, [0.99, 1.01])  # published now: the newest build
+    promote(store, load_manifest(store, MODEL, recorded_key), "stable")
+
+    history = load_history(store, MODEL)
+
+    assert [cell.cell for cell in history.cells] == [CELL]
+    builds = history.cells[0].builds
+    assert [(b.outcome.key[:2], b.outcome.status, b.published) for b in builds] == [
+        ("01", "built", True), ("ff", "gate-failed", False), ("", "no-worker", False), ("02", "built", True)]
+    assert builds[0].channels == ["stable"] and builds[3].channels == ["latest"]
+    assert history.channels == {"latest": by_hand, "stable": recorded_key}
+    failed = builds[1].regressions
+    assert {(r.metric, r.against) for r in failed} == {("throughput_ratio", "previous"),
+                                                      ("throughput_ratio", "channel:stable")}
+    # The manifest published by hand: better than the failed build, and within the spreads of stable's.
+    assert builds[3].regressions == []
+    assert builds[2].regressions == []
+    assert load_history(store, MODEL, recipe="other").cells == []
+    newest = previous_outcome(store, MODEL, CELL)
+    assert newest is not None and newest.flow_run == "run-2"
+    assert previous_outcome(store, MODEL, CELL, excluding_flow_run="run-2").flow_run == "run-1"  # type: ignore[union-attr]
+
+
+def test_a_regression_against_a_channel_alone(store: LocalStore) -> None:
+    record_outcome(store, outcome("2026-11-01T02:00:00+00:00", [1.0, 1.0], key="a" * 64, flow_run="run-1"))
+    record_outcome(store, outcome("2026-11-02T02:00:00+00:00", [0.8, 0.8], key="b" * 64, flow_run="run-2"))
+    record_outcome(store, outcome("2026-11-03T02:00:00+00:00", [0.8, 0.8], key="c" * 64, flow_run="run-3"))
+    store.write_ref(MODEL, "prod", "a" * 64, expected=None)
+
+    builds = load_history(store, MODEL).cells[0].builds
+
+    assert [[(r.against, r.against_key[:1]) for r in b.regressions] for b in builds] == [
+        [], [("previous", "a"), ("channel:prod", "a")], [("channel:prod", "a")]]
+    assert builds[0].channels == ["prod"]
+
+
+# --- commands ----------------------------------------------------------------------------------------
+
+
+def test_history_command_prints_a_table_and_json(store: LocalStore, tmp_path: Path) -> None:
+    key = publish_validated(store, tmp_path, 1, [1.0, 1.02])
+    record_outcome(store, outcome("2026-11-01T02:00:00+00:00", [1.0, 1.02], key=key, flow_run="run-1"))
+    record_outcome(store, outcome("2026-11-02T02:00:00+00:00", [0.6, 0.62], key="f" * 64, status="gate-failed",
+                                  passed=False, flow_run="run-2"))
+    (store.root / history_path(MODEL, "broken")).write_text("[]")
+    env = registry_env(str(store.root), tmp_path / "cache")
+
+    table = run_cli("history", MODEL, env=env)
+    assert table.returncode == 0, table.stderr
+    assert CELL in table.stdout and "gate-failed" in table.stdout and key[:12] in table.stdout
+    assert "throughput_ratio −40% vs previous" in table.stdout
+    assert "throughput_ratio −40% vs channel:latest" in table.stdout
+    assert "broken" in table.stderr
+
+    listed = cli_json("history", MODEL, "--target", "cpu", env=env)
+    assert [b["outcome"]["status"] for b in listed["cells"][0]["builds"]] == ["built", "gate-failed"]
+    assert listed["cells"][0]["builds"][0]["published"] is True
+    recorded = listed["cells"][0]["builds"][0]["outcome"]  # its lineage filled in from the published manifest
+    assert recorded["commit_sha"] == "a" * 40 and recorded["versions"]["modelopt"] == "0.37.0"
+    assert [u["entry"] for u in listed["unreadable"]] == ["broken"]
+
+    plots = tmp_path / "plots"
+    assert run_cli("history", MODEL, "--plots", str(plots), env=env).returncode == 0
+    assert sorted(p.name for p in (plots / "tiny-llama__fp8__cpu__tp1__hf-quantized").iterdir()) == [
+        "accuracy_addition.png", "throughput_ratio.png"]
+
+
+def test_promote_records_who_moved_the_channel(store: LocalStore, tmp_path: Path) -> None:
+    first = publish_artefact(store, write_artefact(tmp_path / "a")).key
+    second = publish_artefact(store, write_artefact(tmp_path / "b", files=tiny_files(seed=1))).key
+    env = registry_env(str(store.root), tmp_path / "cache", {"ENGINESMITH_ACTOR": "alice"})
+
+    moved = cli_json("promote", f"{MODEL}@{first}", "--channel", "stable", env=env)
+    assert (moved["moved"], moved["key"], moved["previous"]) == (True, first, None)
+    assert cli_json("promote", f"{MODEL}@{second}", "stable", env={**env, "ENGINESMITH_ACTOR": "bob"})["moved"]
+    assert not cli_json("promote", f"{MODEL}@{second}", "--channel", "stable", env=env)["moved"]
+
+    moves = load_history(store, MODEL).channel_moves
+    assert [(m.channel, m.key, m.previous, m.actor) for m in moves] == [
+        ("stable", first, None, "alice"), ("stable", second, first, "bob")]
+
+    for args in (["--channel", "stable", "stable"], []):
+        refused = run_cli("promote", f"{MODEL}@{first}", *args, env=env)
+        assert refused.returncode == 2 and "--channel" in refused.stderr
+
+
+def test_plots_are_pngs_named_after_their_metrics(store: LocalStore, tmp_path: Path) -> None:
+    record_outcome(store, outcome("2026-11-01T02:00:00+00:00", [1.0, 1.1], tpot=[1.0, 1.0], flow_run="run-1"))
+    record_outcome(store, outcome("2026-11-02T02:00:00+00:00", [0.5, 0.5], tpot=[1.0, 1.0], passed=False,
+                                  flow_run="run-2"))
+    record_outcome(store, outcome("2026-11-03T02:00:00+00:00", status="failed", flow_run="run-3"))
+
+    paths = write_history_plots(load_history(store, MODEL).cells[0], tmp_path / "plots")
+
+    assert sorted(p.name for p in paths) == ["accuracy_addition.png", "throughput_ratio.png", "tpot_ratio.png"]
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths)
