@@ -308,3 +308,101 @@ def test_the_site_in_a_browser_from_index_to_the_pull_command_and_back_to_the_re
         expect(slowed.locator(".regression")).to_have_count(1)
         expect(steady.locator(".regression")).to_have_count(0)
     assert dialogs == [] and blocked == []
+
+
+def encoder_report(artefact_key: str, key: str) -> dict:
+    """An EncoderValidationReport as ``validate_encoder`` writes it (two batch sizes, three sides, three rounds)."""
+    from validation.embeddings import CosineAgreement, RetrievalScore, ThroughputLevel
+    from validation.encoder_stage import EncoderSide, EncoderValidationReport
+
+    agreement = CosineAgreement(inputs=40, min_cosine=0.99, mean_cosine=0.995)
+    retrieval = RetrievalScore(k=3, queries=10, recall_at_k=0.9, missed=[])
+    sides = [EncoderSide(name=name, what=f"{name} {SCRIPT}", cosine_to_reference=agreement, retrieval=retrieval)
+             for name in ("candidate", "fp32-onnx", "reference")]
+    levels = [ThroughputLevel(side=side.name, batch_size=batch,
+                              embeddings_per_s=Spread(values=[100.0 * batch, 110.0 * batch, 105.0 * batch]),
+                              median_latency_ms=Spread(values=[5.0, 5.5, 6.0]))
+              for side in sides for batch in (1, 8)]
+    gates = [GateResult(name="min_cosine_to_reference", measured=0.99, limit=0.98, passed=True, detail=SCRIPT)]
+    report = EncoderValidationReport(cell="minilm/int8/cpu/onnx", key=key, artefact_key=artefact_key, recipe="int8",
+                                     sides=sides, throughput=levels, throughput_ratio=Spread(values=[1.4, 1.5, 1.6]),
+                                     largest_batch=8, gates=gates, passed=True, rounds=3, texts=40)
+    return report.model_dump(mode="json")
+
+
+def test_an_encoder_report_gets_its_tables_and_plot(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "registry")
+    directory = write_artefact(tmp_path / "build", model="minilm", recipe="int8", kind="onnx")
+    artefact_key = json.loads((directory / "artefact.json").read_text())["key"]
+    key = "e" * 64
+    publish_artefact(store, directory, validation=encoder_report(artefact_key, key))
+    out = tmp_path / "site"
+    result = write_catalogue(store, out, registry_url=str(store.root))
+    assert (result.artefacts, result.unreadable) == (1, 0)
+    page = read_page(out / "models" / "minilm" / f"{key}.html")
+    text = "".join(page.text)
+    assert "Accuracy against the vLLM reference" in text and "candidate ÷ fp32-onnx" in text
+    assert "min_cosine_to_reference" in text and SCRIPT in text and page.scripts == 0
+    assert f"{key}/throughput.png" in page.links and (out / "models" / "minilm" / key / "throughput.png").is_file()
+    model_page = read_page(out / "models" / "minilm.html")
+    assert any(cell.startswith("1.500 ±") for cell in _cells(out / "models" / "minilm.html"))
+    assert model_page.by_class["verdict"][0] == "pass"
+
+
+def _cells(path: Path) -> list[str]:
+    class Cells(HTMLParser):
+        def __init__(self) -> None:
+            super().__init__()
+            self.cells: list[str] = []
+            self._in = False
+
+        def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+            if tag == "td":
+                self._in, self.cells = True, [*self.cells, ""]
+
+        def handle_endtag(self, tag: str) -> None:
+            self._in = self._in and tag != "td"
+
+        def handle_data(self, data: str) -> None:
+            if self._in:
+                self.cells[-1] += data
+
+    parser = Cells()
+    parser.feed(path.read_text())
+    return parser.cells
+
+
+def test_channel_moves_and_an_unreadable_history_record_are_listed(two_nights, tmp_path: Path) -> None:
+    from registry.history import ChannelMove, record_channel_move
+    from registry.names import history_path
+
+    store, keys = two_nights
+    record_channel_move(store, ChannelMove(model=MODEL, channel="stable", key=keys["fp8", 2], previous=keys["fp8", 1],
+                                           actor=f"ops{SCRIPT}@host", recorded="2026-11-03T09:00:00+00:00"))
+    damaged = store.root / history_path(MODEL, "zz-damaged")
+    damaged.write_text("{not json")
+    out = tmp_path / "site"
+    result = write_catalogue(store, out, registry_url=str(store.root))
+    assert result.unreadable == 1
+    page = read_page(out / "models" / "tiny-llama.html")
+    moves = page.by_id["moves"]
+    assert f"ops{SCRIPT}@host" in moves and keys["fp8", 1][:12] in moves and keys["fp8", 2][:12] in moves
+    assert "stable" in moves and "2026-11-03 09:00:00" in moves
+    listed = page.by_class["unreadable-item"]
+    assert len(listed) == 1 and "zz-damaged" in listed[0], listed
+    assert page.scripts == 0
+
+
+def test_a_bundle_is_catalogued_and_its_pages_pull_from_the_bundle(two_nights, tmp_path: Path) -> None:
+    from registry.bundle import BundleStore, bundle_manifests, write_bundle
+
+    store, keys = two_nights
+    manifests, channels = bundle_manifests(store, [MODEL])
+    bundle = tmp_path / "models.tar"
+    write_bundle(store, manifests, bundle, refs=channels)
+    out = tmp_path / "site"
+    result = write_catalogue(BundleStore(bundle), out, registry_url=str(bundle))
+    assert (result.models, result.artefacts) == (1, 4)
+    page = read_page(out / "models" / "tiny-llama" / f"{keys['int4-awq', 1]}.html")
+    assert page.by_id["pull-command"] == pull_command(MODEL, keys["int4-awq", 1], str(bundle), bundle=True)
+    assert "--from-bundle" in page.by_id["pull-command"]
