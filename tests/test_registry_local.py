@@ -223,6 +223,7 @@ def test_gc_keeps_the_newest_per_cell_and_everything_a_channel_names(store: Loca
     orphan = hashlib.sha256(b"left by a killed publish").hexdigest()
     (tmp_path / "orphan").write_bytes(b"left by a killed publish")
     store.put_blob(orphan, tmp_path / "orphan")
+    assert store.create_history("tiny-llama", "night-1", b"{}")  # the history is no artefact: gc leaves it
 
     dry = collect_garbage(store, keep_last=2, grace_s=0, dry_run=True)
     assert dry.deleted_manifests == [f"tiny-llama@{keys[1]}"]
@@ -239,6 +240,7 @@ def test_gc_keeps_the_newest_per_cell_and_everything_a_channel_names(store: Loca
     assert orphan not in remaining
     assert hashlib.sha256(b"weights v1").hexdigest() not in remaining
     assert hashlib.sha256(shared_config).hexdigest() in remaining  # still used by the survivors
+    assert store.list_history("tiny-llama") == ["night-1"] and store.read_history("tiny-llama", "night-1") == b"{}"
     for key in (keys[0], keys[2], keys[3], other_cell):
         manifest = load_manifest(store, "tiny-llama", key)
         assert set(manifest.files_by_digest()) <= remaining

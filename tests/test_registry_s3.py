@@ -87,6 +87,37 @@ def test_republishing_is_a_no_op_and_creates_are_exclusive(
     assert not store.write_ref("tiny-llama", "latest", first.key, expected=None)
 
 
+def test_history_records_on_s3_are_created_once_beside_the_artefacts(
+    seaweedfs: SeaweedServer, s3_env: dict[str, str], prefix: str, tmp_path: Path
+) -> None:
+    from registry.history import ChannelMove, load_history, record_channel_move
+
+    store = S3Store(BUCKET, prefix, endpoint_url=seaweedfs.endpoint)
+    published = publish_artefact(store, write_artefact(tmp_path / "build"))
+    barrier = threading.Barrier(6)
+    outcomes: list[bool] = []
+
+    def create(index: int) -> None:
+        barrier.wait()
+        outcomes.append(store.create_history("tiny-llama", "raced", f'{{"writer": {index}}}'.encode()))
+
+    threads = [threading.Thread(target=create, args=(i,)) for i in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(outcomes) == [False] * 5 + [True]
+    move = ChannelMove(model="tiny-llama", channel="stable", key=published.key, previous=None, actor="ci")
+    assert record_channel_move(store, move)
+
+    assert len(store.list_history("tiny-llama")) == 2 and store.read_history("tiny-llama", "absent") is None
+    assert store.list_channels("tiny-llama") == ["latest"] and store.list_models() == ["tiny-llama"]
+    history = load_history(store, "tiny-llama")
+    assert [m.actor for m in history.channel_moves] == ["ci"]
+    assert [u.entry for u in history.unreadable] == ["raced"]  # not a record of either kind
+    assert [b.outcome.key for c in history.cells for b in c.builds] == [published.key]
+
+
 def test_big_blobs_go_up_in_parts_and_come_back_verified(
     seaweedfs: SeaweedServer, s3_env: dict[str, str], prefix: str, tmp_path: Path
 ) -> None:
