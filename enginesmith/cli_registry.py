@@ -286,7 +286,7 @@ def pull(
 def promote(
     ref: Annotated[str, typer.Argument(help="MODEL@KEY or MODEL:CHANNEL to point the channel at.")],
     channel_argument: Annotated[str | None, typer.Argument(
-        metavar="[CHANNEL]", help="The channel to move (the older spelling of --channel).", show_default=False)] = None,
+        metavar="CHANNEL", help="The channel to move (the older spelling of --channel).", show_default=False)] = None,
     channel: Annotated[str | None, typer.Option("--channel", help="The channel to move, e.g. stable.")] = None,
     registry: RegistryOption = DEFAULT_REGISTRY,
     s3_endpoint: S3EndpointOption = None,
@@ -294,8 +294,9 @@ def promote(
 ) -> None:
     """Point a channel (stable, canary, …) at an artefact, and record who moved it and when in the model's history.
 
-    Example: enginesmith promote tiny-llama@3f2a9c --channel stable  (ENGINESMITH_ACTOR names who; default
-    user@host)
+    Example: enginesmith promote tiny-llama@3f2a9c --channel stable
+
+    The move is recorded as made by ENGINESMITH_ACTOR, else user@host.
     """
     from registry.catalog import find_manifest
     from registry.history import ChannelMove, current_actor, now, record_channel_move
