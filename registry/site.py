@@ -2,10 +2,11 @@
 server or S3 bucket can host.
 
 Pages: ``index.html`` (every model), ``models/<model>.html`` (its artefacts as a profile table, its channel moves,
-each cell's history) and ``models/<model>/<key>.html`` (one artefact: its validation report, plots, provenance and
-the pull command). Every link is relative; file names come from model ids, keys and cell ids through
-``safe_file_name``. The view models below are built by pure functions of manifests, reports and histories; the
-templates (``registry/templates``, autoescaped) only lay them out, and ``write_catalogue`` does the I/O.
+each cell's history, plotted under ``models/<model>/_history/``) and ``models/<model>/<key>.html`` (one artefact: its
+validation report, provenance and the pull command; its plots under ``models/<model>/<key>/``). Every link is
+relative; file names come from model ids, keys and cell ids through ``safe_file_name``. The view models below are
+built by pure functions of manifests, reports and histories; the templates (``registry/templates``, autoescaped) only
+lay them out, and ``write_catalogue`` does the I/O.
 
 A manifest, report or history record that cannot be read is listed with its reason; it never stops the site.
 """
@@ -216,8 +217,8 @@ def parse_report(validation: dict[str, Any] | None) -> ValidationReport | Encode
     except ValidationError as exc:
         first = exc.errors()[0]
         field = ".".join(str(part) for part in first["loc"]) or "(top level)"
-        return f"not a {'n encoder' if model is EncoderValidationReport else ' validation'} report: {field}: " \
-               f"{first['msg']} ({exc.error_count()} problem(s))"
+        what = "an encoder" if model is EncoderValidationReport else "a validation"
+        return f"not {what} report: {field}: {first['msg']} ({exc.error_count()} problem(s))"
 
 
 def report_view(parsed: ValidationReport | EncoderValidationReport | str | None) -> ReportView:
@@ -362,7 +363,10 @@ def model_page(listing: ModelListing, history: ModelHistory | None, reports: dic
                history_problem: str = "") -> ModelPage:
     """The model page's view: ``reports`` holds each readable manifest's report view by key."""
     channels_of = channels_by_key(listing.channels)
-    rows = [artefact_row(m, reports[m.key], channels_of.get(m.key, [])) for m in listing.manifests]
+    # Grouped as a profile table is read (by target, then recipe, kind and parallelism), newest first in a group.
+    manifests = sorted(listing.manifests, key=lambda m: (m.artefact.target, m.recipe, m.artefact.kind, m.artefact.tp,
+                                                         m.artefact.pp))
+    rows = [artefact_row(m, reports[m.key], channels_of.get(m.key, [])) for m in manifests]
     unreadable = [UnreadableRow(what=f"manifest {u.key}", problem=u.problem) for u in listing.unreadable]
     cells: list[CellView] = []
     moves: list[MoveRow] = []
@@ -392,13 +396,13 @@ def template_environment() -> jinja2.Environment:
                               undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
 
 
-def write_catalogue(store: RegistryStore, out_dir: Path, *, registry_url: str, s3_endpoint: str | None = None,
-                    load_history: Callable[[RegistryStore, str], ModelHistory] | None = None) -> CatalogueResult:
+def write_catalogue(store: RegistryStore, out_dir: Path, *, registry_url: str,
+                    s3_endpoint: str | None = None) -> CatalogueResult:
     """Write the site for every model in ``store`` to ``out_dir``, replacing the catalogue there if any.
 
     The pages are written to a new directory beside ``out_dir`` and renamed into place at the end, so an
-    interrupted run leaves the previous site whole. ``registry_url`` is what the pull commands name.
-    ``load_history`` reads a model's history (default: ``registry.history.load_history``).
+    interrupted run leaves the previous site whole. ``registry_url`` (and ``s3_endpoint``) is what the pull commands
+    name.
 
     Raises ``UserError`` when ``out_dir`` exists and is not a catalogue this command wrote.
     """
@@ -412,19 +416,13 @@ def write_catalogue(store: RegistryStore, out_dir: Path, *, registry_url: str, s
     try:
         writer = _SiteWriter(staging, template_environment(), registry_url=registry_url,
                              bundle=isinstance(store, BundleStore), s3_endpoint=s3_endpoint)
-        result = writer.write(store, load_history or _default_history_loader())
+        result = writer.write(store)
         (staging / MARKER_FILE).write_text("written by enginesmith catalogue; replaced whole by the next run\n")
         _swap_into_place(staging, out_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return result.model_copy(update={"out_dir": str(out_dir), "index": str(out_dir / "index.html")})
-
-
-def _default_history_loader() -> Callable[[RegistryStore, str], ModelHistory]:
-    from registry.history import load_history
-
-    return load_history
 
 
 def _check_replaceable(out_dir: Path) -> None:
@@ -458,8 +456,7 @@ class _SiteWriter:
         path.write_text(html, encoding="utf-8")
         self.pages += 1
 
-    def write(self, store: RegistryStore, load_history: Callable[[RegistryStore, str], ModelHistory]
-              ) -> CatalogueResult:
+    def write(self, store: RegistryStore) -> CatalogueResult:
         shutil.copyfile(Path(__file__).parent / "templates" / STYLESHEET, self.root / STYLESHEET)
         index_rows: list[IndexRow] = []
         broken: list[UnreadableRow] = []
@@ -471,7 +468,7 @@ class _SiteWriter:
                 broken.append(UnreadableRow(what=summary.model, problem=exc.render()))
                 unreadable += 1
                 continue
-            page = self.write_model(store, listing, load_history)
+            page = self.write_model(store, listing)
             artefacts += len(page.artefacts)
             unreadable += len(page.unreadable)
             index_rows.append(IndexRow(model=listing.model, href=f"models/{safe_file_name(listing.model)}.html",
@@ -482,8 +479,9 @@ class _SiteWriter:
         return CatalogueResult(out_dir=str(self.root), index=str(self.root / "index.html"), pages=self.pages,
                                models=len(index_rows), artefacts=artefacts, unreadable=unreadable)
 
-    def write_model(self, store: RegistryStore, listing: ModelListing,
-                    load_history: Callable[[RegistryStore, str], ModelHistory]) -> ModelPage:
+    def write_model(self, store: RegistryStore, listing: ModelListing) -> ModelPage:
+        from registry.history import load_history
+
         model_dir = self.root / "models" / safe_file_name(listing.model)
         channels_of = channels_by_key(listing.channels)
         reports: dict[str, ReportView] = {}
