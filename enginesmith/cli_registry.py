@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import typer
 
 from enginesmith.console import print_json, stderr, stdout, table
+from enginesmith.diskspace import size_label
 from enginesmith.errors import UserError
 
 if TYPE_CHECKING:  # imported where used, so that `enginesmith --help` stays quick
@@ -97,8 +98,8 @@ def publish(
         return
     if result.created:
         stdout.print(f"published [bold]{result.model}@{result.key[:12]}[/] to {result.registry}: {result.files} files, "
-                     f"{_size(result.total_bytes)}; uploaded {result.uploaded_blobs} blobs "
-                     f"({_size(result.uploaded_bytes)}), {result.reused_blobs} already there")
+                     f"{size_label(result.total_bytes)}; uploaded {result.uploaded_blobs} blobs "
+                     f"({size_label(result.uploaded_bytes)}), {result.reused_blobs} already there")
     else:
         stdout.print(f"{result.model}@{result.key[:12]} is already published in {result.registry}: nothing uploaded")
     for change in result.channels:
@@ -140,7 +141,8 @@ def list_artefacts(
         channels_of.setdefault(key, []).append(channel)
     rows = [
         [m.key[:12], m.artefact.kind, m.recipe, m.artefact.target, f"{m.artefact.tp}×{m.artefact.pp}",
-         _size(m.total_bytes), m.published[:19].replace("T", " "), ", ".join(sorted(channels_of.get(m.key, []))) or "-"]
+         size_label(m.total_bytes), m.published[:19].replace("T", " "),
+         ", ".join(sorted(channels_of.get(m.key, []))) or "-"]
         for m in listing.manifests
     ]
     rows += [[u.key[:12], "-", "-", "-", "-", "-", "-", f"[red]unreadable[/]: {u.problem}"] for u in listing.unreadable]
@@ -179,7 +181,7 @@ def show(
     ]
     stdout.print(table(manifest.ref, ["field", "value"], rows))
     files = [[f.path, f"{f.size:,}", (f.sha256 or "-")[:16]] for f in artefact.files]
-    stdout.print(table(f"{len(files)} files, {_size(manifest.total_bytes)}", ["path", "bytes", "sha256"], files))
+    stdout.print(table(f"{len(files)} files, {size_label(manifest.total_bytes)}", ["path", "bytes", "sha256"], files))
 
 
 def resolve(
@@ -269,16 +271,17 @@ def pull(
         print_json(result)
         return
     if dry_run:
-        rows = [[b.label, _size(b.size), b.state, _size(b.size - b.partial_bytes if b.state != "cached" else 0)]
+        rows = [[b.label, size_label(b.size), b.state,
+                 size_label(b.size - b.partial_bytes if b.state != "cached" else 0)]
                 for b in result.plan.blobs]
         stdout.print(table(f"Would pull {manifest.model}@{manifest.key[:12]} from {store.location} to {destination}",
                            ["file", "size", "in cache", "to fetch"], rows))
-        stdout.print(f"would fetch {_size(result.plan.bytes_to_fetch)} of {_size(result.total_bytes)}")
+        stdout.print(f"would fetch {size_label(result.plan.bytes_to_fetch)} of {size_label(result.total_bytes)}")
         return
     elapsed = time.monotonic() - started
     stdout.print(f"pulled [bold]{manifest.model}@{manifest.key[:12]}[/] → {result.dest}: {result.files} files, "
-                 f"{_size(result.total_bytes)} in {elapsed:.1f} s (fetched {_size(result.downloaded_bytes)}, "
-                 f"resumed {_size(result.resumed_bytes)}, cached {_size(result.cached_bytes)})")
+                 f"{size_label(result.total_bytes)} in {elapsed:.1f} s (fetched {size_label(result.downloaded_bytes)}, "
+                 f"resumed {size_label(result.resumed_bytes)}, cached {size_label(result.cached_bytes)})")
     for label in result.refetched:
         stderr.print(f"[yellow]note:[/] {label} did not match its sha256 at first and was fetched again")
 
@@ -386,7 +389,7 @@ def gc(
         return
     verb = "would delete" if dry_run else "deleted"
     stdout.print(f"{store.location}: {verb} {len(result.deleted_manifests)} artefact(s) and {result.deleted_blobs} "
-                 f"blob(s) ({_size(result.deleted_bytes)}); kept {result.kept_manifests} artefact(s), "
+                 f"blob(s) ({size_label(result.deleted_bytes)}); kept {result.kept_manifests} artefact(s), "
                  f"{result.young_unreferenced_blobs} young unreferenced blob(s)")
     for ref in result.deleted_manifests:
         stdout.print(f"  {verb} {ref}")
@@ -413,7 +416,7 @@ def bundle(
     if json_output:
         print_json(result)
         return
-    stdout.print(f"wrote {out}: {len(result.artefacts)} artefact(s), {result.blobs} blobs, {_size(result.bytes)}")
+    stdout.print(f"wrote {out}: {len(result.artefacts)} artefact(s), {result.blobs} blobs, {size_label(result.bytes)}")
 
 
 def catalogue(
@@ -487,7 +490,7 @@ def _print_resolution(resolution: Resolution) -> None:
         detail = "; ".join(candidate.reasons + candidate.notes) or "-"
         rows.append([
             "→" if chosen else "", candidate.key[:12], candidate.kind, candidate.recipe, candidate.target,
-            f"{candidate.tp}×{candidate.pp}", _size(candidate.total_bytes),
+            f"{candidate.tp}×{candidate.pp}", size_label(candidate.total_bytes),
             "-" if candidate.metric is None else f"{candidate.metric:,.1f}",
             f"[{colour[candidate.status]}]{candidate.status}[/]", detail,
         ])
@@ -593,15 +596,6 @@ def _limiter(limit_rate: str | None) -> RateLimiter | None:
         return RateLimiter(parse_rate(limit_rate))
     except ValueError as exc:
         raise UserError(str(exc), where="--limit-rate") from None
-
-
-def _size(count: int) -> str:
-    value = float(count)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:,.0f} {unit}" if unit == "B" else f"{value:,.1f} {unit}"
-        value /= 1024
-    return f"{value:,.1f} TiB"
 
 
 def _sm(sm: int | None) -> str:

@@ -69,6 +69,16 @@ def disk_filled_error(path: Path, *, what: str, where: str, hint: str) -> DiskFu
     )
 
 
+def size_label(count: int) -> str:
+    """A size for tables: bytes as a count, larger sizes in binary units to one decimal."""
+    value = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:,.0f} {unit}" if unit == "B" else f"{value:,.1f} {unit}"
+        value /= 1024
+    return f"{value:,.1f} TiB"
+
+
 def describe_bytes(count: int) -> str:
     if count >= GIB:
         return f"{count / GIB:.2f} GiB"

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
+from enginesmith.diskspace import size_label
 from enginesmith.errors import UserError
 from registry.catalog import ModelListing, list_model, list_models
 from registry.history import HIGHER_IS_BETTER, BuildEntry, CellHistory, ModelHistory, Regression
@@ -184,15 +185,6 @@ def pull_command(model: str, key: str, registry_url: str, *, bundle: bool = Fals
     endpoint = ["--s3-endpoint", s3_endpoint] if s3_endpoint and not bundle else []
     dest = f"{safe_file_name(model)}-{key[:12]}"
     return shlex.join(["enginesmith", "pull", f"{model}@{key}", *source, *endpoint, "--dest", dest])
-
-
-def size_label(count: int) -> str:
-    value = float(count)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:,.0f} {unit}" if unit == "B" else f"{value:,.1f} {unit}"
-        value /= 1024
-    return f"{value:,.1f} TiB"
 
 
 def _timestamp(text: str) -> str:
