@@ -1,8 +1,9 @@
 """What the flows write to each cell's history (``registry.history``), and what the nightly reads back from it.
 
-A build-cell run records how it ended (built, gate-failed, failed) under its own flow run id, so a retried task
-or a second writer of the same run records once; the nightly records the runs that never reported (no worker, a
-crash) under the id of the run it dispatched, which the run itself never wrote. Recording is best effort: the
+A build-cell run records how it ended (built, gate-failed, failed) under its own flow run id, so a second writer
+of the same run records nothing; the nightly records, under the same id, the runs that could not record their end
+(no worker started them, they crashed, they failed before they could): where the run did record, that write
+changes nothing. Recording is best effort: the
 manifest is the record of what was published, and a registry that stops answering while a cell is recorded is
 logged, not turned into a failed build.
 """
@@ -17,7 +18,14 @@ from enginesmith.errors import UserError
 from enginesmith.specs import PipelineConfig
 from flows import steps
 from flows.params import CellSummary
-from registry.history import CellOutcome, OutcomeStatus, find_regressions, outcome_from_report, previous_outcome
+from registry.history import (
+    HIGHER_IS_BETTER,
+    CellOutcome,
+    OutcomeStatus,
+    find_regressions,
+    outcome_from_report,
+    previous_outcome,
+)
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +98,8 @@ def last_outcomes(config: PipelineConfig, cells: list[PlannedCell]) -> dict[str,
 
 def versus_last_night(config: PipelineConfig, cell: PlannedCell, summary: CellSummary,
                       before: CellOutcome | None) -> str:
-    """The nightly summary's "vs last night" cell: tonight's measurements against the cell's previous ones."""
+    """The nightly summary's "vs last night" cell: each metric tonight against the cell's previous measurement,
+    marked a regression (``find_regressions``), better, or within the two measurements' spreads."""
     if summary.status not in ("built", "failed"):
         return ""
     if before is None:
@@ -99,24 +108,22 @@ def versus_last_night(config: PipelineConfig, cell: PlannedCell, summary: CellSu
 
     try:
         tonight = previous_outcome(open_store(steps.registry_url(config)), cell.model.id, cell.id)
-    except UserError:
+    except UserError as exc:
+        log.warning("could not read cell %s's history: %s", cell.id, exc.render())
         return ""
     if tonight is None or tonight.recorded == before.recorded:
-        return ""
-    regressions = find_regressions(before, tonight, "previous", before.key)
-    if regressions:
-        return "; ".join(f"{r.metric} {r.change:+.0%} (regression)" for r in regressions)
+        return "nothing measured tonight"
+    regressed = {r.metric: r for r in find_regressions(before, tonight, "previous", before.key)}
     changes = []
-    for metric, spread in tonight.metrics.items():
-        if metric in before.metrics:
-            changes.append(f"{metric} {spread.median / before.metrics[metric].median - 1:+.0%}")
-    return ", ".join(changes) + " (within spread)" if changes else "no comparable measurement"
-
-
-def record_unreported(config: PipelineConfig, cells: dict[str, PlannedCell], summaries: list[CellSummary]) -> None:
-    """Record the dispatched cells whose runs never recorded themselves: no worker started them, or they crashed.
-    A run that did record (a gate, its own error) wrote the same entry first, so this write changes nothing."""
-    for summary in summaries:
-        if summary.status in ("failed", "no-worker") and summary.flow_run and summary.cell in cells:
-            record_cell(config, cells[summary.cell], summary.status if summary.status == "no-worker" else "failed",
-                        reason=summary.reason, flow_run=summary.flow_run)
+    for metric, after in tonight.metrics.items():
+        previous = before.metrics.get(metric)
+        if previous is None or previous.median == 0:
+            continue
+        change = after.median / previous.median - 1
+        improved = (change > 0) == HIGHER_IS_BETTER.get(metric, True) and \
+            abs(after.median - previous.median) > previous.half_range + after.half_range
+        verdict = "regression" if metric in regressed else "better" if improved else "within spread"
+        changes.append(f"{metric} {change:+.0%} ({verdict})")
+    changes += [f"{r.metric} {r.change:+.0%} (regression)" for r in regressed.values()
+                if r.metric not in tonight.metrics]
+    return "; ".join(changes) or "no comparable measurement"

@@ -15,7 +15,7 @@ from prefect.artifacts import create_table_artifact
 from prefect.client.schemas.objects import FlowRun, StateType
 from prefect.deployments import run_deployment
 from prefect.futures import PrefectFuture
-from prefect.states import Cancelled
+from prefect.states import Cancelled, State
 
 from enginesmith.config import default_catalogue
 from enginesmith.encoder_plan import EncoderCell
@@ -27,8 +27,9 @@ from enginesmith.specs import ArtefactKind, PipelineConfig, TargetSpec
 from flows import steps
 from flows.cell import build_cell
 from flows.encoder_cell import BuildEncoderCellParams, build_encoder_cell
-from flows.history import PlannedCell, last_outcomes, record_unreported, versus_last_night
+from flows.history import PlannedCell, last_outcomes, record_cell, versus_last_night
 from flows.params import BuildCellParams, CellSummary, RecipeName, TargetName
+from registry.history import OutcomeStatus
 
 BUILD_CELL_FLOW = "build-cell"
 
@@ -80,10 +81,13 @@ def retry_crashed(task: Any, task_run: Any, state: Any) -> bool:
 
 @task(name="dispatch-cell", task_run_name="dispatch-{cell_id}", retries=CRASH_RETRIES,
       retry_condition_fn=retry_crashed)
-def dispatch_cell(params: BuildCellParams, cell_id: str, pool: str, timeout_s: float) -> CellSummary:
+def dispatch_cell(params: BuildCellParams, cell_id: str, pool: str, timeout_s: float,
+                  history: tuple[PipelineConfig, Cell] | None = None) -> CellSummary:
     """Run the cell on its pool's build-cell deployment and wait; a run no worker started is cancelled, and a run
     that crashed raises ``CellRunCrashed`` so the task dispatches the cell again (a new run, which finds the cell
-    in the registry if the crashed one got as far as publishing it: a cell is never published twice)."""
+    in the registry if the crashed one got as far as publishing it: a cell is never published twice). With
+    ``history`` (the config and the planned cell), a run that never recorded its own end (no worker started it,
+    it crashed, it failed before it could) is recorded in the cell's history under that run's id."""
     from prefect.runtime import task_run
 
     attempt = f"attempt {max(task_run.run_count, 1)} of {CRASH_RETRIES + 1}"
@@ -91,24 +95,36 @@ def dispatch_cell(params: BuildCellParams, cell_id: str, pool: str, timeout_s: f
                               timeout=timeout_s, poll_interval=2)
     assert isinstance(flow_run, FlowRun)  # the sync API inside a sync task
     state = flow_run.state
+
+    def record(status: OutcomeStatus, reason: str) -> None:
+        # The run records how it ended itself, under its own id; the same entry written here changes nothing.
+        if history is not None:
+            record_cell(history[0], history[1], status, reason=reason, flow_run=str(flow_run.id))
+
     if state is None or state.type in (StateType.SCHEDULED, StateType.PENDING):
         from prefect import get_client
 
         with get_client(sync_client=True) as client:
             client.set_flow_run_state(flow_run.id, Cancelled(message="no worker picked it up"), force=True)
-        return CellSummary(cell=cell_id, status="no-worker", flow_run=str(flow_run.id),
-                           reason=f"no worker on pool {pool!r} started it within {timeout_s:.0f} s "
-                                  f"(start one: prefect worker start --pool {pool})")
+        reason = (f"no worker on pool {pool!r} started it within {timeout_s:.0f} s "
+                  f"(start one: prefect worker start --pool {pool})")
+        record("no-worker", reason)
+        return CellSummary(cell=cell_id, status="no-worker", flow_run=str(flow_run.id), reason=reason)
     if state.type == StateType.CRASHED:
-        raise CellRunCrashed(f"cell {cell_id}: its build-cell run {flow_run.name} ({flow_run.id}) on pool {pool!r} "
-                             f"crashed ({attempt}): {state.message or 'no message'}")
+        crash = (f"cell {cell_id}: its build-cell run {flow_run.name} ({flow_run.id}) on pool {pool!r} "
+                 f"crashed ({attempt}): {state.message or 'no message'}")
+        record("failed", crash)
+        raise CellRunCrashed(crash)
     retried = f"{attempt}: an earlier run crashed (see this task's log)" if task_run.run_count > 1 else ""
     if state.is_completed():
         result = state.result()
         summary = CellSummary.model_validate(result.model_dump() if hasattr(result, "model_dump") else result)
         return summary.model_copy(update={"flow_run": str(flow_run.id), "reason": summary.reason or retried})
+    reason = f"{state.type.value}: {state.message or ''}"[:500]
+    if state.is_final():  # still running when the wait ran out: the run records its own end
+        record("failed", reason)
     return CellSummary(cell=cell_id, status="failed", flow_run=str(flow_run.id),
-                       reason="; ".join(filter(None, [f"{state.type.value}: {state.message or ''}"[:500], retried])))
+                       reason="; ".join(filter(None, [reason, retried])))
 
 
 def outcome_of(cell_id: str, dispatched: PrefectFuture[CellSummary]) -> CellSummary:
@@ -119,12 +135,20 @@ def outcome_of(cell_id: str, dispatched: PrefectFuture[CellSummary]) -> CellSumm
     return CellSummary(cell=cell_id, status="failed", reason=str(outcome)[:1000])
 
 
-def run_encoder_inline(config_path: str, cell: EncoderCell) -> CellSummary:
+def run_encoder_inline(config_path: str, cell: EncoderCell, pipeline: PipelineConfig) -> CellSummary:
     state = build_encoder_cell(BuildEncoderCellParams(config=config_path, cell=cell.id), return_state=True)
     if state.is_completed():
         return state.result()
-    return CellSummary(cell=cell.id, status="failed", key=cell.key,
-                       reason=f"{state.type.value}: {state.message or ''}"[:500])
+    return failed_inline(pipeline, cell, state)
+
+
+def failed_inline(pipeline: PipelineConfig, cell: PlannedCell, state: State[Any]) -> CellSummary:
+    """The summary of a run in this process that did not complete, recorded in the cell's history under the run's
+    id (a run that recorded its own end wrote that entry first, and this changes nothing)."""
+    reason = f"{state.type.value}: {state.message or ''}"[:500]
+    run_id = state.state_details.flow_run_id
+    record_cell(pipeline, cell, "failed", reason=reason, flow_run=str(run_id) if run_id else None)
+    return CellSummary(cell=cell.id, status="failed", key=cell.key, reason=reason)
 
 
 def sort_encoder_cells(pipeline: PipelineConfig, cells: list[EncoderCell]
@@ -141,11 +165,11 @@ def sort_encoder_cells(pipeline: PipelineConfig, cells: list[EncoderCell]
     return summaries, todo
 
 
-def run_inline(params: BuildCellParams, cell_id: str) -> CellSummary:
+def run_inline(params: BuildCellParams, cell: Cell, pipeline: PipelineConfig) -> CellSummary:
     state = build_cell(params, return_state=True)
     if state.is_completed():
         return state.result()
-    return CellSummary(cell=cell_id, status="failed", reason=f"{state.type.value}: {state.message or ''}"[:500])
+    return failed_inline(pipeline, cell, state)
 
 
 @flow(name="nightly")
@@ -182,18 +206,17 @@ def nightly(config: str = "configs/nightly.yaml", dispatch: Literal["deployments
     built_tonight = {cell.id: cell for cell in to_build}
     last_night = last_outcomes(pipeline, list(built_tonight.values()))
     if dispatch == "inline":
-        summaries += [run_inline(params_for(config, cell), cell.id) for cell in todo]
+        summaries += [run_inline(params_for(config, cell), cell, pipeline) for cell in todo]
     elif todo:
         futures = dispatch_cell.map([params_for(config, c) for c in todo], [c.id for c in todo],
-                                    [pool_of(c, pools) for c in todo], unmapped(cell_timeout_s))
-        dispatched = [outcome_of(cell.id, future) for cell, future in zip(todo, futures, strict=True)]
-        record_unreported(pipeline, built_tonight, dispatched)
-        summaries += dispatched
+                                    [pool_of(c, pools) for c in todo], unmapped(cell_timeout_s),
+                                    [(pipeline, c) for c in todo])
+        summaries += [outcome_of(cell.id, future) for cell, future in zip(todo, futures, strict=True)]
     order = {cell.id: index for index, cell in enumerate(plan.cells)}
     summaries.sort(key=lambda s: order.get(s.cell, len(order)))
     # Encoder cells run here, one after another, whatever ``dispatch`` says (the ``build-encoder-cell/cpu``
     # deployment is for running one from the UI).
-    summaries += encoder_done + [run_encoder_inline(config, cell) for cell in encoder_todo]
+    summaries += encoder_done + [run_encoder_inline(config, cell, pipeline) for cell in encoder_todo]
     create_table_artifact(key="nightly-summary", description=f"nightly on {config}", table=[
         {"cell": s.cell, "status": s.status, "key": s.key[:12], "worker": s.worker, "reason": s.reason,
          "throughput ratio": s.throughput_ratio, "TPOT ratio": s.tpot_ratio,
@@ -219,10 +242,11 @@ def publish_catalogue(pipeline: PipelineConfig, *, changed: bool) -> None:
         return
     try:
         result = write_catalogue(open_store(url), out, registry_url=url)
-    except (UserError, OSError) as exc:
-        get_run_logger().warning("the catalogue was not written to %s: %s", out, exc)
+        index = Path(result.index).resolve()
+        create_link_artifact(key="catalogue", link=index.as_uri(), link_text="the registry's catalogue",
+                             description=f"catalogue of {url}")
+    except Exception as exc:  # the site is a view of the registry: never the night's outcome
+        get_run_logger().warning("the catalogue was not written to %s: %s", out,
+                                 exc.render() if isinstance(exc, UserError) else repr(exc))
         return
-    index = Path(result.index).resolve()
     get_run_logger().info("catalogue written: %s", index)
-    create_link_artifact(key="catalogue", link=index.as_uri(), link_text="the registry's catalogue",
-                         description=f"catalogue of {url}")

@@ -162,15 +162,33 @@ def test_deployments_and_a_worker_run_build_cell(cpu_worker, published_tiny_conf
     assert set(_statuses(summaries).values()) == {"cached"}
 
 
-def test_cell_on_a_pool_without_worker_is_reported_not_awaited_forever(cpu_worker):
+def test_cell_on_a_pool_without_worker_is_reported_not_awaited_forever(cpu_worker, write_config, tiny_model_dir,
+                                                                       tmp_path):
+    """... and recorded in the cell's history under the run no worker started (the run itself never could)."""
+    from enginesmith.config import default_catalogue, load_pipeline_config
+    from enginesmith.plan_sources import plan_loaded
     from flows.deploy import deploy_all
     from flows.nightly import dispatch_cell
     from flows.params import BuildCellParams
+    from registry.history import load_history
+    from registry.store import open_store
 
+    config_path = write_config(f"""
+version: 1
+name: no-worker
+registry: {{url: {tmp_path / 'registry'}}}
+models: [{{id: tiny-llama, repo: {tiny_model_dir}}}]
+matrix: [{{models: [tiny-llama], recipes: [fp8], targets: [h100-sxm], kinds: [hf-quantized]}}]
+""")
+    config = load_pipeline_config(config_path, default_catalogue())
+    [cell] = plan_loaded(config, config_path.parent, default_catalogue()).cells
     deploy_all(targets=["h100-sxm"])
-    summary = dispatch_cell.fn(BuildCellParams(target="h100-sxm", recipe="fp8"),
-                               "tiny-llama/fp8/h100-sxm/tp1/hf-quantized", "gpu-h100-sxm", 8)
+    summary = dispatch_cell.fn(BuildCellParams(target="h100-sxm", recipe="fp8"), cell.id, "gpu-h100-sxm", 8,
+                               history=(config, cell))
     assert summary.status == "no-worker" and "gpu-h100-sxm" in summary.reason
+    [recorded] = load_history(open_store(config.registry.url), "tiny-llama").cells
+    assert [(b.outcome.status, b.outcome.flow_run, b.outcome.key) for b in recorded.builds] == [
+        ("no-worker", summary.flow_run, cell.key)]
 
 
 def test_nightly_exits_non_zero_when_a_cell_failed_and_still_prints_the_summary(prefect_server, tmp_path):
@@ -208,33 +226,6 @@ matrix:
     [build] = cell["builds"]
     assert build["outcome"]["status"] == "failed" and build["outcome"]["reason"] and not build["published"]
 
-
-def test_a_cell_no_worker_ran_is_recorded_once_by_the_nightly(write_config, tiny_model_dir, tmp_path):
-    """The nightly records a dispatched run that never recorded itself (no worker, a crash) under that run's id;
-    recording the same run again (the run did record, or the nightly retried) adds nothing."""
-    from enginesmith.config import default_catalogue, load_pipeline_config
-    from enginesmith.plan_sources import plan_loaded
-    from flows.history import record_unreported
-    from flows.params import CellSummary
-    from registry.history import load_history
-    from registry.store import open_store
-
-    config_path = write_config(f"""
-version: 1
-name: unreported
-registry: {{url: {tmp_path / 'registry'}}}
-models: [{{id: tiny-llama, repo: {tiny_model_dir}}}]
-matrix: [{{models: [tiny-llama], recipes: [fp8], targets: [h100-sxm], kinds: [hf-quantized]}}]
-""")
-    config = load_pipeline_config(config_path, default_catalogue())
-    [cell] = plan_loaded(config, config_path.parent, default_catalogue()).cells
-    summary = CellSummary(cell=cell.id, status="no-worker", flow_run="0b1d6e6a-run", reason="no worker on gpu-h100-sxm")
-    record_unreported(config, {cell.id: cell}, [summary])
-    record_unreported(config, {cell.id: cell}, [summary])
-    history = load_history(open_store(config.registry.url), "tiny-llama")
-    [recorded] = history.cells
-    assert [(b.outcome.status, b.outcome.flow_run, b.outcome.reason) for b in recorded.builds] == [
-        ("no-worker", "0b1d6e6a-run", "no worker on gpu-h100-sxm")]
 
 
 @pytest.mark.parametrize(("error", "retried"), [
@@ -331,3 +322,38 @@ def test_validation_refuses_a_vllm_other_than_the_one_its_key_names(tmp_path):
         steps.validate(cell, tmp_path / "no-artefact", checkpoint, config, tmp_path / "work")
     assert "0.31.0" in caught.value.message and "0.32.0" in caught.value.message
     assert caught.value.where == "toolchains.vllm" and not (tmp_path / "work").exists()
+
+
+def test_vs_last_night_says_which_metric_moved_beyond_the_spreads(tmp_path):
+    """The nightly summary's column: a throughput drop beyond both nights' spreads is a regression, a TPOT change
+    inside them is not, and a cell with no earlier build says so."""
+    from enginesmith.specs import PipelineConfig, RegistrySpec
+    from flows.history import versus_last_night
+    from flows.params import CellSummary
+    from registry.history import CellOutcome, MetricSpread, record_outcome
+    from registry.store import open_store
+
+    class Planned:  # the fields of a planned cell history reads
+        id, kind, key = "m/fp8/cpu/tp1/hf-quantized", "hf-quantized", "k" * 64
+        model = type("Model", (), {"id": "m"})
+        recipe = type("Recipe", (), {"id": "fp8"})
+        target = type("Target", (), {"id": "cpu"})
+
+    # Only the registry is read: a config with no matrix, unvalidated.
+    config = PipelineConfig.model_construct(name="vs", registry=RegistrySpec(url=str(tmp_path / "registry")))
+    store = open_store(config.registry.url)
+
+    def night(day: int, throughput: list[float], tpot: list[float]) -> CellOutcome:
+        outcome = CellOutcome(model="m", cell=Planned.id, recipe="fp8", target="cpu", kind="hf-quantized",
+                              status="built", key=f"{day}" * 64, recorded=f"2026-11-{day:02d}T02:00:00+00:00",
+                              flow_run=f"run-{day}", metrics={"throughput_ratio": MetricSpread(values=throughput),
+                                                              "tpot_ratio": MetricSpread(values=tpot)})
+        record_outcome(store, outcome)
+        return outcome
+
+    built = CellSummary(cell=Planned.id, status="built")
+    assert versus_last_night(config, Planned(), built, None) == "first build"
+    first = night(28, [1.00, 0.98, 1.02], [1.00, 1.05, 0.95])
+    night(29, [0.60, 0.61, 0.59], [1.02, 1.06, 0.98])
+    column = versus_last_night(config, Planned(), built, first)
+    assert "throughput_ratio -40% (regression)" in column and "tpot_ratio +2% (within spread)" in column
