@@ -16,14 +16,15 @@ from __future__ import annotations
 import getpass
 import hashlib
 import json
+import math
 import os
 import socket
 import statistics
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ValidationError, computed_field
+from pydantic import BaseModel, Field, ValidationError, computed_field
 
 from registry.catalog import READ_THREADS, list_model
 from registry.errors import IntegrityError
@@ -53,10 +54,15 @@ HIGHER_IS_BETTER: dict[str, bool] = {
 }
 
 
-class MetricSpread(BaseModel):
-    """One metric as the rounds measured it: every round's value; median and half range derived."""
+# A measurement is a finite number: NaN or infinity in a record makes it unreadable, never a median.
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 
-    values: list[float]
+
+class MetricSpread(BaseModel):
+    """One metric as the rounds measured it: every round's value (at least one, all finite); median and half range
+    derived."""
+
+    values: list[FiniteFloat] = Field(min_length=1)
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -95,7 +101,7 @@ class CellOutcome(BaseModel):
     calibration_sha256: str | None = None
     versions: dict[str, str] = {}
     metrics: dict[str, MetricSpread] = {}  # keys from HIGHER_IS_BETTER
-    accuracy: dict[str, float] = {}  # task → the candidate's score (0..1)
+    accuracy: dict[str, FiniteFloat] = {}  # task → the candidate's score (0..1)
     gates: list[GateVerdict] = []
     passed: bool | None = None  # the gate verdict; None where validation never ran
     reason: str = ""
@@ -316,7 +322,10 @@ def _mapping(value: object) -> Mapping[str, Any]:
 
 
 def _number(value: object) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+    """``value`` as a finite float; ``None`` for anything else (a bool, a string, NaN, infinity)."""
+    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+        return None
+    return float(value)
 
 
 def _put_spread(metrics: dict[str, MetricSpread], name: str, spread: object) -> None:

@@ -485,9 +485,12 @@ class _SiteWriter:
         history_problem = ""
         try:
             history = load_history(store, listing.model)
-        except UserError as exc:
-            history_problem = exc.render()
-        page = model_page(listing, history, reports, history_problem=history_problem)
+            page = model_page(listing, history, reports)
+        # Whatever stops the history (the storage, a record no check foresaw) costs the history section, not the
+        # model page nor the rest of the site.
+        except Exception as exc:
+            history, history_problem = None, _problem(exc)
+            page = model_page(listing, None, reports, history_problem=history_problem)
         if history is not None:
             for cell, cell_page in zip(history.cells, page.cells, strict=True):
                 cell_page.plots, cell_page.plot_problem = self.write_history_plots(
@@ -523,6 +526,10 @@ class _SiteWriter:
         from registry.history_plots import write_history_plots
 
         return _plots(lambda: write_history_plots(history, plot_dir), plot_dir, relative_to)
+
+
+def _problem(exc: Exception) -> str:
+    return exc.render() if isinstance(exc, UserError) else f"{type(exc).__name__}: {exc}"
 
 
 def _plots(write: Callable[[], list[Path]], plot_dir: Path, relative_to: Path) -> tuple[list[str], str]:

@@ -406,3 +406,41 @@ def test_a_bundle_is_catalogued_and_its_pages_pull_from_the_bundle(two_nights, t
     page = read_page(out / "models" / "tiny-llama" / f"{keys['int4-awq', 1]}.html")
     assert page.by_id["pull-command"] == pull_command(MODEL, keys["int4-awq", 1], str(bundle), bundle=True)
     assert "--from-bundle" in page.by_id["pull-command"]
+
+
+def test_a_history_record_with_no_values_is_listed_and_the_site_is_written(two_nights, tmp_path: Path) -> None:
+    from registry.names import history_path
+
+    store, _ = two_nights
+    raw = outcome_from_report(model=MODEL, cell=f"{MODEL}/fp8/cpu/tp1/hf-quantized", recipe="fp8", target="cpu",
+                              kind="hf-quantized", key="", status="failed", report=None).model_dump(mode="json")
+    raw["metrics"] = {"throughput_ratio": {"values": []}}
+    (store.root / history_path(MODEL, "zz-empty")).write_text(json.dumps(raw))
+    out = tmp_path / "site"
+
+    result = write_catalogue(store, out, registry_url=str(store.root))
+
+    assert result.unreadable == 1
+    page = read_page(out / "models" / "tiny-llama.html")
+    assert len(page.by_class["cell"]) == 2
+    listed = page.by_class["unreadable-item"]
+    assert len(listed) == 1 and "zz-empty" in listed[0] and "throughput_ratio" in listed[0], listed
+
+
+def test_a_history_that_fails_to_load_is_shown_with_its_reason(two_nights, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    import registry.history
+
+    def broken(*args: object, **kwargs: object) -> object:
+        raise RuntimeError("the history backend fell over")
+
+    monkeypatch.setattr(registry.history, "load_history", broken)
+    store, keys = two_nights
+    out = tmp_path / "site"
+
+    result = write_catalogue(store, out, registry_url=str(store.root))
+
+    assert result.artefacts == 4
+    page = read_page(out / "models" / "tiny-llama.html")
+    assert any("the history backend fell over" in text for text in page.by_class["problem"])
+    assert f"tiny-llama/{keys['fp8', 1]}.html" in page.links

@@ -351,3 +351,30 @@ def test_plots_are_pngs_named_after_their_metrics(store: LocalStore, tmp_path: P
 
     assert sorted(p.name for p in paths) == ["accuracy_addition.png", "throughput_ratio.png", "tpot_ratio.png"]
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths)
+
+
+# --- records that validate badly ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("values", [[], [float("nan")], [1.0, float("inf")]], ids=["empty", "nan", "inf"])
+def test_a_metric_with_no_or_non_finite_values_is_an_unreadable_record(store: LocalStore, tmp_path: Path,
+                                                                       values: list[float]) -> None:
+    record_outcome(store, outcome("2026-11-01T02:00:00+00:00", [1.0, 1.1], flow_run="run-1"))
+    raw = outcome("2026-11-02T02:00:00+00:00", [0.5, 0.5], flow_run="run-2").model_dump(mode="json")
+    raw["metrics"]["throughput_ratio"] = {"values": values}
+    (store.root / history_path(MODEL, "bad-metric")).write_text(json.dumps(raw))  # NaN, Infinity as Python writes
+
+    history = load_history(store, MODEL)
+
+    assert [len(cell.builds) for cell in history.cells] == [1]
+    assert [record.entry for record in history.unreadable] == ["bad-metric"]
+    assert "throughput_ratio" in history.unreadable[0].problem
+    shown = run_cli("history", MODEL, env=registry_env(str(store.root), tmp_path / "cache"))
+    assert shown.returncode == 0, shown.stderr
+    assert "bad-metric" in shown.stderr
+
+
+def test_a_report_with_non_finite_rounds_leaves_the_metric_out() -> None:
+    result = outcome_from_report(model=MODEL, cell=CELL, recipe="fp8", target="cpu", kind="hf-quantized", key="",
+                                 status="built", report=llm_report([1.0, float("nan")], accuracy=float("inf")))
+    assert result.metrics == {} and result.accuracy == {}
