@@ -319,8 +319,10 @@ def promote(
         try:
             record_channel_move(store, move)
         except UserError as exc:  # the channel has moved; say that the log lacks it rather than fail the move
+            from rich.markup import escape
+
             stderr.print(f"[yellow]warning:[/] {change.model}:{change.channel} moved, but the move was not recorded "
-                         f"in its history: {exc.render()}")
+                         f"in its history: {escape(exc.render())}")
     if json_output:
         print_json(change)
         return
@@ -356,7 +358,9 @@ def history(
         return
     _print_history(result, store.location)
     if written:
-        stdout.print(f"wrote {len(written)} plot(s) under {plots}")
+        from rich.markup import escape
+
+        stdout.print(escape(f"wrote {len(written)} plot(s) under {plots}"))
 
 
 def gc(
@@ -453,8 +457,10 @@ def catalogue(
     if json_output:
         print_json(result)
         return
-    stdout.print(f"wrote {result.pages} pages for {result.models} model(s), {result.artefacts} artefact(s) from "
-                 f"{store.location}; open {result.index}")
+    from rich.markup import escape
+
+    stdout.print(escape(f"wrote {result.pages} pages for {result.models} model(s), {result.artefacts} artefact(s) "
+                        f"from {store.location}; open {result.index}"))
     if result.unreadable:
         stderr.print(f"[yellow]note:[/] {result.unreadable} manifest(s) or history record(s) could not be read; "
                      "the pages list them with the reason")
@@ -509,24 +515,30 @@ _STATUS_COLOUR = {"built": "green", "gate-failed": "yellow", "failed": "red", "n
 
 
 def _print_history(result: ModelHistory, location: str) -> None:
+    from rich.markup import escape
+
+    # Every string from a record is data: escaped, so that "[/weights]" in a reason is printed, not parsed.
     if not result.cells:
-        stdout.print(f"No builds of {result.model} in {location}.")
+        stdout.print(f"No builds of {escape(result.model)} in {escape(location)}.")
     for cell in result.cells:
         rows = [_history_row(build, cell.builds[:index]) for index, build in enumerate(cell.builds)]
-        builds = table(f"{cell.cell} ({len(cell.builds)} builds, oldest first)",
+        builds = table(escape(f"{cell.cell} ({len(cell.builds)} builds, oldest first)"),
                        ["date (UTC)", "key", "status", "checkpoint", "toolchain", "throughput ratio", "TPOT ratio",
                         "accuracy", "gates", "channels", "regressions"], rows)
         builds.columns[-1].no_wrap = True  # one regression a line, whole: the column people scan for
         stdout.print(builds)
     if result.channel_moves:
-        stdout.print(table(f"Channel moves of {result.model}", ["date (UTC)", "channel", "key", "was", "by"], [
-            [_short_time(m.recorded), m.channel, m.key[:12], (m.previous or "-")[:12], m.actor]
+        stdout.print(table(escape(f"Channel moves of {result.model}"), ["date (UTC)", "channel", "key", "was", "by"], [
+            [escape(text) for text in (_short_time(m.recorded), m.channel, m.key[:12], (m.previous or "-")[:12],
+                                       m.actor)]
             for m in result.channel_moves]))
     for record in result.unreadable:
-        stderr.print(f"[yellow]unreadable[/] history record {record.entry}: {record.problem}")
+        stderr.print(f"[yellow]unreadable[/] history record {escape(record.entry)}: {escape(record.problem)}")
 
 
 def _history_row(build: BuildEntry, earlier: list[BuildEntry]) -> list[str]:
+    from rich.markup import escape
+
     from registry.history import version_changes
 
     outcome = build.outcome
@@ -539,16 +551,17 @@ def _history_row(build: BuildEntry, earlier: list[BuildEntry]) -> list[str]:
                                if name in outcome.versions][:2]) or "-"
     status = f"[{_STATUS_COLOUR[outcome.status]}]{outcome.status}[/]" + (", published" if build.published else "")
     if outcome.reason and outcome.status != "built":
-        status += f": {outcome.reason}"
+        status += f": {escape(outcome.reason)}"
     failed_gates = [g.name for g in outcome.gates if not g.passed]
-    gates = {True: "[green]pass[/]", False: f"[red]fail[/] ({', '.join(failed_gates) or '?'})", None: "-"}[
+    gates = {True: "[green]pass[/]", False: f"[red]fail[/] ({escape(', '.join(failed_gates) or '?')})", None: "-"}[
         outcome.passed]
-    regressions = "\n".join(f"[red]{r.metric} {_signed_percent(r.change)} vs {r.against}[/]"
+    regressions = "\n".join(f"[red]{escape(f'{r.metric} {_signed_percent(r.change)} vs {r.against}')}[/]"
                              for r in build.regressions) or "-"
-    return [_short_time(outcome.recorded), (outcome.key or "-")[:12], status, (outcome.commit_sha or "-")[:12],
-            toolchain, _spread_text(build, "throughput_ratio"), _spread_text(build, "tpot_ratio"),
-            ", ".join(f"{task} {score:.3f}" for task, score in sorted(outcome.accuracy.items())) or "-", gates,
-            ", ".join(build.channels) or "-", regressions]
+    accuracy = ", ".join(f"{task} {score:.3f}" for task, score in sorted(outcome.accuracy.items())) or "-"
+    return [escape(_short_time(outcome.recorded)), escape((outcome.key or "-")[:12]), status,
+            escape((outcome.commit_sha or "-")[:12]), escape(toolchain), _spread_text(build, "throughput_ratio"),
+            _spread_text(build, "tpot_ratio"), escape(accuracy), gates, escape(", ".join(build.channels) or "-"),
+            regressions]
 
 
 def _spread_text(build: BuildEntry, metric: str) -> str:

@@ -17,6 +17,7 @@ from registry.gc import collect_garbage
 from registry.history import (
     CellOutcome,
     ChannelMove,
+    GateVerdict,
     MetricSpread,
     find_regressions,
     load_history,
@@ -378,3 +379,24 @@ def test_a_report_with_non_finite_rounds_leaves_the_metric_out() -> None:
     result = outcome_from_report(model=MODEL, cell=CELL, recipe="fp8", target="cpu", kind="hf-quantized", key="",
                                  status="built", report=llm_report([1.0, float("nan")], accuracy=float("inf")))
     assert result.metrics == {} and result.accuracy == {}
+
+
+def test_history_prints_data_that_looks_like_markup_as_text(store: LocalStore, tmp_path: Path) -> None:
+    failed = outcome("2026-11-01T02:00:00+00:00", status="failed", flow_run="run-1").model_copy(
+        update={"reason": "KeyError('[/weights]')"})
+    record_outcome(store, failed)
+    odd = outcome("2026-11-02T02:00:00+00:00", [1.0, 1.1], flow_run="run-2").model_copy(update={
+        "cell": f"{MODEL}/[bold]fp8[/]", "accuracy": {"[/task]": 0.5}, "versions": {"[red]torch": "2.[/]"},
+        "gates": [GateVerdict(name="[/gate]", measured=0.5, limit=0.9, passed=False)], "passed": False})
+    record_outcome(store, odd)
+    record_channel_move(store, ChannelMove(model=MODEL, channel="stable", key="a" * 64, previous=None,
+                                           actor="[/ops]@host", recorded="2026-11-03T02:00:00+00:00"))
+    raw = json.loads(failed.model_dump_json()) | {"record": "[/odd]"}
+    (store.root / history_path(MODEL, "odd-type")).write_text(json.dumps(raw))
+
+    shown = run_cli("history", MODEL, env=registry_env(str(store.root), tmp_path / "cache"))
+
+    assert shown.returncode == 0, shown.stderr
+    for text in ("KeyError('[/weights]')", f"{MODEL}/[bold]fp8[/]", "[/task] 0.500", "[/gate]", "[/ops]@host"):
+        assert text in shown.stdout, text
+    assert "'[/odd]'" in shown.stderr
