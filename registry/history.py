@@ -44,6 +44,14 @@ CELL_HASH_CHARS = 12
 # A task score is a share of examples (0..1) with no spread over rounds: a drop of more than one point
 # (0.01) is flagged. Smaller moves are within what re-running the same examples on another night gives.
 ACCURACY_DROP_TOLERANCE = 0.01
+# A cosine to the reference (an encoder's ``min_cosine``) sits just under 1 and is deterministic for the same
+# inputs: 0.999 → 0.990 is a real loss though it is under one point, so cosine-like keys have their own, tighter
+# tolerance.
+COSINE_DROP_TOLERANCE = 0.005
+# Rounds a metric needs on each side before its spread is trusted: a single round has half range 0, and judging by
+# it would flag any tiny drop. With fewer, only a relative worsening beyond SINGLE_ROUND_TOLERANCE counts.
+MIN_ROUNDS_FOR_SPREAD = 2
+SINGLE_ROUND_TOLERANCE = 0.10
 ENCODER_KINDS = frozenset({"onnx", "tensorrt-engine"})
 
 OutcomeStatus = Literal["built", "gate-failed", "failed", "no-worker"]
@@ -376,11 +384,13 @@ def _gates(gates: object) -> list[GateVerdict]:
 def find_regressions(before: CellOutcome, after: CellOutcome, against: str, against_key: str) -> list[Regression]:
     """What got worse from ``before`` to ``after``.
 
-    A metric of ``HIGHER_IS_BETTER`` measured by both is flagged when its median moved the worse way by more than
-    ``before.half_range + after.half_range``: a move inside the two spreads is no difference (the validation
-    gates read their margins the same way). A metric measured in a single round has no spread, so any worsening of
-    it counts. A task score (``accuracy``) is flagged as ``accuracy:<task>`` when it dropped by more than
-    ``ACCURACY_DROP_TOLERANCE`` (one point).
+    A metric of ``HIGHER_IS_BETTER`` measured by both in at least ``MIN_ROUNDS_FOR_SPREAD`` rounds is flagged when its
+    median moved the worse way by more than ``before.half_range + after.half_range``: a move inside the two spreads
+    is no difference (the validation gates read their margins the same way). Where either side has fewer rounds its
+    spread says nothing (one round has half range 0), so the metric is flagged only when it moved the worse way by
+    more than ``SINGLE_ROUND_TOLERANCE`` (10 %) of the earlier median, and by more than the spreads there are. A
+    task score (``accuracy``) is flagged as ``accuracy:<task>`` when it dropped by more than
+    ``accuracy_drop_tolerance(task)``: one point, half a point for a cosine (``min_cosine``).
     """
     found = []
     for metric, higher_is_better in HIGHER_IS_BETTER.items():
@@ -388,15 +398,24 @@ def find_regressions(before: CellOutcome, after: CellOutcome, against: str, agai
         if old is None or new is None:
             continue
         worse_by = (old.median - new.median) if higher_is_better else (new.median - old.median)
-        if worse_by > old.half_range + new.half_range:
+        allowed = old.half_range + new.half_range
+        if min(len(old.values), len(new.values)) < MIN_ROUNDS_FOR_SPREAD:
+            allowed = max(allowed, SINGLE_ROUND_TOLERANCE * abs(old.median))
+        if worse_by > allowed:
             found.append(Regression(metric=metric, against=against, against_key=against_key, before=old.median,
                                     after=new.median))
     for task, old_score in before.accuracy.items():
         new_score = after.accuracy.get(task)
-        if new_score is not None and old_score - new_score > ACCURACY_DROP_TOLERANCE:
+        if new_score is not None and old_score - new_score > accuracy_drop_tolerance(task):
             found.append(Regression(metric=f"accuracy:{task}", against=against, against_key=against_key,
                                     before=old_score, after=new_score))
     return found
+
+
+def accuracy_drop_tolerance(task: str) -> float:
+    """How far ``task``'s score may drop before it is a regression: ``COSINE_DROP_TOLERANCE`` for a cosine to the
+    reference (a key naming a cosine, e.g. ``min_cosine``), ``ACCURACY_DROP_TOLERANCE`` for any other score."""
+    return COSINE_DROP_TOLERANCE if "cosine" in task else ACCURACY_DROP_TOLERANCE
 
 
 def version_changes(previous: CellOutcome | None, outcome: CellOutcome) -> dict[str, tuple[str | None, str | None]]:
@@ -490,8 +509,9 @@ def load_history(store: RegistryStore, model: str, *, recipe: str | None = None,
 
     A manifest that no outcome names by key appears as a build read from its own report. Each build that measured
     something is compared with the previous build of its cell that did (``against="previous"``) and, where it is
-    newer than a channel's build of the cell, with that build (``against="channel:<name>"``). A record that
-    cannot be read is listed in ``unreadable``, never raised.
+    newer than a channel's build of the cell and that build is not the previous one (compared with already), with
+    that build (``against="channel:<name>"``). A record that cannot be read is listed in ``unreadable``, never
+    raised.
     """
     loaded = _read_records(store, model, store.list_history(model))
     listing = list_model(store, model)
@@ -548,9 +568,11 @@ def _cell_history(model: str, cell: str, outcomes: list[CellOutcome], published:
         if previous is not None:
             before = builds[previous].outcome
             build.regressions += find_regressions(before, build.outcome, "previous", before.key)
+        previous_key = builds[previous].outcome.key if previous is not None else None
         for channel, at in channel_builds.items():
-            # An older build is not a candidate to replace the channel's: comparing it would flag only progress.
-            if at < index and builds[at].outcome.key != build.outcome.key:
+            # An older build is not a candidate to replace the channel's: comparing it would flag only progress. A
+            # channel on the previous build was compared with just above: the same regression is not flagged twice.
+            if at < index and builds[at].outcome.key not in (build.outcome.key, previous_key):
                 before = builds[at].outcome
                 build.regressions += find_regressions(before, build.outcome, f"channel:{channel}", before.key)
         previous = index

@@ -268,8 +268,8 @@ def test_load_history_joins_outcomes_manifests_and_channels(store: LocalStore, t
     assert builds[0].channels == ["stable"] and builds[3].channels == ["latest"]
     assert history.channels == {"latest": by_hand, "stable": recorded_key}
     failed = builds[1].regressions
-    assert {(r.metric, r.against) for r in failed} == {("throughput_ratio", "previous"),
-                                                      ("throughput_ratio", "channel:stable")}
+    # stable is on the previous build: flagged once, against the previous build.
+    assert {(r.metric, r.against) for r in failed} == {("throughput_ratio", "previous")}
     # The manifest published by hand: better than the failed build, and within the spreads of stable's.
     assert builds[3].regressions == []
     assert builds[2].regressions == []
@@ -288,7 +288,7 @@ def test_a_regression_against_a_channel_alone(store: LocalStore) -> None:
     builds = load_history(store, MODEL).cells[0].builds
 
     assert [[(r.against, r.against_key[:1]) for r in b.regressions] for b in builds] == [
-        [], [("previous", "a"), ("channel:prod", "a")], [("channel:prod", "a")]]
+        [], [("previous", "a")], [("channel:prod", "a")]]
     assert builds[0].channels == ["prod"]
 
 
@@ -307,7 +307,7 @@ def test_history_command_prints_a_table_and_json(store: LocalStore, tmp_path: Pa
     assert table.returncode == 0, table.stderr
     assert CELL in table.stdout and "gate-failed" in table.stdout and key[:12] in table.stdout
     assert "throughput_ratio −40% vs previous" in table.stdout
-    assert "throughput_ratio −40% vs channel:latest" in table.stdout
+    assert "vs channel:latest" not in table.stdout  # latest is on the previous build: flagged once
     assert "broken" in table.stderr
 
     listed = cli_json("history", MODEL, "--target", "cpu", env=env)
@@ -400,3 +400,37 @@ def test_history_prints_data_that_looks_like_markup_as_text(store: LocalStore, t
     for text in ("KeyError('[/weights]')", f"{MODEL}/[bold]fp8[/]", "[/task] 0.500", "[/gate]", "[/ops]@host"):
         assert text in shown.stdout, text
     assert "'[/odd]'" in shown.stderr
+
+
+# --- the regression rule, edges ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("before", "after", "flagged"), [
+    ([1.0], [0.99], False),        # one round each: no spread to judge by; 1 % is inside the 10 % tolerance
+    ([1.0], [0.89], True),         # 11 % lower
+    ([1.0, 1.0], [0.95], False),   # one side has a single round: the tolerance, not the (zero) spread
+    ([1.0, 1.0], [0.95, 0.95], True),  # two rounds each, no spread: 5 % lower is beyond it
+])
+def test_a_metric_measured_in_one_round_is_judged_by_a_relative_tolerance(before: list[float], after: list[float],
+                                                                          flagged: bool) -> None:
+    found = find_regressions(outcome("2026-11-01T02:00:00+00:00", before),
+                             outcome("2026-11-02T02:00:00+00:00", after), "previous", "")
+    assert [r.metric for r in found] == (["throughput_ratio"] if flagged else [])
+
+
+@pytest.mark.parametrize(("after", "flagged"), [(0.990, True), (0.996, False)])
+def test_a_cosine_drop_under_one_point_is_still_flagged(after: float, flagged: bool) -> None:
+    before = outcome("2026-11-01T02:00:00+00:00").model_copy(update={"accuracy": {"min_cosine": 0.999}})
+    later = outcome("2026-11-02T02:00:00+00:00").model_copy(update={"accuracy": {"min_cosine": after}})
+    found = find_regressions(before, later, "previous", "")
+    assert [r.metric for r in found] == (["accuracy:min_cosine"] if flagged else [])
+
+
+def test_a_channel_on_the_previous_build_is_not_flagged_twice(store: LocalStore) -> None:
+    record_outcome(store, outcome("2026-11-01T02:00:00+00:00", [1.0, 1.0], key="a" * 64, flow_run="run-1"))
+    record_outcome(store, outcome("2026-11-02T02:00:00+00:00", [0.8, 0.8], key="b" * 64, flow_run="run-2"))
+    store.write_ref(MODEL, "prod", "a" * 64, expected=None)
+
+    builds = load_history(store, MODEL).cells[0].builds
+
+    assert [[(r.against, r.against_key[:1]) for r in b.regressions] for b in builds] == [[], [("previous", "a")]]
