@@ -579,13 +579,14 @@ def _short_time(recorded: str) -> str:
 
 def _write_history_plots(result: ModelHistory, out_dir: Path) -> list[Path]:
     try:
-        from registry.history_plots import cell_slug, write_history_plots
+        from registry.history_plots import write_history_plots
+        from registry.names import safe_file_name
     except ImportError as exc:
         raise UserError(f"plots need matplotlib ({exc})", where="--plots",
                         hint="install enginesmith with the validation extra: pip install 'enginesmith[validation]'"
                         ) from None
     cells: list[CellHistory] = result.cells
-    return [path for cell in cells for path in write_history_plots(cell, out_dir / cell_slug(cell.cell))]
+    return [path for cell in cells for path in write_history_plots(cell, out_dir / safe_file_name(cell.cell))]
 
 
 def _read_json_file(path: Path, option: str) -> dict[str, Any]:

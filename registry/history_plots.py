@@ -2,30 +2,21 @@
 
 Each point is one build: its median with bars from the lowest to the highest round. A build whose gates failed
 is drawn as a red cross, one that passed as a green dot, one never validated as a grey dot; a build that
-regressed on the metric is ringed in orange.
+regressed on the metric is ringed in orange. A build whose ``recorded`` is not a timestamp has no place on the
+time axis and is left out (the title counts it). Files are named by ``registry.names.safe_file_name``.
 """
 
 from __future__ import annotations
 
-import re
+from datetime import datetime
 from pathlib import Path
 
 from registry.history import HIGHER_IS_BETTER, BuildEntry, CellHistory
 from registry.manifest import parse_timestamp
+from registry.names import safe_file_name
 
-_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 _LABELS = {"throughput_ratio": "throughput ratio (candidate ÷ reference)",
            "tpot_ratio": "TPOT ratio (candidate ÷ reference)"}
-
-
-def safe_file_stem(name: str) -> str:
-    """``name`` as one safe file name component (metric names hold ':' and '@', cell ids '/')."""
-    return _UNSAFE.sub("_", name).strip("._") or "metric"
-
-
-def cell_slug(cell: str) -> str:
-    """A cell id (``model/recipe/target/tp1/kind``) as a directory name."""
-    return safe_file_stem(cell.replace("/", "__"))
 
 
 def plotted_metrics(history: CellHistory) -> list[str]:
@@ -46,13 +37,13 @@ def write_history_plots(history: CellHistory, out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
     for metric in plotted_metrics(history):
-        points = [(build, _point(build, metric)) for build in history.builds]
-        shown = [(build, point) for build, point in points if point is not None]
+        measured = [(build, point) for build in history.builds if (point := _point(build, metric)) is not None]
+        shown = [(float(date2num(moment)), build, point) for build, point in measured
+                 if (moment := _moment(build)) is not None]
+        undated = len(measured) - len(shown)
         figure, axes = plt.subplots(figsize=(7, 4))
-        dates = [float(date2num(parse_timestamp(build.outcome.recorded))) for build, _ in shown]
-        medians = [point[0] for _, point in shown]
-        axes.plot(dates, medians, color="lightgrey", zorder=1)
-        for date, (build, (median, low, high)) in zip(dates, shown, strict=True):
+        axes.plot([date for date, _, _ in shown], [point[0] for _, _, point in shown], color="lightgrey", zorder=1)
+        for date, build, (median, low, high) in shown:
             verdict = build.outcome.passed
             colour, marker = {True: ("tab:green", "o"), False: ("tab:red", "X"), None: ("grey", "o")}[verdict]
             axes.errorbar([date], [median], yerr=[[median - low], [high - median]], fmt=marker, color=colour,
@@ -67,13 +58,23 @@ def write_history_plots(history: CellHistory, out_dir: Path) -> list[Path]:
         axes.set_xlabel("build (UTC)")
         axes.set_ylabel(_LABELS.get(metric, metric))
         builds = f"{len(shown)} build" + ("" if len(shown) == 1 else "s")
+        if undated:
+            builds += f", {undated} left out: no valid date"
         axes.set_title(f"{history.cell} ({builds}; bars: min–max over rounds)", fontsize=9)
         figure.autofmt_xdate()
         figure.tight_layout()
-        paths.append(out_dir / f"{safe_file_stem(metric)}.png")
+        paths.append(out_dir / f"{safe_file_name(metric)}.png")
         figure.savefig(paths[-1], dpi=100)
         plt.close(figure)
     return paths
+
+
+def _moment(build: BuildEntry) -> datetime | None:
+    """When ``build`` was recorded; ``None`` when its ``recorded`` is not a timestamp."""
+    try:
+        return parse_timestamp(build.outcome.recorded)
+    except ValueError:
+        return None
 
 
 def _point(build: BuildEntry, metric: str) -> tuple[float, float, float] | None:

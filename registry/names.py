@@ -17,6 +17,7 @@ A reference (``REF``) names one manifest: ``MODEL@KEY`` (a key or a unique prefi
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 
@@ -25,6 +26,7 @@ from enginesmith.errors import UserError
 # Model ids, keys and channels become path components on disk and in object keys: one safe component each.
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
+_UNSAFE_FILE_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
 MIN_KEY_PREFIX = 6
 
 BLOBS_DIR = "blobs/sha256"
@@ -48,6 +50,18 @@ def check_name(value: str, what: str) -> str:
             hint="use letters, digits, '.', '_' and '-' (at most 128, starting with a letter or digit)",
         )
     return value
+
+
+def safe_file_name(text: str) -> str:
+    """``text`` (a model id, key, cell id, metric name) as one file name component, the same for every writer (the
+    catalogue, the history plots): ``text`` itself when it is a registry name (letters, digits, '.', '_', '-');
+    otherwise its safe characters (each unsafe run as '-', at most 60) and 10 hex digits of the sha256 of the
+    whole. So two ids never share a file (``a/b``, ``a_b`` and ``a-b`` are three names) and none escapes its
+    folder."""
+    if is_name(text):
+        return text
+    stem = _UNSAFE_FILE_CHARS.sub("-", text).strip(".-")[:60] or "x"
+    return f"{stem}-{hashlib.sha256(text.encode()).hexdigest()[:10]}"
 
 
 def is_digest(value: str) -> bool:

@@ -4,18 +4,16 @@ server or S3 bucket can host.
 Pages: ``index.html`` (every model), ``models/<model>.html`` (its artefacts as a profile table, its channel moves,
 each cell's history, plotted under ``models/<model>/_history/``) and ``models/<model>/<key>.html`` (one artefact: its
 validation report, provenance and the pull command; its plots under ``models/<model>/<key>/``). Every link is
-relative; file names come from model ids, keys and cell ids through ``safe_file_name``. The view models below are
-built by pure functions of manifests, reports and histories; the templates (``registry/templates``, autoescaped) only
-lay them out, and ``write_catalogue`` does the I/O.
+relative; file names come from model ids, keys and cell ids through ``registry.names.safe_file_name``. The view
+models below are built by pure functions of manifests, reports and histories; the templates (``registry/templates``,
+autoescaped) only lay them out, and ``write_catalogue`` does the I/O.
 
 A manifest, report or history record that cannot be read is listed with its reason; it never stops the site.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
-import re
 import shlex
 import shutil
 import uuid
@@ -30,7 +28,7 @@ from enginesmith.errors import UserError
 from registry.catalog import ModelListing, list_model, list_models
 from registry.history import HIGHER_IS_BETTER, BuildEntry, CellHistory, ModelHistory, Regression
 from registry.manifest import Manifest
-from registry.names import is_name
+from registry.names import safe_file_name
 from registry.store import RegistryStore
 
 if TYPE_CHECKING:
@@ -44,7 +42,6 @@ MARKER_FILE = ".enginesmith-catalogue"
 STYLESHEET = "catalogue.css"
 # Beside the artefact pages of a model; a registry name cannot start with "_", so no key collides with it.
 HISTORY_DIR = "_history"
-_UNSAFE_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 class CatalogueResult(BaseModel):
@@ -167,15 +164,6 @@ class ArtefactPage(BaseModel):
 
 
 # --- pure view building -------------------------------------------------------------------------------
-
-
-def safe_file_name(text: str) -> str:
-    """A file name for ``text``: itself when it is a registry name (letters, digits, '.', '_', '-'), otherwise its
-    safe characters and a digest of the whole, so that two ids never share a file and none escapes its folder."""
-    if is_name(text) and text not in (".", ".."):
-        return text
-    stem = _UNSAFE_CHARS.sub("-", text).strip(".-")[:60] or "x"
-    return f"{stem}-{hashlib.sha256(text.encode()).hexdigest()[:10]}"
 
 
 def pull_command(model: str, key: str, registry_url: str, *, bundle: bool = False,

@@ -18,8 +18,9 @@ from enginesmith.specs import WorkloadSpec
 from registry.catalog import load_manifest
 from registry.history import outcome_from_report, record_outcome
 from registry.local import LocalStore
+from registry.names import safe_file_name
 from registry.publish import publish_artefact
-from registry.site import pull_command, safe_file_name, write_catalogue
+from registry.site import pull_command, write_catalogue
 from tests.conftest import chromium_page, needs_chromium, run_cli
 from tests.registry_helpers import tiny_files, write_artefact
 from validation.gates import GateResult

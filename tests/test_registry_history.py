@@ -30,7 +30,7 @@ from registry.history import (
 )
 from registry.history_plots import write_history_plots
 from registry.local import LocalStore
-from registry.names import history_path
+from registry.names import history_path, safe_file_name
 from registry.publish import publish_artefact
 from registry.refs import promote
 from tests.conftest import run_cli
@@ -319,8 +319,8 @@ def test_history_command_prints_a_table_and_json(store: LocalStore, tmp_path: Pa
 
     plots = tmp_path / "plots"
     assert run_cli("history", MODEL, "--plots", str(plots), env=env).returncode == 0
-    assert sorted(p.name for p in (plots / "tiny-llama__fp8__cpu__tp1__hf-quantized").iterdir()) == [
-        "accuracy_addition.png", "throughput_ratio.png"]
+    assert sorted(p.name for p in (plots / safe_file_name(CELL)).iterdir()) == [
+        f"{safe_file_name('accuracy:addition')}.png", "throughput_ratio.png"]
 
 
 def test_promote_records_who_moved_the_channel(store: LocalStore, tmp_path: Path) -> None:
@@ -350,7 +350,8 @@ def test_plots_are_pngs_named_after_their_metrics(store: LocalStore, tmp_path: P
 
     paths = write_history_plots(load_history(store, MODEL).cells[0], tmp_path / "plots")
 
-    assert sorted(p.name for p in paths) == ["accuracy_addition.png", "throughput_ratio.png", "tpot_ratio.png"]
+    assert sorted(p.name for p in paths) == [f"{safe_file_name('accuracy:addition')}.png", "throughput_ratio.png",
+                                             "tpot_ratio.png"]
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths)
 
 
@@ -434,3 +435,37 @@ def test_a_channel_on_the_previous_build_is_not_flagged_twice(store: LocalStore)
     builds = load_history(store, MODEL).cells[0].builds
 
     assert [[(r.against, r.against_key[:1]) for r in b.regressions] for b in builds] == [[], [("previous", "a")]]
+
+
+# --- plots and file names ----------------------------------------------------------------------------
+
+
+def test_a_build_recorded_at_no_valid_time_is_left_out_of_the_plots(store: LocalStore, tmp_path: Path) -> None:
+    record_outcome(store, outcome("2026-11-01T02:00:00+00:00", [1.0, 1.1], flow_run="run-1"))
+    record_outcome(store, outcome("last tuesday", [0.9, 1.0], flow_run="run-2"))
+
+    paths = write_history_plots(load_history(store, MODEL).cells[0], tmp_path / "plots")
+
+    assert paths and all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths)
+    shown = run_cli("history", MODEL, "--plots", str(tmp_path / "cli-plots"),
+                    env=registry_env(str(store.root), tmp_path / "cache"))
+    assert shown.returncode == 0, shown.stderr
+
+
+def test_plot_files_of_ids_that_differ_only_in_unsafe_characters_do_not_collide(store: LocalStore,
+                                                                                 tmp_path: Path) -> None:
+    assert len({safe_file_name(name) for name in ("a/b", "a_b", "a-b", "x/y", "x__y", "x_y")}) == 6
+    scores = outcome("2026-11-01T02:00:00+00:00", [1.0, 1.1], flow_run="run-1").model_copy(
+        update={"accuracy": {"a/b": 0.5, "a_b": 0.6}})
+    record_outcome(store, scores)
+    for cell in ("x/y", "x__y"):
+        record_outcome(store, scores.model_copy(update={"cell": cell, "flow_run": f"run-{cell}"}))
+    history = load_history(store, MODEL)
+
+    paths = write_history_plots(next(c for c in history.cells if c.cell == CELL), tmp_path / "plots")
+    assert len(paths) == len(set(paths)) == 3 and all(p.exists() for p in paths)
+
+    out = tmp_path / "cli-plots"
+    shown = run_cli("history", MODEL, "--plots", str(out), env=registry_env(str(store.root), tmp_path / "cache"))
+    assert shown.returncode == 0, shown.stderr
+    assert len([d for d in out.iterdir() if d.is_dir()]) == 3
