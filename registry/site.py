@@ -381,7 +381,8 @@ def write_catalogue(store: RegistryStore, out_dir: Path, *, registry_url: str,
     """Write the site for every model in ``store`` to ``out_dir``, replacing the catalogue there if any.
 
     The pages are written to a new directory beside ``out_dir`` and renamed into place at the end, so an
-    interrupted run leaves the previous site whole. ``registry_url`` (and ``s3_endpoint``) is what the pull commands
+    interrupted run leaves the previous site whole (but for the instant between two renames, which the next run
+    recovers from: ``_swap_into_place``). ``registry_url`` (and ``s3_endpoint``) is what the pull commands
     name.
 
     Raises ``UserError`` when ``out_dir`` exists and is not a catalogue this command wrote.
@@ -412,13 +413,19 @@ def _check_replaceable(out_dir: Path) -> None:
 
 
 def _swap_into_place(staging: Path, out_dir: Path) -> None:
-    if not out_dir.exists():
-        staging.rename(out_dir)
-        return
-    retired = out_dir.parent / f".{out_dir.name}.old-{uuid.uuid4().hex[:8]}"
-    out_dir.rename(retired)
+    """Rename ``staging`` to ``out_dir``, retiring the catalogue there first.
+
+    Two renames, not one atomic swap: between them ``out_dir`` does not exist, and a crash there leaves the old site
+    as ``.<name>.old-*`` beside it. A missing ``out_dir`` is fine to write, so the next run writes the site again and
+    then removes every retired catalogue (an ``.old-*`` sibling holding ``MARKER_FILE``).
+    """
+    if out_dir.exists():
+        retired = out_dir.parent / f".{out_dir.name}.old-{uuid.uuid4().hex[:8]}"
+        out_dir.rename(retired)
     staging.rename(out_dir)
-    shutil.rmtree(retired, ignore_errors=True)
+    for old in out_dir.parent.glob(f".{out_dir.name}.old-*"):
+        if old.is_dir() and (old / MARKER_FILE).exists():
+            shutil.rmtree(old, ignore_errors=True)
 
 
 class _SiteWriter:

@@ -445,3 +445,17 @@ def test_a_history_that_fails_to_load_is_shown_with_its_reason(two_nights, tmp_p
     page = read_page(out / "models" / "tiny-llama.html")
     assert any("the history backend fell over" in text for text in page.by_class["problem"])
     assert f"tiny-llama/{keys['fp8', 1]}.html" in page.links
+
+
+def test_a_run_that_crashed_between_the_renames_is_recovered_by_the_next(two_nights, tmp_path: Path) -> None:
+    store, _ = two_nights
+    out = tmp_path / "site"
+    write_catalogue(store, out, registry_url=str(store.root))
+    out.rename(tmp_path / ".site.old-deadbeef")  # the old site retired, the new one never renamed into place
+    foreign = tmp_path / ".site.old-notours"
+    foreign.mkdir()
+
+    write_catalogue(store, out, registry_url=str(store.root))
+
+    assert (out / "index.html").exists()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".site")) == [".site.old-notours"]
