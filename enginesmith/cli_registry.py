@@ -517,6 +517,8 @@ _STATUS_COLOUR = {"built": "green", "gate-failed": "yellow", "failed": "red", "n
 def _print_history(result: ModelHistory, location: str) -> None:
     from rich.markup import escape
 
+    from registry.manifest import display_timestamp
+
     # Every string from a record is data: escaped, so that "[/weights]" in a reason is printed, not parsed.
     if not result.cells:
         stdout.print(f"No builds of {escape(result.model)} in {escape(location)}.")
@@ -529,7 +531,7 @@ def _print_history(result: ModelHistory, location: str) -> None:
         stdout.print(builds)
     if result.channel_moves:
         stdout.print(table(escape(f"Channel moves of {result.model}"), ["date (UTC)", "channel", "key", "was", "by"], [
-            [escape(text) for text in (_short_time(m.recorded), m.channel, m.key[:12], (m.previous or "-")[:12],
+            [escape(text) for text in (display_timestamp(m.recorded), m.channel, m.key[:12], (m.previous or "-")[:12],
                                        m.actor)]
             for m in result.channel_moves]))
     for record in result.unreadable:
@@ -539,7 +541,8 @@ def _print_history(result: ModelHistory, location: str) -> None:
 def _history_row(build: BuildEntry, earlier: list[BuildEntry]) -> list[str]:
     from rich.markup import escape
 
-    from registry.history import version_changes
+    from registry.history import describe_regression, version_changes
+    from registry.manifest import display_timestamp
 
     outcome = build.outcome
     previous = next((b.outcome for b in reversed(earlier) if b.outcome.versions), None)
@@ -555,10 +558,9 @@ def _history_row(build: BuildEntry, earlier: list[BuildEntry]) -> list[str]:
     failed_gates = [g.name for g in outcome.gates if not g.passed]
     gates = {True: "[green]pass[/]", False: f"[red]fail[/] ({escape(', '.join(failed_gates) or '?')})", None: "-"}[
         outcome.passed]
-    regressions = "\n".join(f"[red]{escape(f'{r.metric} {_signed_percent(r.change)} vs {r.against}')}[/]"
-                             for r in build.regressions) or "-"
+    regressions = "\n".join(f"[red]{escape(describe_regression(r))}[/]" for r in build.regressions) or "-"
     accuracy = ", ".join(f"{task} {score:.3f}" for task, score in sorted(outcome.accuracy.items())) or "-"
-    return [escape(_short_time(outcome.recorded)), escape((outcome.key or "-")[:12]), status,
+    return [escape(display_timestamp(outcome.recorded)), escape((outcome.key or "-")[:12]), status,
             escape((outcome.commit_sha or "-")[:12]), escape(toolchain), _spread_text(build, "throughput_ratio"),
             _spread_text(build, "tpot_ratio"), escape(accuracy), gates, escape(", ".join(build.channels) or "-"),
             regressions]
@@ -567,14 +569,6 @@ def _history_row(build: BuildEntry, earlier: list[BuildEntry]) -> list[str]:
 def _spread_text(build: BuildEntry, metric: str) -> str:
     spread = build.outcome.metrics.get(metric)
     return "-" if spread is None else f"{spread.median:.3f} ±{spread.half_range:.3f}"
-
-
-def _signed_percent(change: float) -> str:
-    return f"{'−' if change < 0 else '+'}{abs(change):.0%}"
-
-
-def _short_time(recorded: str) -> str:
-    return recorded[:16].replace("T", " ") or "-"
 
 
 def _write_history_plots(result: ModelHistory, out_dir: Path) -> list[Path]:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError, computed_field
 
+from enginesmith.specs import ENCODER_KINDS
 from registry.catalog import READ_THREADS, list_model
 from registry.errors import IntegrityError
 from registry.manifest import parse_timestamp, utc_timestamp
@@ -52,7 +53,6 @@ COSINE_DROP_TOLERANCE = 0.005
 # it would flag any tiny drop. With fewer, only a relative worsening beyond SINGLE_ROUND_TOLERANCE counts.
 MIN_ROUNDS_FOR_SPREAD = 2
 SINGLE_ROUND_TOLERANCE = 0.10
-ENCODER_KINDS = frozenset({"onnx", "tensorrt-engine"})
 
 OutcomeStatus = Literal["built", "gate-failed", "failed", "no-worker"]
 # The metrics a cell's history follows, and which way is better.
@@ -142,6 +142,19 @@ class Regression(BaseModel):
     def change(self) -> float:
         """Relative change, after ÷ before − 1 (e.g. −0.3 for 30 % lower)."""
         return self.after / self.before - 1 if self.before else 0.0
+
+
+def signed_percent(change: float) -> str:
+    """A relative change as a whole percent with its sign: ``−31%`` (a true minus sign), ``+5%``, ``±0%``."""
+    percent = round(change * 100)
+    sign = "−" if percent < 0 else "+" if percent > 0 else "±"
+    return f"{sign}{abs(percent)}%"
+
+
+def describe_regression(regression: Regression) -> str:
+    """``throughput_ratio −31% vs previous`` or ``… vs channel:stable``: how the CLI, the catalogue and the nightly
+    word a regression."""
+    return f"{regression.metric} {signed_percent(regression.change)} vs {regression.against}"
 
 
 class BuildEntry(BaseModel):

@@ -182,6 +182,18 @@ def parse_timestamp(text: str) -> datetime:
     return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
 
 
+def display_timestamp(text: str) -> str:
+    """A stored time as tables and pages show it: ``YYYY-MM-DD HH:MM:SS`` in UTC; the text itself when it is not a
+    timestamp, ``—`` when it is empty."""
+    if not text:
+        return "—"
+    try:
+        moment = parse_timestamp(text)
+    except ValueError:
+        return text
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+
 def parse_manifest(body: bytes, where: str) -> Manifest:
     """Parse and check a stored manifest.
 

@@ -26,8 +26,8 @@ from pydantic import BaseModel, ValidationError
 from enginesmith.diskspace import size_label
 from enginesmith.errors import UserError
 from registry.catalog import ModelListing, list_model, list_models
-from registry.history import HIGHER_IS_BETTER, BuildEntry, CellHistory, ModelHistory, Regression
-from registry.manifest import Manifest
+from registry.history import HIGHER_IS_BETTER, BuildEntry, CellHistory, ModelHistory, describe_regression
+from registry.manifest import Manifest, display_timestamp
 from registry.names import safe_file_name
 from registry.store import RegistryStore
 
@@ -116,7 +116,7 @@ class BuildRow(BaseModel):
     metrics: list[str]  # "throughput_ratio 0.95 ± 0.01"
     verdict: str
     channels: list[str]
-    regressions: list[str]  # "throughput_ratio −31% vs previous"
+    regressions: list[str]  # describe_regression and the short key: "throughput_ratio −31% vs previous (3f2a9c…)"
     reason: str
 
 
@@ -173,10 +173,6 @@ def pull_command(model: str, key: str, registry_url: str, *, bundle: bool = Fals
     endpoint = ["--s3-endpoint", s3_endpoint] if s3_endpoint and not bundle else []
     dest = f"{safe_file_name(model)}-{key[:12]}"
     return shlex.join(["enginesmith", "pull", f"{model}@{key}", *source, *endpoint, "--dest", dest])
-
-
-def _timestamp(text: str) -> str:
-    return text[:19].replace("T", " ") if text else "—"
 
 
 def _short(key: str | None) -> str:
@@ -283,7 +279,7 @@ def artefact_row(manifest: Manifest, view: ReportView, channels: list[str]) -> A
     return ArtefactRow(key=manifest.key, short_key=_short(manifest.key),
                        href=f"{safe_file_name(manifest.model)}/{safe_file_name(manifest.key)}.html",
                        target=a.target, recipe=manifest.recipe, kind=a.kind, tp=a.tp, pp=a.pp,
-                       published=_timestamp(manifest.published), size=size_label(manifest.total_bytes),
+                       published=display_timestamp(manifest.published), size=size_label(manifest.total_bytes),
                        throughput_ratio=view.throughput_ratio, tpot_ratio=view.tpot_ratio, verdict=_verdict(view),
                        channels=channels)
 
@@ -313,14 +309,6 @@ def profile_rows(manifest: Manifest) -> list[tuple[str, str]]:
             ("runtimes", ", ".join(a.runtimes) or "—")]
 
 
-def regression_label(regression: Regression) -> str:
-    """``throughput_ratio −31% vs previous`` (a true minus sign, the change rounded to a whole percent)."""
-    against = "previous" if regression.against == "previous" else regression.against.replace("channel:", "channel ")
-    percent = round(regression.change * 100)
-    sign = "−" if percent < 0 else "+"
-    return f"{regression.metric} {sign}{abs(percent)}% vs {against} ({_short(regression.against_key)})"
-
-
 def build_row(model: str, entry: BuildEntry) -> BuildRow:
     outcome = entry.outcome
     metrics = [f"{name} {spread.median:.3f} ± {spread.half_range:.3f}"
@@ -328,9 +316,10 @@ def build_row(model: str, entry: BuildEntry) -> BuildRow:
                if (spread := outcome.metrics.get(name)) is not None and spread.values]
     verdict = "—" if outcome.passed is None else ("pass" if outcome.passed else "FAIL")
     href = f"{safe_file_name(model)}/{safe_file_name(outcome.key)}.html" if entry.published and outcome.key else None
-    return BuildRow(recorded=_timestamp(outcome.recorded), status=outcome.status, key=_short(outcome.key), href=href,
-                    metrics=metrics, verdict=verdict, channels=entry.channels,
-                    regressions=[regression_label(r) for r in entry.regressions], reason=outcome.reason)
+    regressions = [f"{describe_regression(r)} ({_short(r.against_key)})" for r in entry.regressions]
+    return BuildRow(recorded=display_timestamp(outcome.recorded), status=outcome.status, key=_short(outcome.key),
+                    href=href, metrics=metrics, verdict=verdict, channels=entry.channels, regressions=regressions,
+                    reason=outcome.reason)
 
 
 def cell_view(history: CellHistory) -> CellView:
@@ -352,7 +341,7 @@ def model_page(listing: ModelListing, history: ModelHistory | None, reports: dic
     moves: list[MoveRow] = []
     if history is not None:
         cells = [cell_view(cell) for cell in history.cells]
-        moves = [MoveRow(recorded=_timestamp(m.recorded), actor=m.actor, channel=m.channel,
+        moves = [MoveRow(recorded=display_timestamp(m.recorded), actor=m.actor, channel=m.channel,
                          previous=_short(m.previous), key=_short(m.key)) for m in reversed(history.channel_moves)]
         unreadable += [UnreadableRow(what=f"history record {r.entry}", problem=r.problem) for r in history.unreadable]
     return ModelPage(model=listing.model, channels=listing.channels, artefacts=rows, unreadable=unreadable,

@@ -469,3 +469,23 @@ def test_plot_files_of_ids_that_differ_only_in_unsafe_characters_do_not_collide(
     shown = run_cli("history", MODEL, "--plots", str(out), env=registry_env(str(store.root), tmp_path / "cache"))
     assert shown.returncode == 0, shown.stderr
     assert len([d for d in out.iterdir() if d.is_dir()]) == 3
+
+
+# --- the shared formatters ---------------------------------------------------------------------------
+
+
+def test_one_wording_for_a_regression_its_change_and_its_time() -> None:
+    from enginesmith.specs import ENCODER_KINDS as SPEC_ENCODER_KINDS
+    from registry import history
+    from registry.history import Regression, describe_regression, signed_percent
+    from registry.manifest import display_timestamp
+
+    slower = Regression(metric="throughput_ratio", against="previous", against_key="a" * 64, before=1.0, after=0.69)
+    assert describe_regression(slower) == "throughput_ratio −31% vs previous"
+    assert describe_regression(slower.model_copy(update={"against": "channel:stable"})) == (
+        "throughput_ratio −31% vs channel:stable")
+    assert [signed_percent(x) for x in (-0.31, 0.054, 0.0, -0.004)] == ["−31%", "+5%", "±0%", "±0%"]
+    assert display_timestamp("2026-11-03T10:00:00.123456+01:00") == "2026-11-03 09:00:00"
+    assert display_timestamp("2026-11-03T09:00:00Z") == "2026-11-03 09:00:00"
+    assert display_timestamp("last tuesday") == "last tuesday" and display_timestamp("") == "—"
+    assert history.ENCODER_KINDS is SPEC_ENCODER_KINDS
