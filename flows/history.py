@@ -25,6 +25,7 @@ from registry.history import (
     find_regressions,
     outcome_from_report,
     previous_outcome,
+    signed_percent,
 )
 
 log = logging.getLogger(__name__)
@@ -123,7 +124,7 @@ def versus_last_night(config: PipelineConfig, cell: PlannedCell, summary: CellSu
         improved = (change > 0) == HIGHER_IS_BETTER.get(metric, True) and \
             abs(after.median - previous.median) > previous.half_range + after.half_range
         verdict = "regression" if metric in regressed else "better" if improved else "within spread"
-        changes.append(f"{metric} {change:+.0%} ({verdict})")
-    changes += [f"{r.metric} {r.change:+.0%} (regression)" for r in regressed.values()
+        changes.append(f"{metric} {signed_percent(change)} ({verdict})")
+    changes += [f"{r.metric} {signed_percent(r.change)} (regression)" for r in regressed.values()
                 if r.metric not in tonight.metrics]
     return "; ".join(changes) or "no comparable measurement"

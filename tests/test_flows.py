@@ -356,4 +356,4 @@ def test_vs_last_night_says_which_metric_moved_beyond_the_spreads(tmp_path):
     first = night(28, [1.00, 0.98, 1.02], [1.00, 1.05, 0.95])
     night(29, [0.60, 0.61, 0.59], [1.02, 1.06, 0.98])
     column = versus_last_night(config, Planned(), built, first)
-    assert "throughput_ratio -40% (regression)" in column and "tpot_ratio +2% (within spread)" in column
+    assert "throughput_ratio −40% (regression)" in column and "tpot_ratio +2% (within spread)" in column
