@@ -9,6 +9,8 @@ import os
 import random
 import subprocess
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from enginesmith.artefacts import ARTEFACT_FILE, Artefact, Lineage
@@ -124,3 +126,20 @@ def manifest_for(directory: Path, *, validation: dict | None = None, published: 
 
 def throughput_report(tokens_per_s: float, tpot_ms: float) -> dict:
     return {"comparison": {"candidate": {"max_output_throughput": tokens_per_s, "tpot_c1_median_ms": tpot_ms}}}
+
+
+def race(writers: int, create: Callable[[int], bool]) -> list[bool]:
+    """``create(i)`` from ``writers`` threads released together by a barrier (not a sleep); what each returned."""
+    barrier = threading.Barrier(writers)
+    outcomes: list[bool] = []
+
+    def run(index: int) -> None:
+        barrier.wait()
+        outcomes.append(create(index))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(writers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return outcomes

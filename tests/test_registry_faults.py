@@ -31,6 +31,7 @@ from tests.registry_helpers import (
     cli_json,
     deterministic_bytes,
     file_digests,
+    race,
     read_artefact,
     registry_env,
     size_or_zero,
@@ -257,18 +258,7 @@ def test_two_concurrent_publishes_of_the_same_key_both_succeed_with_one_manifest
 
 def test_exactly_one_of_many_concurrent_creates_wins(tmp_path: Path) -> None:
     store = LocalStore(tmp_path / "registry")
-    barrier = threading.Barrier(8)
-    outcomes: list[bool] = []
-
-    def create(index: int) -> None:
-        barrier.wait()
-        outcomes.append(store.create_manifest("tiny-llama", "k1", f'{{"writer": {index}}}'.encode()))
-
-    threads = [threading.Thread(target=create, args=(i,)) for i in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    outcomes = race(8, lambda index: store.create_manifest("tiny-llama", "k1", f'{{"writer": {index}}}'.encode()))
     assert sorted(outcomes) == [False] * 7 + [True]
     assert json.loads(store.read_manifest("tiny-llama", "k1") or b"")["writer"] in range(8)
     assert os.listdir(store.root / TMP_DIR) == []

@@ -4,7 +4,6 @@ the ``history`` and ``promote`` commands, and the plots."""
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
 
 import pytest
@@ -34,7 +33,7 @@ from registry.names import history_path, safe_file_name
 from registry.publish import publish_artefact
 from registry.refs import promote
 from tests.conftest import run_cli
-from tests.registry_helpers import cli_json, read_artefact, registry_env, tiny_files, write_artefact
+from tests.registry_helpers import cli_json, race, read_artefact, registry_env, tiny_files, write_artefact
 
 MODEL = "tiny-llama"
 CELL = cell_id(MODEL, "fp8", "cpu", 1, 1, "hf-quantized")
@@ -91,18 +90,7 @@ def test_an_outcome_is_recorded_once_per_flow_run(store: LocalStore) -> None:
 
 
 def test_concurrent_creates_of_one_entry_leave_exactly_one(store: LocalStore) -> None:
-    results: list[bool] = []
-    barrier = threading.Barrier(8)
-
-    def create(index: int) -> None:
-        barrier.wait()
-        results.append(store.create_history(MODEL, "entry-1", json.dumps({"writer": index}).encode()))
-
-    threads = [threading.Thread(target=create, args=(i,)) for i in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    results = race(8, lambda index: store.create_history(MODEL, "entry-1", json.dumps({"writer": index}).encode()))
     assert sorted(results) == [False] * 7 + [True]
     body = store.read_history(MODEL, "entry-1")
     assert body is not None and json.loads(body)["writer"] in range(8)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import subprocess
-import threading
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ from tests.registry_helpers import (
     big_files,
     cli_json,
     file_digests,
+    race,
     read_artefact,
     registry_env,
     start_cli,
@@ -66,18 +66,7 @@ def test_republishing_is_a_no_op_and_creates_are_exclusive(
     again = publish_artefact(store, source)
     assert first.created and not again.created and again.uploaded_blobs == 0
 
-    barrier = threading.Barrier(6)
-    outcomes: list[bool] = []
-
-    def create(index: int) -> None:
-        barrier.wait()
-        outcomes.append(store.create_manifest("tiny-llama", "raced", f'{{"writer": {index}}}'.encode()))
-
-    threads = [threading.Thread(target=create, args=(i,)) for i in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    outcomes = race(6, lambda index: store.create_manifest("tiny-llama", "raced", f'{{"writer": {index}}}'.encode()))
     assert sorted(outcomes) == [False] * 5 + [True]
 
     seen = store.read_ref("tiny-llama", "latest")
@@ -94,18 +83,7 @@ def test_history_records_on_s3_are_created_once_beside_the_artefacts(
 
     store = S3Store(BUCKET, prefix, endpoint_url=seaweedfs.endpoint)
     published = publish_artefact(store, write_artefact(tmp_path / "build"))
-    barrier = threading.Barrier(6)
-    outcomes: list[bool] = []
-
-    def create(index: int) -> None:
-        barrier.wait()
-        outcomes.append(store.create_history("tiny-llama", "raced", f'{{"writer": {index}}}'.encode()))
-
-    threads = [threading.Thread(target=create, args=(i,)) for i in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    outcomes = race(6, lambda index: store.create_history("tiny-llama", "raced", f'{{"writer": {index}}}'.encode()))
     assert sorted(outcomes) == [False] * 5 + [True]
     move = ChannelMove(model="tiny-llama", channel="stable", key=published.key, previous=None, actor="ci")
     assert record_channel_move(store, move)
