@@ -524,7 +524,8 @@ def _print_history(result: ModelHistory, location: str) -> None:
         stdout.print(f"No builds of {escape(result.model)} in {escape(location)}.")
     for cell in result.cells:
         rows = [_history_row(build, cell.builds[:index]) for index, build in enumerate(cell.builds)]
-        builds = table(escape(f"{cell.cell} ({len(cell.builds)} builds, oldest first)"),
+        count = f"{len(cell.builds)} build" + ("s" if len(cell.builds) != 1 else "")
+        builds = table(escape(f"{cell.cell} ({count}, oldest first)"),
                        ["date (UTC)", "key", "status", "checkpoint", "toolchain", "throughput ratio", "TPOT ratio",
                         "accuracy", "gates", "channels", "regressions"], rows)
         builds.columns[-1].no_wrap = True  # one regression a line, whole: the column people scan for
@@ -560,8 +561,9 @@ def _history_row(build: BuildEntry, earlier: list[BuildEntry]) -> list[str]:
         outcome.passed]
     regressions = "\n".join(f"[red]{escape(describe_regression(r))}[/]" for r in build.regressions) or "-"
     accuracy = ", ".join(f"{task} {score:.3f}" for task, score in sorted(outcome.accuracy.items())) or "-"
+    checkpoint = (outcome.commit_sha or "-").removeprefix("sha256:")[:12]  # a local directory's is its digest
     return [escape(display_timestamp(outcome.recorded)), escape((outcome.key or "-")[:12]), status,
-            escape((outcome.commit_sha or "-")[:12]), escape(toolchain), _spread_text(build, "throughput_ratio"),
+            escape(checkpoint), escape(toolchain), _spread_text(build, "throughput_ratio"),
             _spread_text(build, "tpot_ratio"), escape(accuracy), gates, escape(", ".join(build.channels) or "-"),
             regressions]
 
