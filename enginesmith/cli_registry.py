@@ -564,8 +564,15 @@ def _history_row(build: BuildEntry, earlier: list[BuildEntry]) -> list[str]:
     checkpoint = (outcome.commit_sha or "-").removeprefix("sha256:")[:12]  # a local directory's is its digest
     return [escape(display_timestamp(outcome.recorded)), escape((outcome.key or "-")[:12]), status,
             escape(checkpoint), escape(toolchain), _spread_text(build, "throughput_ratio"),
-            _spread_text(build, "tpot_ratio"), escape(accuracy), gates, escape(", ".join(build.channels) or "-"),
+            _latency_text(build), escape(accuracy), gates, escape(", ".join(build.channels) or "-"),
             regressions]
+
+
+def _latency_text(build: BuildEntry) -> str:
+    """TPOT's ratio, or E2EL's where the servers' TPOT was not observable (what the latency gate then compared)."""
+    if "tpot_ratio" in build.outcome.metrics or "e2el_ratio" not in build.outcome.metrics:
+        return _spread_text(build, "tpot_ratio")
+    return _spread_text(build, "e2el_ratio") + " (E2EL)"
 
 
 def _spread_text(build: BuildEntry, metric: str) -> str:

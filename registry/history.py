@@ -59,6 +59,7 @@ OutcomeStatus = Literal["built", "gate-failed", "failed", "no-worker"]
 HIGHER_IS_BETTER: dict[str, bool] = {
     "throughput_ratio": True,   # candidate ÷ reference output tokens/s (LLM), embeddings/s (encoder)
     "tpot_ratio": False,        # candidate ÷ reference time per output token at concurrency 1
+    "e2el_ratio": False,        # candidate ÷ reference request latency at concurrency 1 (where TPOT is not observable)
 }
 
 
@@ -286,7 +287,7 @@ def outcome_from_report(
     as, so the registry needs nothing of ``validation/``).
 
     An LLM report (``validation.report.ValidationReport``): ``comparison.throughput_ratios`` and
-    ``comparison.tpot_ratios`` per round, the candidate's task scores, the gates. An encoder report
+    ``comparison.tpot_ratios`` and ``e2el_ratios`` per round, the candidate's task scores, the gates. An encoder report
     (``kind: encoder``): ``throughput_ratio`` per round, the candidate's minimum cosine to the reference
     (``min_cosine``) and its recall@k (``recall@<k>``) as accuracy, the gates. A part the report lacks or holds in
     another shape is left out, never raised.
@@ -303,6 +304,7 @@ def outcome_from_report(
             comparison = _mapping(report.get("comparison"))
             _put_spread(metrics, "throughput_ratio", comparison.get("throughput_ratios"))
             _put_spread(metrics, "tpot_ratio", comparison.get("tpot_ratios"))
+            _put_spread(metrics, "e2el_ratio", comparison.get("e2el_ratios"))
             accuracy = _llm_accuracy(_mapping(comparison.get("candidate")).get("accuracy"))
         gates = _gates(report.get("gates"))
         passed = report["passed"] if isinstance(report.get("passed"), bool) else None

@@ -16,7 +16,8 @@ from registry.manifest import parse_timestamp
 from registry.names import safe_file_name
 
 _LABELS = {"throughput_ratio": "throughput ratio (candidate ÷ reference)",
-           "tpot_ratio": "TPOT ratio (candidate ÷ reference)"}
+           "tpot_ratio": "TPOT ratio (candidate ÷ reference)",
+           "e2el_ratio": "E2EL ratio at c=1 (candidate ÷ reference)"}
 
 
 def plotted_metrics(history: CellHistory) -> list[str]:
@@ -55,8 +56,10 @@ def write_history_plots(history: CellHistory, out_dir: Path) -> list[Path]:
                 axes.annotate(", ".join(build.channels), (date, median), textcoords="offset points",
                               xytext=(0, 8), ha="center", fontsize=8)
         axes.xaxis_date()
+        if len({date for date, _, _ in shown}) == 1:  # one night: a day either side, not matplotlib's years
+            axes.set_xlim(shown[0][0] - 1, shown[0][0] + 1)
         axes.set_xlabel("build (UTC)")
-        axes.set_ylabel(_LABELS.get(metric, metric))
+        axes.set_ylabel(_LABELS.get(metric, metric.replace("accuracy:", "accuracy on ")))
         builds = f"{len(shown)} build" + ("" if len(shown) == 1 else "s")
         if undated:
             builds += f", {undated} left out: no valid date"
