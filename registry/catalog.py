@@ -95,7 +95,8 @@ def find_manifest(store: RegistryStore, ref: Ref) -> Manifest:
         if state is None:
             known = ", ".join(store.list_channels(ref.model)) or "none"
             raise NotFoundError(f"{ref} does not exist", where=store.location,
-                                hint=f"channels of {ref.model}: {known}; `enginesmith promote REF CHANNEL` makes one")
+                                hint=f"channels of {ref.model}: {known}; "
+                                     "`enginesmith promote REF --channel NAME` makes one")
         return load_manifest(store, ref.model, state.key)
     if ref.key is None:
         raise UserError(f"{ref} names a model, not one artefact", where="REF",
