@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+# One SeaweedFS server for the session (its `seaweedfs`, `prefix` and `s3_env` fixtures), whichever modules use it.
+pytest_plugins = ["tests.seaweedfs"]
 
 # Prefect reads its settings at import: a fresh PREFECT_HOME and fast worker polling for the whole run, and
 # never the developer's own server.
@@ -160,17 +162,48 @@ def prefect_server():
         yield
 
 
+# The orchestration tests (dispatch, pools, retries, crashed nodes, records, "vs last night") prove the flow, not the
+# measurement: their cells run this workload, one round of a few requests at one concurrency and a 32-question
+# slice of the addition task, with gates far from anything the harness measures. The measurement itself is proven
+# once per model, with the shipped workloads, by test_validation_e2e.py, test_real_models.py and bench/.
+FLOW_WORKLOAD = {
+    "name": "tiny-addition-flow", "dataset": "task", "input_len": 16, "output_len": 8, "num_prompts": 8,
+    "concurrency": [1], "warmup_requests": 0, "min_duration_s": 0, "min_requests": 8, "repeats": 1,
+    "max_repeats": 1, "greedy_agreement_tokens": 8,
+}
+FLOW_GATES = {"min_throughput_ratio": 0.05, "max_tpot_ratio": 20.0,
+              "max_accuracy_drop_points": {"fp8": 60.0, "int4-awq": 60.0, "int8-sq": 60.0}}
+FLOW_TASK_QUESTIONS = 32
+
+
+def write_tiny_matrix(root: Path, *, recipes: list[str] | None = None, flow_workload: bool = True) -> Path:
+    """configs/examples/tiny-cpu.yaml with its own registry and workdir under ``root`` and the model path absolute;
+    ``recipes`` replaces the matrix's, and ``flow_workload`` (the default) swaps in the orchestration tests'
+    workload and gates (``FLOW_WORKLOAD``)."""
+    import yaml
+
+    root.mkdir(parents=True, exist_ok=True)
+    config = yaml.safe_load((CONFIGS / "examples" / "tiny-cpu.yaml").read_text())
+    config["models"][0]["repo"] = str(REPO_ROOT / "enginesmith" / "assets" / "tiny-llama")
+    config["registry"]["url"] = str(root / "registry")
+    config["workdir"] = str(root / "work")
+    if recipes is not None:
+        config["matrix"][0]["recipes"] = recipes
+    if flow_workload:
+        task = root / "addition-slice.jsonl"
+        lines = (REPO_ROOT / "enginesmith" / "assets" / "tasks" / "addition-eval.jsonl").read_text().splitlines()
+        task.write_text("\n".join(lines[:FLOW_TASK_QUESTIONS]) + "\n")
+        config["workload"] = {**FLOW_WORKLOAD, "accuracy_tasks": [str(task)]}
+        config["gates"] = FLOW_GATES
+    path = root / "tiny-cpu.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
 @pytest.fixture(scope="session")
 def tiny_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """configs/examples/tiny-cpu.yaml with its own registry and workdir, and the model path made absolute."""
-    root = tmp_path_factory.mktemp("tiny-matrix")
-    text = (CONFIGS / "examples" / "tiny-cpu.yaml").read_text()
-    text = text.replace("../../enginesmith/assets/tiny-llama", str(REPO_ROOT / "enginesmith" / "assets" / "tiny-llama"))
-    text = text.replace("url: .enginesmith/registry", f"url: {root / 'registry'}")
-    text = text.replace("workdir: .enginesmith/work", f"workdir: {root / 'work'}")
-    path = root / "tiny-cpu.yaml"
-    path.write_text(text)
-    return path
+    """The tiny matrix (fp8, int4-awq on cpu) with the orchestration tests' workload, in a directory of its own."""
+    return write_tiny_matrix(tmp_path_factory.mktemp("tiny-matrix"))
 
 
 @pytest.fixture(scope="session")

@@ -3,8 +3,8 @@
 Every port is set (free ones, chosen here) and both ``-ip`` and ``-ip.bind`` are 127.0.0.1, so the server
 neither advertises nor listens beyond this machine and parallel runs do not collide; each server gets a
 fresh data directory. Stopping sends SIGTERM to the one process this module started, then SIGKILL.
-Use the fixtures by importing them into a test module: ``seaweedfs_fixture`` (one server for the session,
-``seaweedfs``), ``prefix_fixture`` (``prefix``) and ``s3_env_fixture`` (``s3_env``).
+tests/conftest.py loads this module as a plugin, so its fixtures serve every test module: ``seaweedfs`` (one server
+for the whole session), ``prefix`` and ``s3_env``.
 """
 
 from __future__ import annotations

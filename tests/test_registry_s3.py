@@ -29,9 +29,6 @@ from tests.registry_helpers import (
     write_artefact,
 )
 from tests.seaweedfs import BUCKET, SeaweedServer, requires_weed, running_seaweedfs, s3_client
-from tests.seaweedfs import prefix_fixture as prefix_fixture  # provides the `prefix` fixture
-from tests.seaweedfs import s3_env_fixture as s3_env_fixture  # provides the `s3_env` fixture
-from tests.seaweedfs import seaweedfs_fixture as seaweedfs_fixture  # provides the `seaweedfs` fixture
 from tests.waiting import pause_when, resume, wait_for
 
 pytestmark = [requires_weed, pytest.mark.slow]

@@ -35,9 +35,6 @@ from tests.registry_helpers import (
     write_artefact,
 )
 from tests.seaweedfs import BUCKET, SeaweedServer, requires_weed, s3_client
-from tests.seaweedfs import prefix_fixture as prefix_fixture  # provides the `prefix` fixture
-from tests.seaweedfs import s3_env_fixture as s3_env_fixture  # provides the `s3_env` fixture
-from tests.seaweedfs import seaweedfs_fixture as seaweedfs_fixture  # provides the `seaweedfs` fixture
 from tests.waiting import kill_when, wait_for
 
 pytestmark = [requires_weed, pytest.mark.slow]

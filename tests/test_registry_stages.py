@@ -22,9 +22,6 @@ from registry.stages import QUANTIZED_STAGE, fetch_quantized, read_stashed, stas
 from registry.store import RegistryStore
 from tests.registry_helpers import file_digests, tiny_files, write_artefact
 from tests.seaweedfs import SeaweedServer, requires_weed
-from tests.seaweedfs import prefix_fixture as prefix_fixture  # provides the `prefix` fixture
-from tests.seaweedfs import s3_env_fixture as s3_env_fixture  # provides the `s3_env` fixture
-from tests.seaweedfs import seaweedfs_fixture as seaweedfs_fixture  # provides the `seaweedfs` fixture
 
 QUANTIZE_KEY = "a1" * 32
 

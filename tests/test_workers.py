@@ -25,7 +25,7 @@ from uuid import UUID
 
 import pytest
 
-from tests.conftest import CONFIGS, REPO_ROOT, needs_vllm_cpu
+from tests.conftest import CONFIGS, REPO_ROOT, needs_vllm_cpu, write_tiny_matrix
 from tests.postgres import needs_postgres, running_postgres
 from tests.prefect_processes import Worker, Workers, processes_with_env, running_prefect_server, stop_session
 from tests.registry_helpers import file_digests
@@ -98,19 +98,6 @@ def node_disk(root: Path, node: str) -> dict[str, str]:
     return {"ENGINESMITH_WORKDIR": str(root / f"node-{node}-disk" / "work")}
 
 
-def tiny_matrix(root: Path, recipes: str = "[fp8, int4-awq]") -> Path:
-    """configs/examples/tiny-cpu.yaml with its own registry and workdir under ``root``, the model path absolute."""
-    root.mkdir(parents=True, exist_ok=True)
-    text = (CONFIGS / "examples" / "tiny-cpu.yaml").read_text()
-    text = text.replace("../../enginesmith/assets/tiny-llama", str(REPO_ROOT / "enginesmith" / "assets" / "tiny-llama"))
-    text = text.replace("url: .enginesmith/registry", f"url: {root / 'registry'}")
-    text = text.replace("workdir: .enginesmith/work", f"workdir: {root / 'work'}")
-    text = text.replace("recipes: [fp8, int4-awq]", f"recipes: {recipes}")
-    path = root / "tiny-cpu.yaml"
-    path.write_text(text)
-    return path
-
-
 def submitted_by(flow_run_ids: list[UUID]) -> dict[UUID, str]:
     """Which worker submitted each run, from the workers' own ``prefect.worker.submitted-flow-run`` events."""
     from prefect.client.orchestration import get_client
@@ -155,7 +142,7 @@ def test_two_pools_two_workers_on_postgres_build_a_nightly_on_different_workers(
     from enginesmith.plan_sources import plan_config
     from flows.nightly import nightly
 
-    config = tiny_matrix(tmp_path / "matrix")
+    config = write_tiny_matrix(tmp_path / "matrix")
     config.write_text(config.read_text() + "quantize_on:\n  '*/int4-awq/*': cpu\n")
     cells = {cell.id: cell for cell in plan_config(config, default_catalogue(), resolve_hub=False)[1].cells}
     summaries = nightly(config=str(config), dispatch="deployments", pools=ROUTES, cell_timeout_s=CELL_TIMEOUT_S)
@@ -215,7 +202,7 @@ def test_a_node_killed_mid_cell_crashes_its_run_and_the_cell_is_rebuilt_and_publ
 
     from flows.params import CellSummary
 
-    config = tiny_matrix(tmp_path / "matrix", recipes="[fp8]")
+    config = write_tiny_matrix(tmp_path / "matrix", recipes=["fp8"])
     # The nightly in a process of its own (a node that survives): the test watches and kills meanwhile.
     nightly_log = tmp_path / "nightly.log"
     with nightly_log.open("w") as log:
