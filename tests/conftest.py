@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -59,10 +61,20 @@ def write_config(tmp_path: Path):
     return write
 
 
+# Fixtures that start a server or a runtime: a test using one is in the slow tier, marked or not.
+SERVER_FIXTURES = frozenset({"prefect_server", "cpu_worker", "first_nightly", "published_tiny_config",
+                             "vllm_cpu_server", "seaweedfs", "s3_env"})
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m reads the marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``gpu`` tests run only where NVML sees an NVIDIA GPU; elsewhere they are skipped with the reason."""
+    """A test that uses a server fixture is ``slow`` (so the fast tier never starts one); ``gpu`` tests run only where
+    NVML sees an NVIDIA GPU, and elsewhere are skipped with the reason."""
     from enginesmith.gpus import read_gpus
 
+    for item in items:
+        if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())) and "slow" not in item.keywords:
+            item.add_marker(pytest.mark.slow)
     if read_gpus():
         return
     skip = pytest.mark.skip(reason="needs an NVIDIA GPU (NVML found none)")
@@ -153,13 +165,47 @@ def needs_vllm_cpu() -> None:
         pytest.skip("no vllm-cpu environment (./scripts/setup-vllm-cpu.sh)")
 
 
-@pytest.fixture(scope="session")
-def prefect_server():
-    """One temporary Prefect server (SQLite, no UI) for every test that runs flows."""
-    from prefect.testing.utilities import prefect_test_harness
+@dataclass
+class PrefectServer:
+    api_url: str
+    database_url: str | None  # None: SQLite (no PostgreSQL on this machine)
+    root: Path
 
-    with prefect_test_harness(server_startup_timeout=600):
-        yield
+
+@pytest.fixture(scope="session")
+def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectServer]:
+    """One Prefect server for the whole run, as a deployment runs it: ``prefect server start`` with the UI, on a
+    PostgreSQL cluster of the session's own (SQLite where PostgreSQL is not installed), this process's client
+    pointed at it. The flows, the workers and the UI tests share it; each module starts the workers it needs."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from tests.postgres import postgres_bin, running_postgres
+    from tests.prefect_processes import running_prefect_server
+    from validation.server import free_port
+
+    root = tmp_path_factory.mktemp("prefect-server")
+    with ExitStack() as stack:
+        database_url = stack.enter_context(running_postgres(free_port())) if postgres_bin() else None
+        api_url = stack.enter_context(running_prefect_server(database_url, port=free_port(), ui=True,
+                                                             log_path=root / "server.log"))
+        stack.enter_context(temporary_settings({PREFECT_API_URL: api_url}))
+        yield PrefectServer(api_url=api_url, database_url=database_url, root=root)
+
+
+@pytest.fixture(scope="module")
+def cpu_worker(prefect_server: PrefectServer, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """The deployments (cpu targets, the tiny nightly) and one process worker on the cpu pool, for one module: the
+    workers tests start nodes of their own on that pool, so none outlives its module."""
+    from flows.deploy import deploy_all
+    from tests.prefect_processes import Workers
+
+    deployed = deploy_all(targets=["cpu"], nightly_config="configs/examples/tiny-cpu.yaml")
+    workers = Workers(prefect_server.api_url, tmp_path_factory.mktemp("cpu-worker"))
+    try:
+        workers.start("cpu", f"cpu-{os.getpid()}-{secrets.token_hex(3)}")
+        yield deployed
+    finally:
+        workers.stop_all()
 
 
 # The orchestration tests (dispatch, pools, retries, crashed nodes, records, "vs last night") prove the flow, not the

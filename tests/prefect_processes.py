@@ -1,6 +1,7 @@
 """A Prefect server and process workers as real processes, as a deployment runs them: ``prefect server start`` on a
-database URL (PostgreSQL here; tests/postgres.py), and ``prefect worker start --pool P`` per pool, each in its own
-session so a test can kill a worker's whole node (the worker and every process of the runs it started)."""
+database URL (PostgreSQL, tests/postgres.py; tests/conftest.py starts one server for the session), and ``prefect
+worker start --pool P`` per pool, each in its own session so a test can kill a worker's whole node (the worker and
+every process of the runs it started)."""
 
 from __future__ import annotations
 
@@ -23,20 +24,23 @@ STOP_GRACE_S = 10
 
 
 @contextmanager
-def running_prefect_server(database_url: str, *, port: int, log_path: Path) -> Iterator[str]:
-    """``prefect server start`` on ``database_url`` at ``127.0.0.1:port`` (no UI); yields its API URL once healthy."""
+def running_prefect_server(database_url: str | None, *, port: int, log_path: Path, ui: bool = False) -> Iterator[str]:
+    """``prefect server start`` at ``127.0.0.1:port`` on ``database_url`` (None: SQLite in a home of its own), with
+    the UI or without; yields its API URL once healthy."""
     home = Path(tempfile.mkdtemp(prefix="prefect-server-home-"))
-    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_DATABASE_CONNECTION_URL": database_url,
-           "PREFECT_SERVER_API_HOST": "127.0.0.1", "PREFECT_SERVER_API_PORT": str(port),
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    env.pop("PREFECT_API_URL", None)
     api_url = f"http://127.0.0.1:{port}/api"
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_API_HOST": "127.0.0.1",
+           "PREFECT_SERVER_API_PORT": str(port), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PREFECT_UI_API_URL": api_url}
+    if database_url is not None:
+        env["PREFECT_SERVER_DATABASE_CONNECTION_URL"] = database_url
+    env.pop("PREFECT_API_URL", None)
     with log_path.open("w") as log:
         server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
-                                   "--port", str(port), "--no-ui"], cwd=REPO_ROOT, env=env, stdout=log,
-                                  stderr=subprocess.STDOUT, start_new_session=True)
+                                   "--port", str(port), *([] if ui else ["--no-ui"])], cwd=REPO_ROOT, env=env,
+                                  stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            wait_for_health(f"{api_url}/health", "the Prefect server on PostgreSQL to answer /api/health",
+            wait_for_health(f"{api_url}/health", "the Prefect server to answer /api/health",
                             timeout_s=SERVER_START_TIMEOUT_S, process=server, log=log_path)
             yield api_url
         finally:

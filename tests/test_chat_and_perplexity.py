@@ -61,10 +61,14 @@ def test_perplexity_from_the_server_matches_transformers_on_the_same_text(vllm_c
     assert abs(served.value / local - 1) < 0.05, (served.value, local)
 
 
-def test_greedy_chat_completions_are_deterministic(vllm_cpu_server):
-    prompts = ["3+4=", "250+250="]
-    assert greedy_completions(vllm_cpu_server, prompts, 6, api="chat") == \
-        greedy_completions(vllm_cpu_server, prompts, 6, api="chat")
+def test_greedy_chat_completions_are_the_sums_alone_and_batched(vllm_cpu_server):
+    """Greedy chat answers are the right sums (the model knows addition), and each is the same asked alone as asked
+    in a batch with other prompts in another order: what validation's greedy agreement relies on."""
+    prompts = ["3+4=", "250+250=", "12+30=", "99+1="]
+    batched = greedy_completions(vllm_cpu_server, prompts[::-1], 6, stop=["\n"], api="chat")[::-1]
+    alone = [greedy_completions(vllm_cpu_server, [prompt], 6, stop=["\n"], api="chat")[0] for prompt in prompts]
+    assert [answer.strip() for answer in alone] == ["7", "500", "42", "100"], alone
+    assert batched == alone
 
 
 def test_a_local_task_file_scores_the_same_by_enginesmith_and_by_lm_eval(vllm_cpu_server, tiny_model_dir, tmp_path):

