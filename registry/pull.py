@@ -27,7 +27,8 @@ from enginesmith.artefacts import ARTEFACT_FILE
 from enginesmith.checkpoints.models import CheckpointFile
 from enginesmith.diskspace import disk_filled_error, is_disk_full, require_free_space, same_filesystem
 from enginesmith.errors import UserError
-from registry.cache import CACHE_ENV, LOCKS_ENV, BlobCache, link_or_copy, size_or_zero
+from enginesmith.factcache import CACHE_ENV
+from registry.cache import LOCKS_ENV, BlobCache, link_or_copy, size_or_zero
 from registry.errors import IntegrityError, RegistryUnavailableError, UnsafePathError
 from registry.manifest import PULL_RECORD_FILE, Manifest, files_by_digest, unsafe_path_reason, utc_timestamp
 from registry.store import RegistryStore

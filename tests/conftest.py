@@ -94,6 +94,28 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return copy_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-llama")
 
 
+TINY_CALIBRATION = ["--samples", "16", "--seq-len", "32", "--batch-size", "8"]
+
+
+@pytest.fixture(scope="session")
+def tiny_quantized(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], dict[str, Any]]:
+    """The tiny model quantised once per recipe for the whole run by ``enginesmith quantize`` (every export: hf,
+    trtllm, hf-bf16; a small calibration; the addition task's quality report): a function of the recipe that returns
+    what ``quantize --json`` printed. Tests read the output; one that changes it works on a copy."""
+    made: dict[str, dict[str, Any]] = {}
+
+    def quantized(recipe: str) -> dict[str, Any]:
+        if recipe not in made:
+            out = tmp_path_factory.mktemp("quantized") / recipe
+            result = run_cli("quantize", str(tiny_model_dir), "--recipe", recipe, "--out", str(out), "--formats",
+                             "hf,trtllm,hf-bf16", *TINY_CALIBRATION, "--task", "addition", "--json")
+            assert result.returncode == 0, result.stderr[-3000:]
+            made[recipe] = json.loads(result.stdout)
+        return made[recipe]
+
+    return quantized
+
+
 @pytest.fixture
 def hf_cache(tmp_path: Path, tiny_model_dir: Path) -> tuple[Path, str]:
     """A Hugging Face cache holding the tiny model as ``TINY_REPO_ID`` at ``main``; returns (cache dir, commit)."""

@@ -14,33 +14,24 @@ from enginesmith.config import default_catalogue
 from enginesmith.errors import UserError
 from enginesmith.specs import BuildProfile
 from quantization.stage import read_completed
-from tests.conftest import as_exported_in_trtllm_image, make_fake_trtllm_env, run_cli
+from tests.conftest import TINY_CALIBRATION, as_exported_in_trtllm_image, make_fake_trtllm_env, run_cli
 from tests.small_disk import on_small_disk, requires_mount_namespace
 
-CALIBRATION = ["--samples", "16", "--seq-len", "32", "--batch-size", "8"]
+
+@pytest.fixture
+def fp8_quantized(tiny_quantized) -> Path:
+    return Path(tiny_quantized("fp8")["out_dir"])
 
 
 @pytest.fixture(scope="module")
-def fp8_quantized(tiny_model_dir, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("q") / "fp8"
-    result = run_cli("quantize", str(tiny_model_dir), "--recipe", "fp8", "--out", str(out),
-                     "--formats", "hf,trtllm", *CALIBRATION)
-    assert result.returncode == 0, result.stderr[-2000:]
-    return out
+def fp8_for_engines(tiny_quantized, tmp_path_factory) -> Path:
+    return as_exported_in_trtllm_image(Path(tiny_quantized("fp8")["out_dir"]),
+                                       tmp_path_factory.mktemp("q") / "fp8-trtllm-image")
 
 
-@pytest.fixture(scope="module")
-def fp8_for_engines(fp8_quantized, tmp_path_factory) -> Path:
-    return as_exported_in_trtllm_image(fp8_quantized, tmp_path_factory.mktemp("q") / "fp8-trtllm-image")
-
-
-@pytest.fixture(scope="module")
-def int4_cpu_quantized(tiny_model_dir, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("q") / "int4"
-    result = run_cli("quantize", str(tiny_model_dir), "--recipe", "int4-awq", "--out", str(out),
-                     "--formats", "hf,hf-bf16", *CALIBRATION)
-    assert result.returncode == 0, result.stderr[-2000:]
-    return out
+@pytest.fixture
+def int4_cpu_quantized(tiny_quantized) -> Path:
+    return Path(tiny_quantized("int4-awq")["out_dir"])
 
 
 def _build(quantized: Path, out: Path, *args: str, env: dict[str, str] | None = None):
@@ -277,7 +268,7 @@ def test_stopping_a_server_waits_for_its_whole_process_group(tmp_path):
 @requires_mount_namespace
 def test_quantize_and_build_onto_a_disk_too_small_fail_before_writing(tiny_model_dir, fp8_quantized, tmp_path):
     quantize = on_small_disk(tmp_path / "q", 1, "cli", "quantize", str(tiny_model_dir), "--recipe", "fp8",
-                             "--out", "{disk}/fp8", *CALIBRATION)
+                             "--out", "{disk}/fp8", *TINY_CALIBRATION)
     build = on_small_disk(tmp_path / "b", 1, "cli", "build", str(fp8_quantized), "--out", "{disk}/art",
                           "--target", "h100-sxm", "--kind", "hf-quantized")
     for seen, what in [(quantize, "quantising"), (build, "building the hf-quantized artefact")]:

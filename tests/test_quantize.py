@@ -14,13 +14,13 @@ from enginesmith.checkpoints.pull import local_checkpoint
 from enginesmith.config import default_catalogue
 from enginesmith.errors import UserError
 from quantization.export import fix_trtllm_config
-from tests.conftest import REPO_ROOT, needs_vllm_cpu, run_cli, write_tiny_matrix
+from tests.conftest import REPO_ROOT, TINY_CALIBRATION, needs_vllm_cpu, run_cli, write_tiny_matrix
 from tests.waiting import kill_when, pause_when, resume, wait_for
 
 pytestmark = pytest.mark.quantize
 LONG_WAIT_S = 300  # a safety net for waits on what a quantize run does (it starts by importing torch)
 
-SMALL = ["--samples", "16", "--seq-len", "32", "--batch-size", "8"]
+SMALL = TINY_CALIBRATION
 
 
 def _quantize(model_dir: Path, recipe: str, out: Path, *extra: str) -> dict:
@@ -29,14 +29,14 @@ def _quantize(model_dir: Path, recipe: str, out: Path, *extra: str) -> dict:
     return json.loads(result.stdout)
 
 
-@pytest.fixture(scope="module")
-def fp8_output(tiny_model_dir, tmp_path_factory):
-    return _quantize(tiny_model_dir, "fp8", tmp_path_factory.mktemp("q") / "fp8", "--task", "addition")
+@pytest.fixture
+def fp8_output(tiny_quantized):
+    return tiny_quantized("fp8")
 
 
-@pytest.fixture(scope="module")
-def int4_output(tiny_model_dir, tmp_path_factory):
-    return _quantize(tiny_model_dir, "int4-awq", tmp_path_factory.mktemp("q") / "int4", "--task", "addition")
+@pytest.fixture
+def int4_output(tiny_quantized):
+    return tiny_quantized("int4-awq")
 
 
 def test_fp8_exports_both_formats_with_quality_report(fp8_output):

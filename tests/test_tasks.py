@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+
+import pytest
 
 from enginesmith.assets import task_eval_path
 from tests.conftest import REPO_ROOT
@@ -34,3 +37,36 @@ def test_the_committed_facts_task_is_what_the_generator_writes(tmp_path):
     assert out.read_text() == task_eval_path("facts").read_text()
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) >= 200 and len({r["prompt"] for r in rows}) == len(rows)
+
+
+def test_lm_eval_task_names_are_resolved_from_the_fact_cache_without_importing_lm_eval(tmp_path):
+    """Planning resolves lm-eval task names against lm-eval's index, which takes seconds to build: the first plan
+    builds it and keeps it (with each named task's YAML facts) in the fact cache, and later ones read it there
+    without importing lm-eval at all. An unknown name is refused either way."""
+    pytest.importorskip("lm_eval")
+    script = """
+import json, sys
+from enginesmith.errors import ConfigError
+from validation.tasks import resolve_task
+task = resolve_task("mmlu_high_school_psychology_generative")
+try:
+    resolve_task("no_such_lm_eval_task")
+    refused = None
+except ConfigError as exc:
+    refused = exc.field
+print(json.dumps({"task": task.model_dump(), "refused": refused, "imported": "lm_eval" in sys.modules}))
+"""
+    env = {**os.environ, "ENGINESMITH_CACHE_DIR": str(tmp_path / "cache")}
+
+    def resolve() -> dict:  # type: ignore[type-arg]
+        done = subprocess.run([sys.executable, "-c", script], env=env, cwd=REPO_ROOT, capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return dict(json.loads(done.stdout))
+
+    first, second = resolve(), resolve()
+    assert first["imported"] and not second["imported"]
+    assert first["task"] == second["task"] and second["task"]["source"] == "lm-eval"
+    assert second["task"]["output_type"] == "generate_until"
+    assert first["refused"] == second["refused"] == "workload.accuracy_tasks"
+    assert {p.name for p in (tmp_path / "cache").iterdir()} == {"lm-eval-index", "lm-eval-task"}

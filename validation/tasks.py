@@ -17,12 +17,13 @@ from __future__ import annotations
 import re
 from functools import cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel
 
 from enginesmith.assets import LOCAL_TASK_SUFFIX
 from enginesmith.errors import ConfigError
+from enginesmith.factcache import fact_path, read_fact, write_fact
 
 
 class TaskSpec(BaseModel):
@@ -84,31 +85,78 @@ def resolve_task(name: str) -> AccuracyTask:
         raise ConfigError(f"unknown accuracy task {name!r}", field="workload.accuracy_tasks",
                           hint=f"shipped tasks: {', '.join(sorted(TASKS))}, or a task name lm-eval lists "
                                "(lm-eval ls tasks)")
-    if entry.kind.name == "GROUP":
+    if entry.kind == "GROUP":
         raise ConfigError(f"{name!r} is an lm-eval group, not one task", field="workload.accuracy_tasks",
                           hint="name its tasks (each is gated on its own), e.g. mmlu_abstract_algebra_generative")
-    if entry.kind.name != "TASK":
-        raise ConfigError(f"{name!r} is an lm-eval {entry.kind.name.lower()}; enginesmith runs lm-eval tasks "
+    if entry.kind != "TASK":
+        raise ConfigError(f"{name!r} is an lm-eval {entry.kind.lower()}; enginesmith runs lm-eval tasks "
                           "defined in YAML", field="workload.accuracy_tasks", hint="name a YAML-defined task")
-    config = _task_yaml(entry.yaml_path)
-    return AccuracyTask(name=name, source="lm-eval", output_type=str(config.get("output_type", "generate_until")),
-                        dataset=config.get("dataset_path"))
+    facts = _task_facts(Path(entry.yaml_path))
+    return AccuracyTask(name=name, source="lm-eval", output_type=facts.output_type, dataset=facts.dataset)
+
+
+class _IndexEntry(BaseModel):
+    kind: str  # lm-eval's TaskManager kind: TASK, GROUP, TAG, PY_TASK
+    yaml_path: str | None
+
+
+class _TaskFacts(BaseModel):
+    output_type: str
+    dataset: str | None
+
+
+def _lm_eval_install() -> tuple[str, str] | None:
+    """lm-eval's version and where it is installed, read without importing it (None: not installed)."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    try:
+        found = distribution("lm_eval")
+    except PackageNotFoundError:
+        return None
+    return found.version, str(found.locate_file(""))
 
 
 @cache
-def _lm_eval_index() -> dict[str, Any] | None:
-    """lm-eval's task index (reading it takes seconds: only when a name is not shipped)."""
+def _lm_eval_index() -> dict[str, _IndexEntry] | None:
+    """lm-eval's task index: building it imports lm-eval and reads thousands of YAML files (seconds on every plan), so
+    it is kept in the fact cache per lm-eval install (version and location)."""
+    install = _lm_eval_install()
+    if install is None:
+        return None
+    path = fact_path("lm-eval-index", *install)
+    kept = read_fact(path)
+    if isinstance(kept, dict):
+        try:
+            return {name: _IndexEntry.model_validate(entry) for name, entry in kept.items()}
+        except ValueError:
+            pass  # damaged: built again below
     try:
         from lm_eval.tasks import TaskManager
     except ImportError:
         return None
-    return dict(TaskManager().task_index)
+    index = {name: _IndexEntry(kind=entry.kind.name, yaml_path=str(entry.yaml_path) if entry.yaml_path else None)
+             for name, entry in TaskManager().task_index.items()}
+    write_fact(path, {name: entry.model_dump() for name, entry in index.items()})
+    return index
 
 
-def _task_yaml(path: Path) -> dict[str, Any]:
+def _task_facts(path: Path) -> _TaskFacts:
+    """A task YAML's output type and Hub dataset, includes resolved (kept in the fact cache by path and mtime)."""
+    kept_path = fact_path("lm-eval-task", str(path), path.stat().st_mtime_ns)
+    kept = read_fact(kept_path)
+    if isinstance(kept, dict):
+        try:
+            return _TaskFacts.model_validate(kept)
+        except ValueError:
+            pass
     from lm_eval.tasks._yaml_loader import load_yaml  # resolves the task's includes, without importing its code
 
-    return dict(load_yaml(path, resolve_func=False))
+    config = dict(load_yaml(path, resolve_func=False))
+    dataset = config.get("dataset_path")
+    facts = _TaskFacts(output_type=str(config.get("output_type", "generate_until")),
+                       dataset=None if dataset is None else str(dataset))
+    write_fact(kept_path, facts.model_dump())
+    return facts
 
 
 def words(text: str) -> set[str]:
