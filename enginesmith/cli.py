@@ -551,9 +551,11 @@ def validate(
     written = write_report(report, out_dir)
     if json_output:
         print_json(report)
-        return
-    print_validation(report)
-    stdout.print("wrote " + ", ".join(str(p) for p in written.values()))
+    else:
+        print_validation(report)
+        stdout.print("wrote " + ", ".join(str(p) for p in written.values()))
+    if not report.passed:  # a job gating on this command must stop on a failed gate, whichever form ran
+        raise typer.Exit(1)
 
 
 def print_validation(report: object) -> None:

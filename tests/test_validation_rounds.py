@@ -3,6 +3,7 @@ round (tests/paced_server.py): the only way to make a machine "slow down mid-run
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -81,3 +82,37 @@ def test_a_level_that_cannot_reach_its_minimum_requests_names_the_level_and_what
     message = caught.value.message
     assert "concurrency 2" in message and "of 50 requests finished" in message, message
     assert "level_timeout_s" in (caught.value.where or "")
+
+
+def test_enginesmith_validate_exits_by_the_verdict_in_every_ad_hoc_form(tiny_model_dir, write_config, tmp_path):
+    """`enginesmith validate --candidate URL --reference URL` printed FAILED and exited 0, so a CI job gating on it
+    would ship the slower build. Printed as tables or as JSON, a failed gate exits 1 (the report still written);
+    the same command on an equal pair exits 0."""
+    from tests.conftest import run_cli
+
+    # One round at one concurrency: a candidate 4 times slower is a factor of 2 past both limits.
+    one_round = WORKLOAD.model_copy(update={"concurrency": [1], "repeats": 1, "max_repeats": 1})
+    config = write_config(f"""
+version: 1
+name: paced
+models: [{{id: tiny, repo: {tiny_model_dir}}}]
+matrix: [{{models: [tiny], recipes: [fp8], targets: [cpu], kinds: [hf-quantized]}}]
+workload: {one_round.model_dump_json(exclude={"accuracy_tasks", "baselines", "perplexity_text"})}
+gates: {{min_throughput_ratio: 0.5, max_tpot_ratio: 2.0}}
+""")
+
+    def validate_cli(candidate: PacedServer, reference: PacedServer, *extra: str):  # type: ignore[no-untyped-def]
+        out = tmp_path / f"report-{len(list(tmp_path.glob('report-*')))}"
+        result = run_cli("validate", "--candidate", candidate.url, "--reference", reference.url, "--config",
+                         str(config), "--recipe", "fp8", "--target", "cpu", "--tokenizer", str(tiny_model_dir),
+                         "--out", str(out), *extra)
+        return result, out
+
+    with PacedServer("c", lambda r: 0.04) as slower, PacedServer("r", lambda r: 0.01) as reference:
+        tables, out = validate_cli(slower, reference)
+        assert tables.returncode == 1, tables.stdout[-2000:] + tables.stderr[-2000:]
+        assert "FAILED" in tables.stdout and (out / "report.json").is_file()
+        as_json, _ = validate_cli(slower, reference, "--json")
+        assert as_json.returncode == 1 and json.loads(as_json.stdout)["passed"] is False
+        equal, _ = validate_cli(reference, reference, "--json")
+        assert equal.returncode == 0 and json.loads(equal.stdout)["passed"] is True, equal.stderr[-2000:]
