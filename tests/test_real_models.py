@@ -229,3 +229,12 @@ def test_the_pulled_fp8_artefact_answers_a_chat_question(smollm2_nightly, smollm
                      "--registry", str(smollm2_config.parent / "registry"), "--cache-dir", str(tmp_path / "cache"))
     assert pulled.returncode == 0, pulled.stderr[-2000:]
     assert "Paris" in _serve_and_ask(dest, tmp_path, "What is the capital of France?")
+
+
+@pytest.mark.slow
+def test_the_shipped_config_keys_every_cell_as_recorded(smollm2_dir, tmp_path):
+    """tests/test_stage_keys.py for the config whose model is fetched here."""
+    from tests.test_stage_keys import RECORDED, planned_keys
+
+    config = "configs/examples/smollm2-cpu.yaml"
+    assert planned_keys(config, tmp_path, {MODEL_ID: smollm2_dir}) == RECORDED[config]
