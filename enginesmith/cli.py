@@ -106,7 +106,7 @@ def plan(
 ) -> None:
     """Expand a build matrix into cells: what would be built, with each stage key, and what is invalid and why."""
     from enginesmith.config import default_catalogue
-    from enginesmith.plan_sources import plan_config, plan_encoders_loaded
+    from pipeline.plan_sources import plan_config, plan_encoders_loaded
 
     # Hub branches stay unresolved here (no network needed to plan); the nightly resolves them to commit shas.
     pipeline, result = plan_config(config, default_catalogue(), resolve_hub=False)
@@ -145,7 +145,7 @@ def preflight(
     """Every check short of a GPU for every planned cell: ready, invalid (a plan rule) or blocked (with every
     reason). Exits 1 when any cell is blocked. Offline (HF_HUB_OFFLINE=1) it reads only the Hub cache."""
     from enginesmith.config import default_catalogue
-    from enginesmith.preflight import run_preflight
+    from pipeline.preflight import run_preflight
 
     _, _, report = run_preflight(config, default_catalogue(), parse_with_vllm=vllm)
     if json_output:
@@ -246,7 +246,7 @@ def quantize(
     """Quantise a checkpoint with ModelOpt and export it (unified HF and TensorRT-LLM), with a quality report.
     With --config and --cell: the planned cell's quantize stage, as the nightly runs it (same key, same output)."""
     if cell is not None:
-        from flows import steps
+        from pipeline import steps
 
         config_path, pipeline, planned = _planned_cell(config, cell, source=source, recipe=recipe)
         with stderr.status(f"quantising {planned.id} ..."):
@@ -348,7 +348,7 @@ def build(
         raise UserError("not a finished quantize output (no completion marker)", where=str(quantized_dir),
                         hint="run `enginesmith quantize` (again: an interrupted run starts clean)")
     if cell is not None:
-        from flows import steps
+        from pipeline import steps
 
         _, pipeline, planned = _planned_cell(config, cell, target=target, out=out, model_id=model_id,
                                              profile=None if profile == "default" else profile,
@@ -400,8 +400,8 @@ def _print_built(artefact: Artefact, json_output: bool, out_dir: str = "") -> No
 def _planned_cell(config: Path | None, cell_id: str, **conflicting: object) -> tuple[Path, PipelineConfig, Cell]:
     """The cell ``cell_id`` as ``config`` plans it (Hub revisions resolved, as the nightly does)."""
     from enginesmith.config import default_catalogue
-    from enginesmith.plan_sources import plan_config
-    from flows.steps import find_cell
+    from pipeline.plan_sources import plan_config
+    from pipeline.steps import find_cell
 
     if config is None:
         raise UserError("--cell needs --config (the matrix that plans it)", where="--cell")
@@ -471,7 +471,7 @@ def validate(
     from datetime import datetime
 
     if cell is not None:
-        from flows import steps
+        from pipeline import steps
 
         config_path, pipeline, planned = _planned_cell(config, cell, candidate=candidate, reference=reference,
                                                        workload=workload, recipe=recipe, target=target, out=out)

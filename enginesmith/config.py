@@ -16,6 +16,7 @@ from enginesmith.specs import (
     TargetCatalogue,
     TargetSpec,
 )
+from enginesmith.tasks import resolve_task
 from enginesmith.yamlio import YamlDocument, format_loc
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -133,8 +134,6 @@ def _reference_errors(
 def task_errors(config: PipelineConfig) -> list[tuple[tuple[str | int, ...], str, str]]:
     """Accuracy tasks that validation does not know how to ask and score: every cell would fail after quantise and
     build."""
-    from validation.tasks import resolve_task
-
     errors: list[tuple[tuple[str | int, ...], str, str]] = []
     for task_index, task in enumerate(config.workload.accuracy_tasks):
         try:

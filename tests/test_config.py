@@ -85,7 +85,7 @@ def test_an_accuracy_task_that_does_not_exist_is_refused_when_the_config_loads(w
 def test_lm_eval_registry_tasks_are_named_as_lm_eval_names_them(write_config, minimal):
     """#15 item 2: a task is a shipped one or one of lm-eval's registry, checked against lm-eval's own task index
     when the config loads; a group (mmlu) is refused with what to name instead."""
-    from validation.tasks import resolve_task
+    from enginesmith.tasks import resolve_task
 
     path = write_config(minimal + "workload:\n  name: w\n  accuracy_tasks: [facts, gsm8k, "
                                   "mmlu_abstract_algebra_generative]\n")
@@ -102,7 +102,7 @@ def test_lm_eval_registry_tasks_are_named_as_lm_eval_names_them(write_config, mi
 
 def test_a_local_task_file_is_a_task_and_its_bad_lines_are_named(write_config, minimal, tmp_path):
     from enginesmith.assets import read_task
-    from validation.tasks import resolve_task, task_spec
+    from enginesmith.tasks import resolve_task, task_spec
 
     good = tmp_path / "capitals.jsonl"
     good.write_text('{"prompt": "Capital of France:", "answer": " Paris"}\n\n{"prompt": "2+2=", "answer": "4"}\n')
@@ -112,7 +112,7 @@ def test_a_local_task_file_is_a_task_and_its_bad_lines_are_named(write_config, m
     assert [e.answer for e in read_task(str(good))] == [" Paris", "4"]
     # The file's content is in the validation key: an edited task file is validated again, not taken as cached.
     from enginesmith.config import default_catalogue
-    from enginesmith.plan_sources import plan_config
+    from pipeline.plan_sources import plan_config
 
     before = plan_config(path, default_catalogue(), resolve_hub=False)[1].cells[0].stage_keys
     good.write_text(good.read_text() + '{"prompt": "3+3=", "answer": "6"}\n')

@@ -144,10 +144,10 @@ def test_cell_on_a_pool_without_worker_is_reported_not_awaited_forever(cpu_worke
                                                                        tmp_path):
     """... and recorded in the cell's history under the run no worker started (the run itself never could)."""
     from enginesmith.config import default_catalogue, load_pipeline_config
-    from enginesmith.plan_sources import plan_loaded
     from flows.deploy import deploy_all
     from flows.nightly import dispatch_cell
     from flows.params import BuildCellParams
+    from pipeline.plan_sources import plan_loaded
     from registry.history import load_history
     from registry.store import open_store
 
@@ -232,9 +232,9 @@ def test_dispatch_carries_every_field_the_plan_keyed(write_config, tiny_model_di
     long-context cell with the default profile (and pp 2 as pp 1) and would publish under a key the nightly never
     planned. Every cell the nightly plans comes back from its parameters with the same key."""
     from enginesmith.config import default_catalogue
-    from enginesmith.plan_sources import plan_config
     from flows.cell import cell_for
     from flows.nightly import params_for
+    from pipeline.plan_sources import plan_config
 
     config = write_config(f"""
 version: 1
@@ -285,8 +285,8 @@ def test_validation_refuses_a_vllm_other_than_the_one_its_key_names(tmp_path):
     from enginesmith.checkpoints.pull import local_checkpoint
     from enginesmith.config import default_catalogue
     from enginesmith.errors import UserError
-    from enginesmith.plan_sources import plan_config
-    from flows import steps
+    from pipeline import steps
+    from pipeline.plan_sources import plan_config
     from tests.conftest import needs_vllm_cpu
 
     needs_vllm_cpu()

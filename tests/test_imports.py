@@ -18,7 +18,7 @@ class Block(importlib.abc.MetaPathFinder):
             raise ImportError("blocked for this test: " + name)
         return None
 sys.meta_path.insert(0, Block())
-import enginesmith, flows, builders, quantization, validation, registry
+import enginesmith, pipeline, flows, builders, quantization, validation, registry
 import enginesmith.cli, enginesmith.plan, enginesmith.gpus
 loaded = sorted(m for m in sys.modules if m.split(".")[0] in {BLOCKED!r})
 assert not loaded, loaded

@@ -12,7 +12,7 @@ from enginesmith.compat import RULES
 from enginesmith.config import default_catalogue
 from enginesmith.errors import ConfigError
 from enginesmith.keys import canonical_json, stage_key
-from enginesmith.plan_sources import plan_config
+from pipeline.plan_sources import plan_config
 from tests.conftest import CONFIGS, run_cli
 from tests.test_config import MINIMAL
 

@@ -8,7 +8,7 @@ import pytest
 
 def _cells(write_config, tiny_model_dir):  # type: ignore[no-untyped-def]
     from enginesmith.config import default_catalogue
-    from enginesmith.plan_sources import plan_config
+    from pipeline.plan_sources import plan_config
 
     config = write_config(f"""
 version: 1

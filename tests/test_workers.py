@@ -140,8 +140,8 @@ def test_two_pools_two_workers_on_postgres_build_a_nightly_on_different_workers(
 
     from enginesmith.artefacts import COMPLETE_MARKER
     from enginesmith.config import default_catalogue
-    from enginesmith.plan_sources import plan_config
     from flows.nightly import nightly
+    from pipeline.plan_sources import plan_config
 
     config = write_tiny_matrix(tmp_path / "matrix")
     config.write_text(config.read_text() + "quantize_on:\n  '*/int4-awq/*': cpu\n")

@@ -18,9 +18,9 @@ import httpx
 from pydantic import BaseModel
 
 from enginesmith.assets import read_task, task_eval_path
+from enginesmith.tasks import AccuracyTask, answer_matches, task_spec
 from validation.loadgen import API_PATHS, Api, completion_payload
 from validation.server import Endpoint
-from validation.tasks import AccuracyTask, answer_matches, task_spec
 
 
 class TaskScore(BaseModel):
@@ -58,7 +58,7 @@ def greedy_completions(endpoint: Endpoint, prompts: Sequence[str], max_tokens: i
 def task_exact_match(endpoint: Endpoint, task: str, limit: int | None = None,
                      api: Api = "completions") -> tuple[TaskScore, list[str]]:
     """Greedy completions of the task's prompts (stopped at a newline) compared with the answers by the task's
-    own rule (``validation.tasks``)."""
+    own rule (``enginesmith.tasks``)."""
     spec = task_spec(task)
     rows = read_task(task, limit)
     completions = greedy_completions(endpoint, [r.prompt for r in rows], spec.max_tokens, stop=["\n"], api=api)
@@ -135,7 +135,7 @@ generation_kwargs:
   do_sample: false
   temperature: 0.0
 {scoring}"""
-# exact: lm-eval's own exact_match after stripping; word: our rule (validation.tasks), as process_results.
+# exact: lm-eval's own exact_match after stripping; word: our rule (enginesmith.tasks), as process_results.
 EXACT_SCORING = """metric_list:
   - metric: exact_match
     aggregation: mean
@@ -154,7 +154,7 @@ metric_list:
     aggregation: mean
     higher_is_better: true
 """
-WORD_SCORING_MODULE = """from validation.tasks import AccuracyTask, answer_matches, task_spec
+WORD_SCORING_MODULE = """from enginesmith.tasks import AccuracyTask, answer_matches, task_spec
 
 
 def process_results(doc, results):

@@ -28,6 +28,7 @@ from enginesmith.assets import read_paragraphs
 from enginesmith.console import stderr
 from enginesmith.errors import UserError
 from enginesmith.specs import GateSpec, WorkloadSpec
+from enginesmith.tasks import resolve_task, task_spec
 from validation.accuracy import (
     Perplexity,
     TaskScore,
@@ -45,7 +46,6 @@ from validation.metrics import BenchmarkResult, Spread
 from validation.report import Comparison, SideReport, ValidationReport
 from validation.sampling import UsageSampler
 from validation.server import Endpoint, external_endpoint, free_port, running_server
-from validation.tasks import resolve_task, task_spec
 from validation.workloads import build_prompts, perplexity_windows
 
 GREEDY_AGREEMENT_PROMPTS = 32

@@ -20,8 +20,9 @@ from enginesmith.config import Catalogue, load_pipeline_config, task_errors
 from enginesmith.errors import TransientError, UserError
 from enginesmith.memory import GIB, SERVED_REFERENCE_BYTES, MemoryNeed, cell_needs, reference_tp
 from enginesmith.plan import Cell, Plan, plan_matrix
-from enginesmith.plan_sources import model_source
 from enginesmith.specs import PipelineConfig
+from enginesmith.tasks import resolve_task
+from pipeline.plan_sources import model_source
 
 CellStatus = Literal["ready", "invalid", "blocked"]
 # Where the serve commands point before they are parsed (the real paths exist only on the worker).
@@ -134,8 +135,6 @@ def gather(config: PipelineConfig, config_dir: Path, catalogue: Catalogue, *,
 def _task_dataset_checks(config: PipelineConfig) -> list[Check]:
     """lm-eval's registry tasks download their datasets from the Hub on the validation node."""
     from huggingface_hub import constants
-
-    from validation.tasks import resolve_task
 
     checks = []
     for task in map(resolve_task, config.workload.accuracy_tasks):

@@ -16,8 +16,8 @@ from enginesmith.encoder_plan import EncoderCell
 from enginesmith.errors import ConfigError, UserError
 from enginesmith.keys import stage_key
 from enginesmith.plan import Cell, Plan
-from enginesmith.plan_sources import model_source
 from enginesmith.specs import ModelSpec, PipelineConfig
+from pipeline.plan_sources import model_source
 
 if TYPE_CHECKING:
     from registry.publish import PublishResult
