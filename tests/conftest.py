@@ -191,7 +191,6 @@ def needs_vllm_cpu() -> None:
 class PrefectServer:
     api_url: str
     database_url: str | None  # None: SQLite (no PostgreSQL on this machine)
-    root: Path
 
 
 @pytest.fixture(scope="session")
@@ -211,7 +210,7 @@ def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prefect
         api_url = stack.enter_context(running_prefect_server(database_url, port=free_port(), ui=True,
                                                              log_path=root / "server.log"))
         stack.enter_context(temporary_settings({PREFECT_API_URL: api_url}))
-        yield PrefectServer(api_url=api_url, database_url=database_url, root=root)
+        yield PrefectServer(api_url=api_url, database_url=database_url)
 
 
 @pytest.fixture(scope="module")
