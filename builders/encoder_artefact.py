@@ -22,6 +22,7 @@ from enginesmith.checkpoints.models import CheckpointFile
 from enginesmith.errors import UserError
 from enginesmith.locks import output_lock
 from enginesmith.specs import EncoderKind, TargetSpec, Toolchains
+from enginesmith.staging import staged_output
 from quantization.encoder_stage import GRAPH_FILE, EncoderGraph, check_encoder_tools
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -60,16 +61,10 @@ def build_encoder_artefact(request: EncoderBuildRequest, *, build_gpu: GpuInfo |
             raise UserError(f"a tensorrt-engine for {request.target.id} is built on a GPU of that SKU; none was "
                             "found here", where=request.target.id,
                             hint=f"run this cell on a node of the gpu-{request.target.id} pool")
-        staging = out_dir.with_name(out_dir.name + ".partial")
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
-        try:
-            artefact = _build_into(request, staging, build_gpu)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
-        staging.rename(out_dir)
-        return artefact
+        what = f"building the {request.kind} artefact of {request.model_id} for {request.target.id}"
+        # The artefact holds the graph (an engine built from it is about its size) and the tokenizer.
+        with staged_output(out_dir, what=what, need_bytes=Path(request.graph.graph_path).stat().st_size) as staging:
+            return _build_into(request, staging, build_gpu)
 
 
 def _build_into(request: EncoderBuildRequest, staging: Path, build_gpu: GpuInfo | None) -> Artefact:

@@ -1,13 +1,13 @@
 """The build stage: a ``QuantizedCheckpoint`` to an ``Artefact`` directory for one target SKU and kind.
 
-Work happens in ``<out>.partial``; ``artefact.json`` (with every file's sha256) is written last and the
-directory renamed into place, so a build killed half-way leaves nothing that looks complete.
+It writes through ``enginesmith.staging``: ``artefact.json`` (with every file's sha256) is written last in
+``<out>.partial`` and the directory renamed into place, so a build killed half-way leaves nothing that looks
+complete.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -34,12 +34,12 @@ from enginesmith.artefacts import (
 from enginesmith.checkpoints.digest import file_sha256
 from enginesmith.checkpoints.models import CheckpointFile
 from enginesmith.compat import CellRequest, describe_violations, violations
-from enginesmith.diskspace import disk_filled_error, is_disk_full, require_free_space
 from enginesmith.errors import IncompatibleError, UserError
 from enginesmith.gpus import VISIBLE_ENV, DetectedGpu, build_gpu_info, detect
 from enginesmith.locks import output_lock
 from enginesmith.memory import GIB
 from enginesmith.specs import ArtefactKind, BuildProfile, ModelSpec, RecipeSpec, TargetSpec, Toolchains
+from enginesmith.staging import staged_output
 
 
 class BuildRequest(BaseModel):
@@ -69,9 +69,6 @@ class BuildRequest(BaseModel):
 def read_artefact(artefact_dir: Path) -> Artefact | None:
     path = artefact_dir / ARTEFACT_FILE
     return Artefact.model_validate_json(path.read_text()) if path.is_file() else None
-
-
-DISK_HINT = "free some space, or give --out on a larger disk"
 
 
 def finished_artefact(out_dir: Path, key: str) -> Artefact | None:
@@ -112,18 +109,9 @@ def _build_once(request: BuildRequest, gpus: list[DetectedGpu] | None) -> Artefa
         toolchain = engine_toolchain(quantized, expected_trtllm_version=request.toolchains.trtllm.tensorrt_llm,
                                      expected_tensorrt_version=request.toolchains.trtllm.tensorrt)
 
-    staging = out_dir.with_name(out_dir.name + ".partial")
-    shutil.rmtree(staging, ignore_errors=True)
     what = f"building the {request.kind} artefact of {request.model_id} for {request.target.id}"
-    require_free_space(staging, _input_bytes(request), what=what, where="--out", hint=DISK_HINT)
-    staging.mkdir(parents=True)
-    try:
-        return _build_into(request, staging, out_dir, build_gpu, toolchain)
-    except OSError as exc:
-        if not is_disk_full(exc):
-            raise
-        shutil.rmtree(staging, ignore_errors=True)
-        raise disk_filled_error(out_dir.parent, what=what, where="--out", hint=DISK_HINT) from None
+    with staged_output(out_dir, what=what, need_bytes=_input_bytes(request)) as staging:
+        return _build_into(request, staging, build_gpu, toolchain)
 
 
 def _input_bytes(request: BuildRequest) -> int:
@@ -132,7 +120,7 @@ def _input_bytes(request: BuildRequest) -> int:
     return sum(p.stat().st_size for p in source.rglob("*") if p.is_file())
 
 
-def _build_into(request: BuildRequest, staging: Path, out_dir: Path, build_gpu: GpuInfo | None,
+def _build_into(request: BuildRequest, staging: Path, build_gpu: GpuInfo | None,
                 toolchain: EngineToolchain | None) -> Artefact:
     quantized = request.quantized
     versions = {k: v for k, v in quantized.versions.items()}
@@ -171,9 +159,6 @@ def _build_into(request: BuildRequest, staging: Path, out_dir: Path, build_gpu: 
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
     )
     (staging / ARTEFACT_FILE).write_text(artefact.model_dump_json(indent=2))
-    if out_dir.exists():
-        out_dir.rmdir()
-    staging.rename(out_dir)
     return artefact
 
 

@@ -18,6 +18,7 @@ from enginesmith.checkpoints.models import Checkpoint
 from enginesmith.errors import ConfigError, UserError
 from enginesmith.locks import output_lock
 from enginesmith.specs import EncoderModelSpec, EncoderRecipeSpec
+from enginesmith.staging import staged_output
 from quantization.embedding_quality import EmbeddingAgreement
 from quantization.onnx_export import EncoderLayout, OnnxExportResult
 from quantization.onnx_quantize import OnnxQuantizeResult
@@ -106,12 +107,15 @@ def export_stage(checkpoint: Checkpoint, opset: int, out_dir: Path, *,
     with output_lock(out_dir, "export"):
         if (out_dir / COMPLETE_MARKER).is_file():  # another process finished it while this one waited
             return OnnxExportResult.model_validate_json(record.read_text())
-        staging = _fresh_staging(out_dir)
-        result = export_encoder(OnnxExportRequest(model_dir=Path(checkpoint.local_path),
-                                                  onnx_path=staging / GRAPH_FILE, opset=opset))
-        result = result.model_copy(update={"onnx_path": out_dir / GRAPH_FILE})
-        (staging / "export.json").write_text(result.model_dump_json(indent=2))
-        _finish(staging, out_dir)
+        _refuse_unfinished(out_dir)
+        # The FP32 graph holds the checkpoint's weights at about their size.
+        with staged_output(out_dir, what=f"exporting {checkpoint.repo_id} to ONNX",
+                           need_bytes=sum(f.size for f in checkpoint.files)) as staging:
+            result = export_encoder(OnnxExportRequest(model_dir=Path(checkpoint.local_path),
+                                                      onnx_path=staging / GRAPH_FILE, opset=opset))
+            result = result.model_copy(update={"onnx_path": out_dir / GRAPH_FILE})
+            (staging / "export.json").write_text(result.model_dump_json(indent=2))
+            (staging / COMPLETE_MARKER).write_text("")
     return result
 
 
@@ -141,34 +145,37 @@ def quantize_stage(model: EncoderModelSpec, recipe: EncoderRecipeSpec, checkpoin
         done = read_encoder_graph(out_dir)  # another process finished it while this one waited
         if done is not None and done.key == key:
             return done
-        staging = _fresh_staging(out_dir)
-        graph = staging / GRAPH_FILE
-        quantization = None
-        calibration_sha256 = None
-        if recipe.quantize is not None:
-            calibration = calibration_file or CALIBRATION_FILE
-            quantization = quantize_encoder(OnnxQuantizeRequest(
-                onnx_path=export.onnx_path, model_dir=checkpoint_dir, output_path=graph, mode=recipe.quantize,
-                calibration_file=calibration, sequence_length=min(128, max_seq_length)))
-            quantization = quantization.model_copy(update={"output_path": out_dir / GRAPH_FILE})
-            from enginesmith.checkpoints.digest import file_sha256
+        _refuse_unfinished(out_dir)
+        # The recipe's graph is at most the FP32 export's size (a copy; int8, fp8 and fp16 are smaller).
+        with staged_output(out_dir, what=f"the {recipe.id} graph of {model.id}",
+                           need_bytes=Path(export.onnx_path).stat().st_size) as staging:
+            graph = staging / GRAPH_FILE
+            quantization = None
+            calibration_sha256 = None
+            if recipe.quantize is not None:
+                calibration = calibration_file or CALIBRATION_FILE
+                quantization = quantize_encoder(OnnxQuantizeRequest(
+                    onnx_path=export.onnx_path, model_dir=checkpoint_dir, output_path=graph, mode=recipe.quantize,
+                    calibration_file=calibration, sequence_length=min(128, max_seq_length)))
+                quantization = quantization.model_copy(update={"output_path": out_dir / GRAPH_FILE})
+                from enginesmith.checkpoints.digest import file_sha256
 
-            calibration_sha256 = file_sha256(calibration)
-        elif recipe.precision == "fp16":
-            cast_to_fp16(export.onnx_path, graph)
-        else:
-            shutil.copyfile(export.onnx_path, graph)
-        agreement = None
-        if recipe.quantize is not None:  # an FP32 copy agrees with itself; an FP16 graph does not run on the CPU
-            agreement = onnx_agreement(export.onnx_path, graph, checkpoint_dir, read_sentences(HELD_OUT_FILE),
-                                       optimize_candidate=recipe.quantize != "fp8")
-        result = EncoderGraph(key=key, recipe=recipe.id, checkpoint=checkpoint, out_dir=str(out_dir),
-                              export_path=str(export.onnx_path), opset=export.opset, layout=layout,
-                              max_seq_length=max_seq_length, quantization=quantization, precision=recipe.precision,
-                              agreement=agreement, calibration_sha256=calibration_sha256,
-                              versions=versions or {})
-        (staging / STAGE_RECORD).write_text(result.model_dump_json(indent=2))
-        _finish(staging, out_dir)
+                calibration_sha256 = file_sha256(calibration)
+            elif recipe.precision == "fp16":
+                cast_to_fp16(export.onnx_path, graph)
+            else:
+                shutil.copyfile(export.onnx_path, graph)
+            agreement = None
+            if recipe.quantize is not None:  # an FP32 copy agrees with itself; an FP16 graph does not run on the CPU
+                agreement = onnx_agreement(export.onnx_path, graph, checkpoint_dir, read_sentences(HELD_OUT_FILE),
+                                           optimize_candidate=recipe.quantize != "fp8")
+            result = EncoderGraph(key=key, recipe=recipe.id, checkpoint=checkpoint, out_dir=str(out_dir),
+                                  export_path=str(export.onnx_path), opset=export.opset, layout=layout,
+                                  max_seq_length=max_seq_length, quantization=quantization, precision=recipe.precision,
+                                  agreement=agreement, calibration_sha256=calibration_sha256,
+                                  versions=versions or {})
+            (staging / STAGE_RECORD).write_text(result.model_dump_json(indent=2))
+            (staging / COMPLETE_MARKER).write_text("")
     return result
 
 
@@ -188,16 +195,7 @@ def read_encoder_graph(out_dir: Path) -> EncoderGraph | None:
     return EncoderGraph.model_validate_json((out_dir / STAGE_RECORD).read_text())
 
 
-def _fresh_staging(out_dir: Path) -> Path:
+def _refuse_unfinished(out_dir: Path) -> None:
     if out_dir.exists():
         raise UserError(f"{out_dir} exists without a completion marker; it is not overwritten", where=str(out_dir),
                         hint="delete it: a stage killed half-way leaves its work in <dir>.partial, never here")
-    staging = out_dir.with_name(out_dir.name + ".partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    return staging
-
-
-def _finish(staging: Path, out_dir: Path) -> None:
-    (staging / COMPLETE_MARKER).write_text("")
-    staging.rename(out_dir)

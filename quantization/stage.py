@@ -1,8 +1,8 @@
 """The quantize stage: a ``Checkpoint`` and a recipe to a ``QuantizedCheckpoint`` on disk.
 
-Work happens in ``<out>.partial``; the metadata and the completion marker are written last and the directory
-is renamed into place, so an interrupted run leaves nothing that looks finished and the next run starts
-clean. An output directory holding another key is never overwritten.
+It writes through ``enginesmith.staging`` (``<out>.partial``, renamed into place once the metadata and the completion
+marker are written last), so an interrupted run leaves nothing that looks finished. An output directory holding
+another key is never overwritten.
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ from enginesmith.assets import read_task
 from enginesmith.checkpoints.digest import file_sha256
 from enginesmith.checkpoints.inspect import read_config
 from enginesmith.checkpoints.models import Checkpoint, CheckpointFile
-from enginesmith.diskspace import disk_filled_error, is_disk_full, require_free_space
 from enginesmith.errors import UserError
 from enginesmith.locks import output_lock
 from enginesmith.memory import GPU_CALIBRATION_FACTOR, dtype_bytes, quantize_need
 from enginesmith.specs import RecipeSpec
+from enginesmith.staging import PARTIAL_SUFFIX, staged_output
 from quantization.export import (
     ExportCheckError,
     check_hf_export,
@@ -83,9 +83,6 @@ def installed_versions() -> dict[str, str]:
             "transformers": transformers.__version__}
 
 
-DISK_HINT = "free some space, or give --out on a larger disk"
-
-
 def quantize_checkpoint(request: QuantizeRequest) -> QuantizedCheckpoint:
     with output_lock(Path(request.out_dir), "quantize"):
         return _quantize_once(request)
@@ -110,25 +107,13 @@ def _quantize_once(request: QuantizeRequest) -> QuantizedCheckpoint:
         raise UserError("hf-bf16 folds the HF export of a quantised model", where="--formats",
                         hint="add hf to --formats, and use a recipe other than bf16")
     check_versions(request.expected_versions or {}, installed_versions())
-    staging = out_dir.with_name(out_dir.name + ".partial")
-    shutil.rmtree(staging, ignore_errors=True)  # what an interrupted run left: start clean
     what = f"quantising {request.checkpoint.repo_id} ({request.recipe.id})"
-    require_free_space(staging, output_bytes(request), what=what, where="--out", hint=DISK_HINT)
-    staging.mkdir(parents=True)
-    # ModelOpt prints progress to stdout; keep stdout for results (``--json``).
-    try:
+    with staged_output(out_dir, what=what, need_bytes=output_bytes(request)) as staging:
+        # ModelOpt prints progress to stdout; keep stdout for results (``--json``).
         with contextlib.redirect_stdout(sys.stderr):
             result = _run(request, staging)
-    except OSError as exc:
-        if not is_disk_full(exc):
-            raise
-        shutil.rmtree(staging, ignore_errors=True)
-        raise disk_filled_error(out_dir.parent, what=what, where="--out", hint=DISK_HINT) from None
-    (staging / METADATA_FILE).write_text(result.model_dump_json(indent=2))
-    (staging / COMPLETE_MARKER).write_text(request.key + "\n")
-    if out_dir.exists():
-        out_dir.rmdir()
-    staging.rename(out_dir)
+        (staging / METADATA_FILE).write_text(result.model_dump_json(indent=2))
+        (staging / COMPLETE_MARKER).write_text(request.key + "\n")
     return result
 
 
@@ -283,7 +268,7 @@ def _run(request: QuantizeRequest, staging: Path) -> QuantizedCheckpoint:
              for p in sorted(staging.rglob("*")) if p.is_file()]
     return QuantizedCheckpoint(
         key=request.key, recipe=recipe.id, source=request.checkpoint,
-        out_dir=str(staging.with_name(staging.name.removesuffix(".partial")).resolve()),
+        out_dir=str(staging.with_name(staging.name.removesuffix(PARTIAL_SUFFIX)).resolve()),
         formats=request.formats, tp=request.tp, pp=request.pp, device=device, quant_algo=recipe.quant_algo,
         kv_cache_quant_algo=recipe.kv_cache_quant_algo, group_size=group_size, calibration=calibration,
         quality=quality, versions=versions, timings_s=timings, files=files,

@@ -10,7 +10,6 @@ Stage records are not artefacts: ``list``, ``resolve`` and ``pull`` never see th
 
 from __future__ import annotations
 
-import shutil
 import socket
 from pathlib import Path
 from typing import Literal
@@ -18,6 +17,8 @@ from typing import Literal
 from pydantic import BaseModel, ValidationError
 
 from enginesmith.artefacts import COMPLETE_MARKER, METADATA_FILE, QuantizedCheckpoint
+from enginesmith.diskspace import same_filesystem
+from enginesmith.staging import staged_output
 from registry.cache import BlobCache, link_or_copy
 from registry.errors import IntegrityError
 from registry.manifest import utc_timestamp
@@ -89,10 +90,11 @@ def fetch_quantized(store: RegistryStore, record: StashedQuantized, out_dir: Pat
     marker last, renamed into place), its blobs fetched through ``cache``."""
     quantized = record.quantized
     fetch_files(store, quantized.files, cache, what=f"fetching quantised checkpoint {quantized.key[:12]}")
-    staging = out_dir.with_name(out_dir.name + ".partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    try:
+    # Hard links into the cache where they can be made (what the fetch above needed room for), else copies.
+    same_disk = same_filesystem(cache.root, out_dir.parent)
+    with staged_output(out_dir, what=f"laying out quantised checkpoint {quantized.key[:12]}", where=str(out_dir),
+                       hint="free some space on the work directory's disk (workdir, or ENGINESMITH_WORKDIR)",
+                       need_bytes=None if same_disk else sum(f.size for f in quantized.files)) as staging:
         for entry in quantized.files:
             assert entry.sha256 is not None
             target = staging / entry.path
@@ -101,10 +103,4 @@ def fetch_quantized(store: RegistryStore, record: StashedQuantized, out_dir: Pat
         local = quantized.model_copy(update={"out_dir": str(out_dir.resolve())})
         (staging / METADATA_FILE).write_text(local.model_dump_json(indent=2))
         (staging / COMPLETE_MARKER).write_text(quantized.key + "\n")
-        if out_dir.exists():
-            out_dir.rmdir()  # only an empty directory: the caller checked there is no finished output
-        staging.rename(out_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return local
