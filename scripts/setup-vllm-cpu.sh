@@ -18,7 +18,7 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$SETUP_ID" ]; then
   exit 0
 fi
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
-PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q --no-compile)  # modules compile on first import
 echo "==> installing ${SETUP_ID% } into $VENV (a few minutes)"
 "${PIP[@]}" install --upgrade pip >/dev/null
 "${PIP[@]}" install -r "$FIRST"

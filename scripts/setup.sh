@@ -11,7 +11,7 @@ if [ ! -x "$VENV/bin/python" ]; then
   echo "==> creating $VENV"
   "$PYTHON" -m venv "$VENV"
 fi
-PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q --no-compile)  # modules compile on first import
 stamp="$VENV/.enginesmith-setup"
 want="$(sha256sum pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then

@@ -15,7 +15,7 @@ from validation.server import external_endpoint
 from validation.stage import ServerSide, validate
 
 WORKLOAD = WorkloadSpec(name="paced", dataset="random", input_len=8, output_len=4, num_prompts=8, concurrency=[1, 2],
-                        warmup_requests=2, warmup_max_s=0.5, min_duration_s=0.4, min_requests=8, repeats=3,
+                        warmup_requests=2, warmup_max_s=0.25, min_duration_s=0.2, min_requests=4, repeats=3,
                         max_repeats=5, greedy_agreement_tokens=4)
 # Margins far outside what machine load does to a 10 ms sleep: these tests must not depend on the load.
 GATES = GateSpec(min_throughput_ratio=0.8, max_tpot_ratio=1.25)
