@@ -11,7 +11,7 @@ if [ ! -x "$VENV/bin/python" ]; then
   echo "==> creating $VENV"
   "$PYTHON" -m venv "$VENV"
 fi
-PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q --no-compile)  # modules compile on first import
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 stamp="$VENV/.enginesmith-setup"
 want="$(sha256sum pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
@@ -20,7 +20,7 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
 fi
 echo "==> installing torch 2.13.0 (CPU)"
 "${PIP[@]}" install --upgrade pip >/dev/null
-"${PIP[@]}" install torch==2.13.0
+"${PIP[@]}" install --no-compile torch==2.13.0  # --no-compile: modules compile on first import
 echo "==> installing enginesmith[quantization,onnx,flows,s3,validation,dev]"
-"${PIP[@]}" install -e '.[quantization,onnx,flows,s3,validation,dev]'
+"${PIP[@]}" install --no-compile -e '.[quantization,onnx,flows,s3,validation,dev]'
 echo "$want" > "$stamp"
