@@ -21,8 +21,8 @@ fi
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 echo "==> installing ${SETUP_ID% } into $VENV (a few minutes)"
 "${PIP[@]}" install --upgrade pip >/dev/null
-"${PIP[@]}" install --no-compile -r "$FIRST"  # --no-compile: modules compile on first import
-"${PIP[@]}" install --no-compile -r "$REQUIREMENTS"
+"${PIP[@]}" install -r "$FIRST"
+"${PIP[@]}" install -r "$REQUIREMENTS"
 "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 "$VENV/bin/python" -c "import vllm.entrypoints.openai.api_server, accelerate" >/dev/null
 echo "$SETUP_ID" > "$stamp"

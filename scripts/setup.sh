@@ -20,7 +20,7 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
 fi
 echo "==> installing torch 2.13.0 (CPU)"
 "${PIP[@]}" install --upgrade pip >/dev/null
-"${PIP[@]}" install --no-compile torch==2.13.0  # --no-compile: modules compile on first import
+"${PIP[@]}" install torch==2.13.0
 echo "==> installing enginesmith[quantization,onnx,flows,s3,validation,dev]"
-"${PIP[@]}" install --no-compile -e '.[quantization,onnx,flows,s3,validation,dev]'
+"${PIP[@]}" install -e '.[quantization,onnx,flows,s3,validation,dev]'
 echo "$want" > "$stamp"
