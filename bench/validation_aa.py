@@ -24,8 +24,10 @@ def main() -> None:
     from builders.serve import reference_recipe
     from enginesmith.assets import tiny_model_dir
     from enginesmith.console import stdout
+    from enginesmith.reports import gate_rows
+    from enginesmith.reports.llm import comparison_rows
+    from enginesmith.reports.measures import fmt_ratio
     from enginesmith.specs import BuildProfile, GateSpec, WorkloadSpec
-    from validation.report import comparison_rows, fmt_ratio, gate_rows, side_names
     from validation.stage import ServerSide, validate
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -64,9 +66,9 @@ def main() -> None:
     from enginesmith.console import table
 
     stdout.print(table(f"A/A on {model_dir.name}: {comparison.rounds} interleaved rounds",
-                       ["metric", *side_names(report), "candidate / reference"], comparison_rows(report)))
+                       ["metric", *report.side_names(), "candidate / reference"], comparison_rows(report)))
     stdout.print(table("gates at the A/A target", ["gate", "measured", "spread", "limit", "verdict", "decided",
-                                                   "what"], gate_rows(report)))
+                                                   "what"], gate_rows(report.gates)))
     latency = comparison.tpot_ratios or comparison.e2el_ratios
     latency_name = "tpot_ratio" if comparison.tpot_ratios else "e2el_ratio"
     off = [f"{name} {fmt_ratio(spread)}" for name, spread in (("throughput_ratio", comparison.throughput_ratios),

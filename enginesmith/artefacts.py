@@ -124,7 +124,7 @@ class Artefact(BaseModel):
 
     schema_version: Literal[1] = 1
     key: str  # the build stage key
-    kind: Literal["trtllm-engine", "hf-quantized", "onnx", "tensorrt-engine"]
+    kind: str  # trtllm-engine, hf-quantized, onnx, tensorrt-engine, or a plug-in kind's own
     target: str  # catalogue target id, e.g. h100-sxm or cpu
     target_sm: int | None
     tp: int = 1

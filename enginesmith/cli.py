@@ -19,6 +19,7 @@ from enginesmith.errors import UserError
 if TYPE_CHECKING:
     from enginesmith.artefacts import Artefact, QuantizedCheckpoint
     from enginesmith.plan import Cell
+    from enginesmith.reports import KindReport
     from enginesmith.specs import PipelineConfig
 
 app = typer.Typer(
@@ -105,34 +106,29 @@ def plan(
     json_output: JsonOption = False,
 ) -> None:
     """Expand a build matrix into cells: what would be built, with each stage key, and what is invalid and why."""
-    from enginesmith.config import default_catalogue
-    from pipeline.plan_sources import plan_config, plan_encoders_loaded
+    from enginesmith.config import default_catalogue, load_pipeline_config
+    from pipeline.kinds import kinds_of
 
+    catalogue = default_catalogue()
+    pipeline = load_pipeline_config(config, catalogue)
     # Hub branches stay unresolved here (no network needed to plan); the nightly resolves them to commit shas.
-    pipeline, result = plan_config(config, default_catalogue(), resolve_hub=False)
-    encoder_cells = plan_encoders_loaded(pipeline, config.parent, default_catalogue(), resolve_hub=False)
+    planned = [(kind, cell) for kind in kinds_of(pipeline)
+               for cell in kind.plan(pipeline, config.parent, catalogue, resolve_hub=False)]
     if json_output:
-        print_json({"config": result.config_name, "cells": [c.listing() for c in result.cells],
-                    "encoder_cells": [c.listing() for c in encoder_cells]})
+        print_json({"config": pipeline.name, "cells": [{**cell.listing(), "cell_kind": kind.name}
+                                                       for kind, cell in planned]})
         return
     rows = []
-    for c in result.cells:
-        status = "[green]build[/]" if c.status == "build" else f"[red]invalid[/]: {escape(c.reason)}"
-        if c.awq_block is not None and c.awq_block.size not in (None, c.awq_block.preferred):
-            status += f" (AWQ {escape(c.awq_block.reason)})"
-        revision = c.source_revision if len(c.source_revision) < 16 else c.source_revision[:12]
-        rows.append([c.id, f"{c.model.repo}@{revision}", c.recipe.id, c.target.id, str(c.tp), c.kind,
-                     c.key[:12], status])
-    for e in encoder_cells:
-        status = "[green]build[/]" if e.status == "build" else f"[red]invalid[/]: {escape(e.reason)}"
-        revision = e.source_revision if len(e.source_revision) < 16 else e.source_revision[:12]
-        rows.append([e.id, f"{e.model.repo}@{revision}", e.recipe.id, e.target.id, "-", e.kind, e.key[:12],
-                     status])
-    stdout.print(table(f"Plan: {result.config_name}", ["cell", "model@revision", "recipe", "target", "tp",
-                                                       "kind", "key", "status"], rows))
-    buildable = len(result.buildable) + sum(e.status == "build" for e in encoder_cells)
-    total = len(result.cells) + len(encoder_cells)
-    stdout.print(f"{buildable} to build, {total - buildable} invalid, {total} cells")
+    for kind, cell in planned:
+        parallel, note = kind.table_row(cell)
+        status = "[green]build[/]" if cell.status == "build" else f"[red]invalid[/]: {escape(cell.reason)}"
+        revision = cell.source_revision if len(cell.source_revision) < 16 else cell.source_revision[:12]
+        rows.append([cell.id, f"{cell.model.repo}@{revision}", cell.recipe.id, cell.target.id, parallel, cell.kind,
+                     cell.key[:12], status + (f" ({escape(note)})" if note else "")])
+    stdout.print(table(f"Plan: {pipeline.name}", ["cell", "model@revision", "recipe", "target", "parallel",
+                                                   "kind", "key", "status"], rows))
+    buildable = sum(cell.status == "build" for _, cell in planned)
+    stdout.print(f"{buildable} to build, {len(planned) - buildable} invalid, {len(planned)} cells")
 
 
 @app.command()
@@ -558,27 +554,15 @@ def validate(
         raise typer.Exit(1)
 
 
-def print_validation(report: object) -> None:
-    """The comparison and the gate verdict as rich tables."""
-    from validation.report import (
-        GATE_COLUMNS,
-        ValidationReport,
-        comparison_rows,
-        gate_rows,
-        measurement_summary,
-        side_names,
-    )
-
-    assert isinstance(report, ValidationReport)
-    stdout.print(table(f"{report.recipe} on {report.target} — workload {report.workload.name}",
-                       ["metric", *side_names(report), "candidate / reference"], comparison_rows(report)))
-    stdout.print(f"{measurement_summary(report)} Values: median (min–max); ratios: median ±relative half-range.")
-    if report.comparison.greedy_agreement is not None:
-        stdout.print(f"greedy agreement (first {report.comparison.greedy_agreement_tokens} tokens): "
-                     f"{report.comparison.greedy_agreement:.1%}")
-    rows = [[*row[:4], "[green]pass[/]" if row[4] == "pass" else "[red]FAIL[/]", *row[5:]] for row in gate_rows(report)]
-    stdout.print(table("Gates", GATE_COLUMNS, rows))
-    for note in report.notes:
+def print_validation(report: KindReport) -> None:
+    """The report's tables (the comparison, the gates) as rich tables, its notes and its verdict."""
+    view = report.view()
+    stdout.print(escape(view.summary))
+    for shown in view.tables:
+        rows = [[("[green]pass[/]" if cell == "pass" else "[red]FAIL[/]") if index == shown.verdict_column
+                 else escape(cell) for index, cell in enumerate(row)] for row in shown.rows]
+        stdout.print(table(shown.caption, shown.columns, rows))
+    for note in view.notes:
         stdout.print(f"note: {escape(note)}")
     stdout.print("[bold green]PASSED[/]" if report.passed else "[bold red]FAILED[/]")
 
@@ -652,35 +636,22 @@ def report(
     json_output: JsonOption = False,
 ) -> None:
     """Print the validation report a published artefact carries in its manifest."""
+    from enginesmith.reports import parse_report
     from registry.catalog import find_manifest
     from registry.names import parse_ref
     from registry.store import open_store
-    from validation.report import ValidationReport
 
     manifest = find_manifest(open_store(registry), parse_ref(ref))
-    if manifest.validation is None:
+    parsed = parse_report(manifest.validation)
+    if parsed is None:
         raise UserError(f"{ref} was published without a validation report", where=ref)
-    if manifest.validation.get("kind") == "encoder":
-        from validation.encoder_stage import EncoderValidationReport, render_encoder_report
-
-        encoder_report = EncoderValidationReport.model_validate(manifest.validation)
-        if json_output:
-            print_json(encoder_report)
-        else:
-            from rich.markdown import Markdown
-
-            stdout.print(Markdown(render_encoder_report(encoder_report)))
-        return
-    version = manifest.validation.get("schema_version")
-    if version != ValidationReport.model_fields["schema_version"].default:
-        raise UserError(f"{ref} carries a validation report of schema {version}, which this version cannot read "
-                        "(reports before schema 2 had no measurement rounds)", where=ref,
+    if isinstance(parsed, str):
+        raise UserError(f"{ref} carries a validation report this version cannot read: {parsed}", where=ref,
                         hint="re-validate the artefact, or use the enginesmith that published it")
-    validation_report = ValidationReport.model_validate(manifest.validation)
     if json_output:
-        print_json(validation_report)
+        print_json(parsed)
         return
-    print_validation(validation_report)
+    print_validation(parsed)
 
 
 @app.command("tiny-model")

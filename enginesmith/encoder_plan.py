@@ -95,6 +95,18 @@ def encoder_violations(recipe: EncoderRecipeSpec, target: TargetSpec, kind: Enco
     return found
 
 
+def layout_violations(model: EncoderModelSpec, layout: Mapping[str, object] | None) -> list[Violation]:
+    """Where the config's ``pooling``/``normalize`` contradict what the checkpoint's own modules say (they assert
+    the checkpoint, they never override it): such a cell would be refused when it is exported."""
+    if layout is None:
+        return []
+    return [Violation(rule="encoder-layout", message=(
+        f"encoders.{model.id}.{field} is {expected!r}, but the checkpoint's modules say {layout[field]!r}: remove "
+        f"{field} from the config, or point it at a checkpoint that is {expected}"))
+        for field, expected in (("pooling", model.pooling), ("normalize", model.normalize))
+        if expected is not None and layout.get(field) != expected]
+
+
 def encoder_stage_keys(config: PipelineConfig, model: EncoderModelSpec, revision: str, recipe: EncoderRecipeSpec,
                        target: TargetSpec, kind: EncoderKind, calibration_fingerprint: str,
                        layout: Mapping[str, object] | None = None) -> EncoderStageKeys:
@@ -145,7 +157,7 @@ def plan_encoders(config: PipelineConfig, catalogue: Catalogue, *, calibration_f
             model = config.encoder(model_id)
             revision = source_revisions.get(model_id, model.revision)
             recipe, target = catalogue.encoder_recipes[recipe_id], catalogue.targets[target_id]
-            found = encoder_violations(recipe, target, kind)
+            found = encoder_violations(recipe, target, kind) + layout_violations(model, layouts.get(model_id))
             cells.append(EncoderCell(
                 id=this_id, model=model, source_revision=revision,
                 revision_pinned=is_commit_sha(revision) or revision.startswith("sha256:"), recipe=recipe,

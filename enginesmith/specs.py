@@ -8,7 +8,7 @@ in ``enginesmith.config``, where the catalogue is known.
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -436,13 +436,17 @@ class PipelineConfig(StrictModel):
     encoder_matrix: list[EncoderMatrixBlock] = []
     encoder_workload: EncoderWorkloadSpec = EncoderWorkloadSpec()
     encoder_gates: EncoderGateSpec = EncoderGateSpec()
+    # Cell kinds beyond LLMs and encoders: the modules that register them (imported when the config is planned),
+    # and each one's own section, validated by that kind.
+    plugins: list[str] = Field(default_factory=list, description="modules that register cell kinds")
+    kinds: dict[str, dict[str, Any]] = Field(default_factory=dict, description="a plug-in kind's section, by name")
 
     @model_validator(mode="after")
     def _unique_model_ids(self) -> PipelineConfig:
         _refuse_duplicates([m.id for m in self.models] + [e.id for e in self.encoders], "model id")
-        if not self.matrix and not self.encoder_matrix:
+        if not self.matrix and not self.encoder_matrix and not self.kinds:
             raise ValueError("nothing to build: give 'matrix' (LLMs, with 'models') or 'encoder_matrix' (embedding "
-                             "models, with 'encoders'), or both")
+                             "models, with 'encoders'), or a plug-in kind's section under 'kinds'")
         if self.matrix and not self.models:
             raise ValueError("'matrix' names LLMs but 'models' is empty")
         if self.encoder_matrix and not self.encoders:

@@ -1,33 +1,39 @@
-"""The ``build-cell`` flow: pull → quantize → build → validate → publish, each a task keyed by its stage key.
+"""The flows that build one cell: ``build-cell`` (an LLM cell from a typed form: model, recipe, target, kind,
+parallelism, gate overrides) and ``run-cell`` (any kind's cell by its id). Both plan the cell, then run its kind's
+stages in order (``CellKind.run``), each a Prefect task cached by its stage key, and publish what passes.
 
-Retries are for transient failures only (a server that did not start, the network); a bad config or a
-failed gate fails at once. A failed gate publishes nothing and leaves the run Failed with the verdict.
+Retries are for transient failures only (a server that did not start, the network); a bad config or a failed gate
+fails at once. A failed gate publishes nothing and leaves the run Failed with the verdict.
 """
 
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.context import TaskRunContext
 
-from builders.stage import read_artefact
-from enginesmith.artefacts import COMPLETE_MARKER, QuantizedCheckpoint
-from enginesmith.checkpoints.models import Checkpoint
 from enginesmith.config import default_catalogue, load_pipeline_config
 from enginesmith.errors import ConfigError, TransientError, UserError
 from enginesmith.plan import Cell
+from enginesmith.reports import GATE_COLUMNS, gate_rows, parse_report
 from enginesmith.specs import GateSpec, MatrixBlock, PipelineConfig
 from flows.history import record_cell
-from flows.params import BuildCellParams, CellSummary
 from pipeline import steps
+from pipeline.kinds import CellContext, CellKind, PlannedCell, find_planned
+from pipeline.kinds.llm import LLM
+from pipeline.params import RUN_CELL_FLOW, BuildCellParams, CellSummary, RunCellParams
 from pipeline.plan_sources import plan_loaded
 
 RETRY_DELAYS_S: list[float] = [10, 60, 300]
+STAGE_TIMEOUT_S = 6 * 3600  # a stage run on another pool (quantize_on), waited for
+T = TypeVar("T")
 
 
 class GateFailed(UserError):
@@ -47,153 +53,126 @@ def retry_transient(task: Any, task_run: Any, state: Any) -> bool:
     return False
 
 
-def key_if(path: Path, key: str) -> str | None:
-    """A cached result is only worth having while its files are on disk; otherwise run the stage again."""
-    return key if path.exists() else None
+class PrefectStages:
+    """Each of a kind's stages as a Prefect task: cached under its stage key while its output is on disk (a
+    result is only worth having while its files are), retried on transient errors, never on a user's."""
+
+    def __init__(self, flow_name: str, parameters_until: Callable[[str], dict[str, Any]]) -> None:
+        self.flow_name = flow_name
+        self.parameters_until = parameters_until
+
+    def __call__(self, name: str, fn: Callable[..., T], *args: Any, key: str | None = None,
+                 done: Path | None = None, retries: int = 0) -> T:
+        def cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str | None:
+            return key if done is None or done.exists() else None
+
+        options: dict[str, Any] = {"name": name, "retries": retries, "retry_condition_fn": retry_transient,
+                                   "retry_delay_seconds": RETRY_DELAYS_S[:retries] or 0}
+        if key is None:
+            options["cache_policy"] = NO_CACHE
+        else:
+            options |= {"cache_key_fn": cache_key, "persist_result": True}
+        started = time.monotonic()
+        result = task(fn, **options)(*args)
+        get_run_logger().info("stage %s done in %.1f s", name, time.monotonic() - started)
+        return result
+
+    def elsewhere(self, pool: str, until: str) -> None:
+        from prefect.client.schemas.objects import FlowRun
+        from prefect.deployments import run_deployment
+
+        get_run_logger().info("stages up to %s run on pool %s", until, pool)
+        flow_run = run_deployment(f"{self.flow_name}/{pool}", timeout=STAGE_TIMEOUT_S, poll_interval=2,
+                                  parameters=self.parameters_until(until))
+        assert isinstance(flow_run, FlowRun)
+        state = flow_run.state
+        if state is not None and state.is_completed():
+            return
+        where = f"its {until} run {flow_run.name} on pool {pool!r}"
+        if state is not None and state.is_failed():  # the stage's own error (a recipe, the checkpoint): not retried
+            raise UserError(f"{where} failed: {state.message or ''}"[:1000], where=f"{self.flow_name}/{pool}",
+                            hint="read that run's log")
+        what = "no worker started it" if state is None or state.type.value in ("SCHEDULED", "PENDING") else \
+            f"it ended {state.type.value}: {state.message or ''}"[:500]
+        raise TransientError(f"{where} did not finish: {what}",
+                             hint=f"start a worker on it: prefect worker start --pool {pool}")
 
 
-def _pull_key(context: TaskRunContext, parameters: dict[str, Any]) -> str | None:
-    return parameters["cell"].stage_keys.checkpoint if parameters["cell"].model.is_local else None
+def worker_name() -> str:
+    """The worker that started this run: a process worker hands its name to the runs it starts (Prefect's
+    attribution variable); empty for a run started in-process."""
+    return os.environ.get("PREFECT__WORKER_NAME", "")
 
 
-def _quantize_key(context: TaskRunContext, parameters: dict[str, Any]) -> str | None:
-    cell: Cell = parameters["cell"]
-    return key_if(parameters["work"] / steps.QUANTIZED_DIR / cell.stage_keys.quantize[:16] / COMPLETE_MARKER,
-                   cell.stage_keys.quantize)
-
-
-def _build_key(context: TaskRunContext, parameters: dict[str, Any]) -> str | None:
-    cell: Cell = parameters["cell"]
-    artefact_json = parameters["work"] / steps.ARTEFACTS_DIR / cell.stage_keys.build[:16] / "artefact.json"
-    return key_if(artefact_json, cell.stage_keys.build)
-
-
-@task(name="pull", retries=len(RETRY_DELAYS_S), retry_delay_seconds=RETRY_DELAYS_S,
-      retry_condition_fn=retry_transient, cache_key_fn=_pull_key, persist_result=True)
-def pull_task(config_path: Path, cell: Cell) -> Checkpoint:
-    checkpoint = steps.pull(config_path, cell)
-    logger = get_run_logger()
-    for file in checkpoint.files:
-        logger.info("checkpoint file %s (%s bytes)", file.path, f"{file.size:,}")
-    logger.info("pulled %s@%s: %s", checkpoint.repo_id, checkpoint.commit_sha[:12], checkpoint.local_path)
-    return checkpoint
-
-
-@task(name="quantize", cache_key_fn=_quantize_key, persist_result=True)
-def quantize_task(cell: Cell, checkpoint: Checkpoint, work: Path) -> QuantizedCheckpoint:
-    get_run_logger().info("quantising with %s (calibration %s)", cell.recipe.id, cell.calibration)
-    quantized = steps.quantize(cell, checkpoint, work)
-    if quantized.quality:
-        get_run_logger().info("quality: %s", quantized.quality.model_dump_json())
-    return quantized
-
-
-@task(name="stash-quantized", retries=len(RETRY_DELAYS_S), retry_delay_seconds=RETRY_DELAYS_S,
-      retry_condition_fn=retry_transient, cache_policy=NO_CACHE)
-def stash_task(quantized: QuantizedCheckpoint, config: PipelineConfig) -> None:
-    result = steps.stash_quantized(quantized, config)
-    get_run_logger().info("stashed quantised checkpoint %s in %s (%d new blobs, %d reused%s)", result.key[:12],
-                          result.registry, result.uploaded_blobs, result.reused_blobs,
-                          "" if result.created else "; its record was there already")
-
-
-# Never cached: the same call returns None before the quantize run and the checkpoint after it.
-@task(name="fetch-quantized", retries=len(RETRY_DELAYS_S), retry_delay_seconds=RETRY_DELAYS_S,
-      retry_condition_fn=retry_transient, cache_policy=NO_CACHE)
-def fetch_quantized_task(cell: Cell, work: Path, config: PipelineConfig) -> QuantizedCheckpoint | None:
-    record = steps.read_stashed(cell, config)
-    if record is None:
-        return None
-    quantized = steps.fetch_stashed(cell, record, work, config)
-    get_run_logger().info("fetched quantised checkpoint %s, quantised on %s at %s", cell.stage_keys.quantize[:12],
-                          record.node, record.stashed)
-    return quantized
-
-
-QUANTIZE_TIMEOUT_S = 6 * 3600
-
-
-def quantize_elsewhere(params: BuildCellParams, cell: Cell, pool: str) -> None:
-    """Run this cell's quantize stage on ``pool`` (its build-cell deployment, ``until=quantize``) and wait."""
-    from prefect.client.schemas.objects import FlowRun
-    from prefect.deployments import run_deployment
-
-    get_run_logger().info("cell %s quantises on pool %s (quantize_on: %s)", cell.id, pool,
-                          cell.quantize_target.id if cell.quantize_target else "")
-    flow_run = run_deployment(f"build-cell/{pool}", timeout=QUANTIZE_TIMEOUT_S, poll_interval=2,
-                              parameters={"params": params.model_copy(update={"until": "quantize"})
-                                          .model_dump(mode="json")})
-    assert isinstance(flow_run, FlowRun)
-    state = flow_run.state
-    if state is not None and state.is_completed():
-        return
-    where = f"cell {cell.id}: its quantize run {flow_run.name} on pool {pool!r}"
-    if state is not None and state.is_failed():  # the stage's own error (a recipe, the checkpoint): not retried
-        raise UserError(f"{where} failed: {state.message or ''}"[:1000], where=f"build-cell/{pool}",
-                        hint="read that run's log")
-    what = "no worker started it" if state is None or state.type.value in ("SCHEDULED", "PENDING") else \
-        f"it ended {state.type.value}: {state.message or ''}"[:500]
-    raise TransientError(f"{where} did not finish: {what}",
-                         hint=f"start a worker on it: prefect worker start --pool {pool}")
-
-
-def quantize_pool(cell: Cell) -> str | None:
-    """The pool that quantises the cell when it is not the one running it: only for a run from a deployment
-    (an in-process run quantises in place), and only where the config's quantize_on names another SKU."""
+def running_pool() -> str | None:
+    """The pool of the deployment running this flow (cell deployments are named after their pool); None when the
+    flow runs in-process."""
     from prefect.runtime import deployment
 
-    if cell.quantize_target is None or deployment.id is None:
-        return None
-    from flows.nightly import pool_for  # flows.nightly imports this module
-
-    pool = pool_for(cell.quantize_target, cell.kind)
-    return None if pool == deployment.name else pool  # build-cell deployments are named after their pool
+    return deployment.name if deployment.id is not None else None
 
 
-def obtain_quantized(params: BuildCellParams, cell: Cell, checkpoint: Checkpoint, work: Path,
-                     config: PipelineConfig) -> QuantizedCheckpoint:
-    """The cell's quantised checkpoint: from this node's work directory, from the registry where another node
-    stashed it, or quantised there first (quantize_on), else quantised here."""
-    pool = quantize_pool(cell)
-    if pool is None or (steps.quantized_dir(cell, work) / COMPLETE_MARKER).is_file():
-        return quantize_task(cell, checkpoint, work)
-    fetched = fetch_quantized_task(cell, work, config)
-    if fetched is None:
-        quantize_elsewhere(params, cell, pool)
-        fetched = fetch_quantized_task(cell, work, config)
-    if fetched is None:
-        raise UserError(f"cell {cell.id}: the quantize run on {pool} finished but stashed nothing under key "
-                        f"{cell.stage_keys.quantize[:12]}", where=steps.registry_url(config),
-                        hint="check that both pools' workers use the same registry (ENGINESMITH_REGISTRY)")
-    return fetched
+def run_planned(kind: CellKind, cell: PlannedCell, config_path: Path, config: PipelineConfig, stages: PrefectStages,
+                *, until: str | None = None) -> CellSummary:
+    """Run a planned cell's stages and publish it if it passes; every way it ends is recorded in its history."""
+    logger = get_run_logger()
+    if cell.status == "invalid":
+        raise ConfigError(f"cell {cell.id} cannot be built: {cell.reason}", field="params")
+    if steps.published(config, cell.model.id, cell.key):
+        logger.info("cell %s (key %s) is already in the registry: nothing to do", cell.id, cell.key[:12])
+        return CellSummary(cell=cell.id, status="cached", key=cell.key, worker=worker_name())
+    context = CellContext(config_path=config_path, config=config, work=steps.workdir(config), until=until,
+                          pool=running_pool())
+    try:
+        run = kind.run(cell, context, stages)
+        if run.artefact_dir is None or run.report is None:
+            return CellSummary(cell=cell.id, status="quantized", key=cell.key, reason=run.stopped,
+                               worker=worker_name())
+        return publish_if_passed(cell, run.artefact_dir, run.report, config)
+    except GateFailed:
+        raise  # recorded with its report
+    except Exception as exc:
+        record_cell(config, cell, "failed", reason=exc.render() if isinstance(exc, UserError) else repr(exc))
+        raise
 
 
-@task(name="build", retries=1, retry_delay_seconds=30, retry_condition_fn=retry_transient,
-      cache_key_fn=_build_key, persist_result=True)
-def build_task(cell: Cell, quantized: QuantizedCheckpoint, work: Path, config: PipelineConfig) -> Path:
-    get_run_logger().info("building %s for %s", cell.kind, cell.target.id)
-    return steps.build(cell, quantized, work, config)
-
-
-@task(name="validate", retries=len(RETRY_DELAYS_S), retry_delay_seconds=RETRY_DELAYS_S,
-      retry_condition_fn=retry_transient)
-def validate_task(cell: Cell, artefact_dir: Path, checkpoint: Checkpoint, config: PipelineConfig,
-                  work: Path) -> dict[str, Any]:
-    report = steps.validate(cell, artefact_dir, checkpoint, config, work)
-    return report.model_dump(mode="json")
+def publish_if_passed(cell: PlannedCell, artefact_dir: Path, report: dict[str, Any],
+                      config: PipelineConfig) -> CellSummary:
+    parsed = parse_report(report)
+    if parsed is None or isinstance(parsed, str):
+        raise UserError(f"cell {cell.id}: its validation wrote a report this version cannot read: {parsed}",
+                        where=cell.id, hint="the kind's report model must be registered (enginesmith.reports)")
+    artifact_key = cell.key[:12]  # artifact keys: lowercase letters, digits and dashes
+    create_markdown_artifact(markdown=parsed.markdown(), key=f"report-{artifact_key}",
+                             description=f"validation of {cell.id}")
+    create_table_artifact(table=[dict(zip(GATE_COLUMNS, row, strict=True)) for row in gate_rows(parsed.gates)],
+                          key=f"gates-{artifact_key}", description=f"gates of {cell.id}")
+    if not parsed.passed:
+        failed = [g for g in parsed.gates if not g.passed]
+        verdict = "; ".join(f"{g.name} = {g.measured} (limit {g.limit})" for g in failed)
+        record_cell(config, cell, "gate-failed", report=report, artefact_dir=artefact_dir, reason=verdict)
+        raise GateFailed(f"cell {cell.id} failed its gates: {verdict}. Nothing was published.")
+    publish_task(cell.key, artefact_dir, report, config)
+    record_cell(config, cell, "built", report=report, artefact_dir=artefact_dir)
+    get_run_logger().info("cell %s built and published", cell.id)
+    ratios = parsed.round_metrics()
+    return CellSummary(cell=cell.id, status="built", key=cell.key,
+                       throughput_ratio=ratios["throughput_ratio"].median if "throughput_ratio" in ratios else None,
+                       tpot_ratio=ratios["tpot_ratio"].median if "tpot_ratio" in ratios else None,
+                       worker=worker_name())
 
 
 @task(name="publish", retries=len(RETRY_DELAYS_S), retry_delay_seconds=RETRY_DELAYS_S,
       retry_condition_fn=retry_transient)
-def publish_task(cell: Cell, artefact_dir: Path, report: dict[str, Any], config: PipelineConfig) -> str:
-    result = steps.publish(cell.key, artefact_dir, report, config)
+def publish_task(key: str, artefact_dir: Path, report: dict[str, Any], config: PipelineConfig) -> str:
+    result = steps.publish(key, artefact_dir, report, config)
     get_run_logger().info("published %s/%s (%d new blobs, %d reused) to %s", result.model, result.key[:12],
                           result.uploaded_blobs, result.reused_blobs, result.registry)
     return result.key
 
 
 def cell_for(params: BuildCellParams) -> tuple[Path, PipelineConfig, Cell]:
-    """The one cell the parameters ask for, planned against the config (overrides applied)."""
+    """The one LLM cell the form asks for, planned against the config (overrides applied)."""
     config_path = Path(params.config)
     catalogue = default_catalogue()
     config = load_pipeline_config(config_path, catalogue)
@@ -222,77 +201,25 @@ def cell_for(params: BuildCellParams) -> tuple[Path, PipelineConfig, Cell]:
     return config_path, single, plan.cells[0]
 
 
-def worker_name() -> str:
-    """The worker that started this run: a process worker hands its name to the runs it starts (Prefect's
-    attribution variable); empty for a run started in-process."""
-    return os.environ.get("PREFECT__WORKER_NAME", "")
-
-
 @flow(name="build-cell", persist_result=True)
 def build_cell(params: BuildCellParams = BuildCellParams()) -> CellSummary:
-    logger = get_run_logger()
     config_path, config, cell = cell_for(params)
-    if cell.status == "invalid":
-        raise ConfigError(f"cell {cell.id} cannot be built: {cell.reason}", field="params")
-    if steps.published(config, cell.model.id, cell.key):
-        logger.info("cell %s (key %s) is already in the registry: nothing to do", cell.id, cell.key[:12])
-        return CellSummary(cell=cell.id, status="cached", key=cell.key, worker=worker_name())
-    work = steps.workdir(config)
-    if params.until == "quantize":
-        return quantize_and_stash(cell, config_path, config, work)
-    try:
-        return build_validate_publish(params, cell, config_path, config, work)
-    except GateFailed:
-        raise  # recorded with its report
-    except Exception as exc:
-        record_cell(config, cell, "failed", reason=exc.render() if isinstance(exc, UserError) else repr(exc))
-        raise
+
+    def until(stage: str) -> dict[str, Any]:
+        return {"params": params.model_copy(update={"until": stage}).model_dump(mode="json")}
+
+    return run_planned(LLM, cell, config_path, config, PrefectStages("build-cell", until),
+                       until=None if params.until == "publish" else params.until)
 
 
-def build_validate_publish(params: BuildCellParams, cell: Cell, config_path: Path, config: PipelineConfig,
-                           work: Path) -> CellSummary:
-    logger = get_run_logger()
-    checkpoint = pull_task(config_path, cell)
-    quantized = obtain_quantized(params, cell, checkpoint, work, config)
-    artefact_dir = build_task(cell, quantized, work, config)
-    report = validate_task(cell, artefact_dir, checkpoint, config, work)
-    markdown = Path(steps.workdir(config) / steps.REPORTS_DIR / cell.stage_keys.validation[:16] / "report.md")
-    create_markdown_artifact(markdown=markdown.read_text(), key=_artifact_key(cell, "report"),
-                             description=f"validation of {cell.id}")
-    create_table_artifact(table=_gate_rows(report), key=_artifact_key(cell, "gates"),
-                          description=f"gates of {cell.id}")
-    comparison = report["comparison"]
-    if not report["passed"]:
-        failed = [g for g in report["gates"] if not g["passed"]]
-        verdict = "; ".join(f"{g['name']} = {g['measured']} (limit {g['limit']})" for g in failed)
-        record_cell(config, cell, "gate-failed", report=report, artefact_dir=artefact_dir, reason=verdict)
-        raise GateFailed(f"cell {cell.id} failed its gates: {verdict}. Nothing was published.")
-    publish_task(cell, artefact_dir, report, config)
-    record_cell(config, cell, "built", report=report, artefact_dir=artefact_dir)
-    artefact = read_artefact(artefact_dir)
-    logger.info("cell %s built and published (%d files)", cell.id, len(artefact.files) if artefact else 0)
-    return CellSummary(cell=cell.id, status="built", key=cell.key, throughput_ratio=comparison["throughput_ratio"],
-                       tpot_ratio=comparison["tpot_ratio"], worker=worker_name())
+@flow(name=RUN_CELL_FLOW, persist_result=True)
+def run_cell(params: RunCellParams = RunCellParams()) -> CellSummary:
+    config_path = Path(params.config)
+    catalogue = default_catalogue()
+    config = load_pipeline_config(config_path, catalogue)
+    kind, cell = find_planned(config, config_path.parent, catalogue, params.cell)
 
+    def until(stage: str) -> dict[str, Any]:
+        return {"params": params.model_copy(update={"until": stage}).model_dump(mode="json")}
 
-def quantize_and_stash(cell: Cell, config_path: Path, config: PipelineConfig, work: Path) -> CellSummary:
-    """This node quantises the cell for another that builds it: pull, quantise, stash in the registry."""
-    key = cell.stage_keys.quantize
-    if steps.read_stashed(cell, config) is None:
-        checkpoint = pull_task(config_path, cell)
-        stash_task(quantize_task(cell, checkpoint, work), config)
-        reason = f"quantised here and stashed for the build node: key {key[:12]}"
-    else:
-        reason = f"quantised already (stashed under key {key[:12]})"
-    return CellSummary(cell=cell.id, status="quantized", key=key, reason=reason, worker=worker_name())
-
-
-def _artifact_key(cell: Cell, what: str) -> str:
-    # Artifact keys: lowercase letters, digits and dashes.
-    return f"{what}-{cell.key[:12]}"
-
-
-def _gate_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
-    from validation.report import GATE_COLUMNS, ValidationReport, gate_rows
-
-    return [dict(zip(GATE_COLUMNS, row, strict=True)) for row in gate_rows(ValidationReport.model_validate(report))]
+    return run_planned(kind, cell, config_path, config, PrefectStages(RUN_CELL_FLOW, until), until=params.until)

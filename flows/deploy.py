@@ -1,6 +1,7 @@
-"""Work pools and deployments on a Prefect server: ``nightly`` on the cpu pool with a cron schedule, and
-``build-cell`` once per pool (``build-cell/cpu``, ``build-cell/gpu-h100-sxm``, ``build-cell/gpu-h100-sxm-engine``,
-...), from this checkout; and the automation that marks a run Crashed when its heartbeats stop.
+"""Work pools and deployments on a Prefect server: ``nightly`` on the cpu pool with a cron schedule, and the two
+cell flows once per pool (``build-cell/cpu``, ``build-cell/gpu-h100-sxm``, ``run-cell/gpu-h100-sxm``, ...): every
+kind's pools (``CellKind.pools``), from this checkout; and the automation that marks a run Crashed when its
+heartbeats stop.
 
 Every worker node needs the checkout at the same absolute path (the pull step sets it as the working
 directory). On Kubernetes the same deployments go on a Kubernetes work pool with a GPU node selector per
@@ -17,11 +18,13 @@ from pydantic import BaseModel
 
 from enginesmith.config import REPO_ROOT, default_catalogue
 from enginesmith.errors import UserError
-from enginesmith.specs import ARTEFACT_KINDS, TargetSpec
-from flows.nightly import pool_for
+from enginesmith.specs import TargetSpec
+from pipeline.kinds import KINDS
+from pipeline.params import RUN_CELL_FLOW
 
 NIGHTLY_CRON = "0 2 * * *"
-ENCODER_ENTRYPOINT = "flows/encoder_cell.py:build_encoder_cell"
+# The flows a cell is dispatched to, each deployed on every pool (a route may send any cell to any pool).
+CELL_ENTRYPOINTS = {"build-cell": "flows/cell.py:build_cell", RUN_CELL_FLOW: "flows/cell.py:run_cell"}
 DEPLOYMENT_TAG = "enginesmith"
 CRASH_AUTOMATION = "enginesmith: crash runs whose heartbeats stopped"
 MISSED_HEARTBEATS = 3  # silent this many heartbeat intervals: the run's process is gone (its node, an OOM kill)
@@ -34,9 +37,11 @@ class DeployResult(BaseModel):
 
 
 def pool_names(targets: Iterable[TargetSpec], routes: Mapping[str, str] | None = None) -> list[str]:
-    """The work pools ``deploy_all`` creates, each with its ``build-cell/<pool>`` deployment, sorted: every target's
-    pool for every artefact kind (``pool_for``), ``cpu`` (the nightly's own pool) and the pools ``routes`` name."""
-    return sorted({pool_for(target, kind) for target in targets for kind in ARTEFACT_KINDS} | {"cpu"}
+    """The work pools ``deploy_all`` creates, each with its cell deployments, sorted: every pool a registered kind
+    may need for these targets (``CellKind.pools``), ``cpu`` (the nightly's own pool) and the pools ``routes``
+    name."""
+    chosen = list(targets)
+    return sorted(set().union(*(kind.pools(chosen) for kind in KINDS.values())) | {"cpu"}
                   | set((routes or {}).values()))
 
 
@@ -65,7 +70,7 @@ def deploy_all(*, source_dir: Path = REPO_ROOT, nightly_config: str = "configs/n
                cron: str = NIGHTLY_CRON, targets: list[str] | None = None,
                pools: dict[str, str] | None = None) -> DeployResult:
     """Create (or update) the work pools and deployments against the server ``PREFECT_API_URL`` names: a pool per
-    SKU × kind that needs its own environment (``pool_for``), plus those ``pools`` routes name (cell-id glob →
+    SKU × kind that needs its own environment (``CellKind.pools``), plus those ``pools`` routes name (cell-id glob →
     pool, set on the nightly deployment as its ``pools`` parameter)."""
     from prefect import flow as prefect_flow
     from prefect.client.orchestration import get_client
@@ -81,15 +86,11 @@ def deploy_all(*, source_dir: Path = REPO_ROOT, nightly_config: str = "configs/n
             client.create_work_pool(WorkPoolCreate(name=pool, type="process"), overwrite=True)
     source = str(source_dir.resolve())
     deployments: dict[str, UUID] = {}
-    cell_flow = prefect_flow.from_source(source=source, entrypoint="flows/cell.py:build_cell")
-    for pool in pools_to_create:
-        deployments[f"build-cell/{pool}"] = cell_flow.deploy(  # type: ignore[union-attr,assignment]
-            name=pool, work_pool_name=pool, tags=[DEPLOYMENT_TAG, pool], print_next_steps=False)
-    # Encoder cells build on the cpu pool (their onnx artefacts run on onnxruntime's CPU provider): the UI's form
-    # for one encoder cell. The nightly runs its encoder cells in its own process.
-    encoder_flow = prefect_flow.from_source(source=source, entrypoint=ENCODER_ENTRYPOINT)
-    deployments["build-encoder-cell/cpu"] = encoder_flow.deploy(  # type: ignore[union-attr,assignment]
-        name="cpu", work_pool_name="cpu", tags=[DEPLOYMENT_TAG, "cpu", "encoder"], print_next_steps=False)
+    for flow_name, entrypoint in CELL_ENTRYPOINTS.items():
+        cell_flow = prefect_flow.from_source(source=source, entrypoint=entrypoint)
+        for pool in pools_to_create:
+            deployments[f"{flow_name}/{pool}"] = cell_flow.deploy(  # type: ignore[union-attr,assignment]
+                name=pool, work_pool_name=pool, tags=[DEPLOYMENT_TAG, pool], print_next_steps=False)
     nightly_flow = prefect_flow.from_source(source=source, entrypoint="flows/nightly.py:nightly")
     deployments["nightly/nightly"] = nightly_flow.deploy(  # type: ignore[union-attr,assignment]
         name="nightly", work_pool_name="cpu", schedule=Cron(cron, timezone="UTC"),

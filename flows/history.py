@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from enginesmith.errors import UserError
 from enginesmith.specs import PipelineConfig
-from flows.params import CellSummary
 from pipeline import steps
+from pipeline.kinds import PlannedCell
+from pipeline.params import CellSummary
 from registry.history import (
     HIGHER_IS_BETTER,
     CellOutcome,
@@ -29,28 +30,6 @@ from registry.history import (
 )
 
 log = logging.getLogger(__name__)
-
-
-class PlannedCell(Protocol):
-    """What both LLM and encoder cells carry that history needs."""
-
-    @property
-    def id(self) -> str: ...
-
-    @property
-    def kind(self) -> str: ...
-
-    @property
-    def key(self) -> str: ...
-
-    @property
-    def model(self) -> Any: ...
-
-    @property
-    def recipe(self) -> Any: ...
-
-    @property
-    def target(self) -> Any: ...
 
 
 def this_flow_run() -> str:

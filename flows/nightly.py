@@ -6,7 +6,6 @@ whose run crashed (its worker's node died: the server marks a run Crashed when i
 
 from __future__ import annotations
 
-from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any, Literal
 
@@ -18,46 +17,25 @@ from prefect.futures import PrefectFuture
 from prefect.states import Cancelled, State
 
 from enginesmith.config import default_catalogue
-from enginesmith.encoder_plan import EncoderCell
 from enginesmith.errors import TransientError
-from enginesmith.plan import Cell
-from enginesmith.specs import ArtefactKind, PipelineConfig, TargetSpec
-from flows.cell import build_cell
-from flows.encoder_cell import BuildEncoderCellParams, build_encoder_cell
-from flows.history import PlannedCell, last_outcomes, record_cell, versus_last_night
-from flows.params import BuildCellParams, CellSummary, RecipeName, TargetName
+from enginesmith.plan import first_route
+from enginesmith.specs import PipelineConfig
+from flows.cell import build_cell, run_cell
+from flows.history import last_outcomes, record_cell, versus_last_night
 from pipeline import steps
-from pipeline.plan_sources import plan_encoders_loaded
+from pipeline.kinds import CellKind, Dispatch, PlannedCell
+from pipeline.params import RUN_CELL_FLOW, CellSummary
 from pipeline.preflight import run_preflight
 from registry.history import OutcomeStatus
 
-BUILD_CELL_FLOW = "build-cell"
+# The flows a kind's dispatch may name; a run from the nightly's own process calls them as subflows.
+CELL_FLOWS: dict[str, Any] = {"build-cell": build_cell, RUN_CELL_FLOW: run_cell}
 
 
-def pool_for(target: TargetSpec, kind: ArtefactKind) -> str:
-    """The work pool of a SKU and an artefact kind, one per environment a node needs: ``cpu``; ``gpu-<sku>`` for
-    hf-quantized checkpoints (the pipeline's ModelOpt, served by vLLM and TensorRT-LLM's PyTorch backend);
-    ``gpu-<sku>-engine`` for trtllm-engine builds, whose nodes run the TensorRT-LLM 1.2.1 image."""
-    if target.is_cpu:
-        return "cpu"
-    return f"gpu-{target.id}-engine" if kind == "trtllm-engine" else f"gpu-{target.id}"
-
-
-def pool_of(cell: Cell, routes: dict[str, str] | None = None) -> str:
+def pool_of(kind: CellKind, cell: PlannedCell, routes: dict[str, str] | None = None) -> str:
     """The cell's pool: that of the first route whose pattern (a glob over the cell id, e.g. ``llama-70b/*`` for
-    nodes with room for it) matches, else its SKU × kind pool (``pool_for``)."""
-    for pattern, pool in (routes or {}).items():
-        if fnmatchcase(cell.id, pattern):
-            return pool
-    return pool_for(cell.target, cell.kind)
-
-
-def params_for(config_path: str, cell: Cell) -> BuildCellParams:
-    # A Hub model goes out at the commit the plan resolved, so build-cell keys and pulls what the nightly keyed.
-    revision = cell.source_revision if not cell.model.is_local and cell.revision_pinned else None
-    return BuildCellParams(config=config_path, model=cell.model.id, revision=revision,
-                           recipe=RecipeName(cell.recipe.id), target=TargetName(cell.target.id), kind=cell.kind,
-                           tp=cell.tp, pp=cell.pp, profile=cell.profile_name)
+    nodes with room for it) matches, else its kind's pool for it (its SKU, and for LLMs its artefact kind)."""
+    return first_route(cell.id, routes or {}) or kind.pool(cell)
 
 
 CRASH_RETRIES = 1  # a crashed cell is dispatched once more (a lost node, an OOM kill), then reported failed
@@ -81,8 +59,8 @@ def retry_crashed(task: Any, task_run: Any, state: Any) -> bool:
 
 @task(name="dispatch-cell", task_run_name="dispatch-{cell_id}", retries=CRASH_RETRIES,
       retry_condition_fn=retry_crashed)
-def dispatch_cell(params: BuildCellParams, cell_id: str, pool: str, timeout_s: float,
-                  history: tuple[PipelineConfig, Cell] | None = None) -> CellSummary:
+def dispatch_cell(dispatch: Dispatch, cell_id: str, pool: str, timeout_s: float,
+                  history: tuple[PipelineConfig, PlannedCell] | None = None) -> CellSummary:
     """Run the cell on its pool's build-cell deployment and wait; a run no worker started is cancelled, and a run
     that crashed raises ``CellRunCrashed`` so the task dispatches the cell again (a new run, which finds the cell
     in the registry if the crashed one got as far as publishing it: a cell is never published twice). With
@@ -91,8 +69,8 @@ def dispatch_cell(params: BuildCellParams, cell_id: str, pool: str, timeout_s: f
     from prefect.runtime import task_run
 
     attempt = f"attempt {max(task_run.run_count, 1)} of {CRASH_RETRIES + 1}"
-    flow_run = run_deployment(f"{BUILD_CELL_FLOW}/{pool}", parameters={"params": params.model_dump(mode="json")},
-                              timeout=timeout_s, poll_interval=2)
+    flow_run = run_deployment(f"{dispatch.flow}/{pool}", parameters=dispatch.parameters, timeout=timeout_s,
+                              poll_interval=2)
     assert isinstance(flow_run, FlowRun)  # the sync API inside a sync task
     state = flow_run.state
 
@@ -135,13 +113,6 @@ def outcome_of(cell_id: str, dispatched: PrefectFuture[CellSummary]) -> CellSumm
     return CellSummary(cell=cell_id, status="failed", reason=str(outcome)[:1000])
 
 
-def run_encoder_inline(config_path: str, cell: EncoderCell, pipeline: PipelineConfig) -> CellSummary:
-    state = build_encoder_cell(BuildEncoderCellParams(config=config_path, cell=cell.id), return_state=True)
-    if state.is_completed():
-        return state.result()
-    return failed_inline(pipeline, cell, state)
-
-
 def failed_inline(pipeline: PipelineConfig, cell: PlannedCell, state: State[Any]) -> CellSummary:
     """The summary of a run in this process that did not complete, recorded in the cell's history under the run's
     id (a run that recorded its own end wrote that entry first, and this changes nothing)."""
@@ -151,24 +122,11 @@ def failed_inline(pipeline: PipelineConfig, cell: PlannedCell, state: State[Any]
     return CellSummary(cell=cell.id, status="failed", key=cell.key, reason=reason)
 
 
-def sort_encoder_cells(pipeline: PipelineConfig, cells: list[EncoderCell]
-                       ) -> tuple[list[CellSummary], list[EncoderCell]]:
-    """The summaries of encoder cells that need no work (invalid, already published) and the cells left to build."""
-    summaries, todo = [], []
-    for cell in cells:
-        if cell.status == "invalid":
-            summaries.append(CellSummary(cell=cell.id, status="invalid", key=cell.key, reason=cell.reason))
-        elif steps.published(pipeline, cell.model.id, cell.key):
-            summaries.append(CellSummary(cell=cell.id, status="cached", key=cell.key))
-        else:
-            todo.append(cell)
-    return summaries, todo
-
-
-def run_inline(params: BuildCellParams, cell: Cell, pipeline: PipelineConfig) -> CellSummary:
-    state = build_cell(params, return_state=True)
+def run_inline(dispatch: Dispatch, cell: PlannedCell, pipeline: PipelineConfig) -> CellSummary:
+    state = CELL_FLOWS[dispatch.flow](**dispatch.parameters, return_state=True)
     if state.is_completed():
-        return state.result()
+        result: CellSummary = state.result()
+        return result
     return failed_inline(pipeline, cell, state)
 
 
@@ -180,16 +138,13 @@ def nightly(config: str = "configs/nightly.yaml", dispatch: Literal["deployments
     logger = get_run_logger()
     # The preflight's checks first: a cell that would fail (a task that does not exist, a model that cannot be
     # reached, memory a stage lacks, a serve command vLLM refuses) is reported, not sent to a GPU.
-    pipeline, plan, report = run_preflight(Path(config), default_catalogue())
-    # Planned now, so a config error in the encoders stops the nightly before any cell is built.
-    encoder_done, encoder_todo = sort_encoder_cells(
-        pipeline, plan_encoders_loaded(pipeline, Path(config).parent, default_catalogue()))
+    pipeline, planned, report = run_preflight(Path(config), default_catalogue())
     verdicts = {checked.id: checked for checked in report.cells}
     for line in report.skipped:
         logger.info("preflight skipped %s", line)
     summaries: list[CellSummary] = []
-    todo: list[Cell] = []
-    for cell in plan.cells:
+    todo: list[tuple[CellKind, PlannedCell]] = []
+    for kind, cell in planned:
         if cell.status == "invalid":
             summaries.append(CellSummary(cell=cell.id, status="invalid", key=cell.key, reason=cell.reason))
         elif verdicts[cell.id].status == "blocked":
@@ -198,25 +153,21 @@ def nightly(config: str = "configs/nightly.yaml", dispatch: Literal["deployments
         elif steps.published(pipeline, cell.model.id, cell.key):
             summaries.append(CellSummary(cell=cell.id, status="cached", key=cell.key))
         else:
-            todo.append(cell)
-    logger.info("%d cells: %d to build, %d already published, %d invalid, %d blocked", len(plan.cells), len(todo),
+            todo.append((kind, cell))
+    logger.info("%d cells: %d to build, %d already published, %d invalid, %d blocked", len(planned), len(todo),
                 sum(s.status == "cached" for s in summaries), sum(s.status == "invalid" for s in summaries),
                 sum(s.status == "blocked" for s in summaries))
-    to_build: list[PlannedCell] = [*todo, *encoder_todo]
-    built_tonight = {cell.id: cell for cell in to_build}
+    built_tonight = {cell.id: cell for _, cell in todo}
     last_night = last_outcomes(pipeline, list(built_tonight.values()))
+    dispatches = [kind.dispatch(config, cell) for kind, cell in todo]
     if dispatch == "inline":
-        summaries += [run_inline(params_for(config, cell), cell, pipeline) for cell in todo]
+        summaries += [run_inline(d, cell, pipeline) for d, (_, cell) in zip(dispatches, todo, strict=True)]
     elif todo:
-        futures = dispatch_cell.map([params_for(config, c) for c in todo], [c.id for c in todo],
-                                    [pool_of(c, pools) for c in todo], unmapped(cell_timeout_s),
-                                    [(pipeline, c) for c in todo])
-        summaries += [outcome_of(cell.id, future) for cell, future in zip(todo, futures, strict=True)]
-    order = {cell.id: index for index, cell in enumerate(plan.cells)}
+        futures = dispatch_cell.map(dispatches, [c.id for _, c in todo], [pool_of(k, c, pools) for k, c in todo],
+                                    unmapped(cell_timeout_s), [(pipeline, c) for _, c in todo])
+        summaries += [outcome_of(cell.id, future) for (_, cell), future in zip(todo, futures, strict=True)]
+    order = {cell.id: index for index, (_, cell) in enumerate(planned)}
     summaries.sort(key=lambda s: order.get(s.cell, len(order)))
-    # Encoder cells run here, one after another, whatever ``dispatch`` says (the ``build-encoder-cell/cpu``
-    # deployment is for running one from the UI).
-    summaries += encoder_done + [run_encoder_inline(config, cell, pipeline) for cell in encoder_todo]
     create_table_artifact(key="nightly-summary", description=f"nightly on {config}", table=[
         {"cell": s.cell, "status": s.status, "key": s.key[:12], "worker": s.worker, "reason": s.reason,
          "throughput ratio": s.throughput_ratio, "TPOT ratio": s.tpot_ratio,

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from enginesmith.assets import task_fingerprints
 from enginesmith.calibration import calibration_fingerprint
+from enginesmith.checkpoints.encoder_layout import read_layout
 from enginesmith.checkpoints.inspect import model_shape
 from enginesmith.checkpoints.pull import local_checkpoint, resolve_revision
 from enginesmith.config import Catalogue, load_pipeline_config
@@ -62,7 +63,6 @@ def plan_encoders_loaded(config: PipelineConfig, config_dir: Path, catalogue: Ca
     (a local directory by its content digest), keyed with the calibration sentences the repo ships."""
     from enginesmith.assets import EMBEDDING_CALIBRATION_FILE
     from enginesmith.checkpoints.digest import file_sha256
-    from quantization.onnx_export import read_layout
 
     revisions: dict[str, str] = {}
     layouts: dict[str, dict[str, object]] = {}

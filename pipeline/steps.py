@@ -3,6 +3,7 @@ it runs and is tested without an orchestrator. ``flows.cell`` wraps each in a ta
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,11 +21,13 @@ from enginesmith.specs import ModelSpec, PipelineConfig
 from pipeline.plan_sources import model_source
 
 if TYPE_CHECKING:
+    from enginesmith.reports.llm import ValidationReport
     from registry.publish import PublishResult
     from registry.stages import StashedQuantized, StashResult
-    from validation.report import ValidationReport
 
 QUANTIZED_DIR, ARTEFACTS_DIR, REPORTS_DIR, REFERENCE_DIR = "quantized", "artefacts", "reports", "reference"
+
+log = logging.getLogger(__name__)
 
 
 def find_cell(plan: Plan, cell_id: str) -> Cell:
@@ -117,6 +120,17 @@ def fetch_stashed(cell: Cell, record: StashedQuantized, work: Path, config: Pipe
     return fetch_quantized(open_store(registry_url(config)), record, out_dir, BlobCache(work / "blob-cache"))
 
 
+def fetch_stashed_if_any(cell: Cell, work: Path, config: PipelineConfig) -> QuantizedCheckpoint | None:
+    """The quantize output another node stashed for this cell, fetched here; None while nothing is stashed."""
+    record = read_stashed(cell, config)
+    if record is None:
+        return None
+    quantized = fetch_stashed(cell, record, work, config)
+    log.info("fetched quantised checkpoint %s, quantised on %s at %s", cell.stage_keys.quantize[:12], record.node,
+             record.stashed)
+    return quantized
+
+
 def built_artefact_dir(cell: Cell, work: Path) -> Path:
     """Where the cell's build stage leaves its artefact."""
     return work / ARTEFACTS_DIR / cell.stage_keys.build[:16]
@@ -188,9 +202,15 @@ def validate(cell: Cell, artefact_dir: Path, checkpoint: Checkpoint, config: Pip
     if served_tp != cell.tp:
         report.notes.append(f"The BF16 reference was served at tp={served_tp}: its weights do not fit the cell's "
                             f"tp={cell.tp} on {cell.target.id} (enginesmith/memory.py).")
-    report.artefact_key, report.key = artefact.key, cell.key
+    report.artefact_key, report.key, report.cell = artefact.key, cell.key, cell.id
     write_report(report, out_dir)
     return report
+
+
+def validate_json(cell: Cell, artefact_dir: Path, checkpoint: Checkpoint, config: PipelineConfig,
+                  work: Path) -> dict[str, object]:
+    """``validate``'s report as the manifest keeps it."""
+    return validate(cell, artefact_dir, checkpoint, config, work).model_dump(mode="json")
 
 
 def published(config: PipelineConfig, model_id: str, key: str) -> bool:

@@ -14,13 +14,14 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from enginesmith.artefacts import COMPLETE_MARKER
+from enginesmith.checkpoints.encoder_layout import EncoderLayout
 from enginesmith.checkpoints.models import Checkpoint
 from enginesmith.errors import ConfigError, UserError
 from enginesmith.locks import output_lock
 from enginesmith.specs import EncoderModelSpec, EncoderRecipeSpec
 from enginesmith.staging import staged_output
 from quantization.embedding_quality import EmbeddingAgreement
-from quantization.onnx_export import EncoderLayout, OnnxExportResult
+from quantization.onnx_export import OnnxExportResult
 from quantization.onnx_quantize import OnnxQuantizeResult
 
 GRAPH_FILE = "model.onnx"
@@ -78,7 +79,7 @@ def check_encoder_tools(expected: dict[str, str]) -> None:
 def served_layout(model: EncoderModelSpec, checkpoint_dir: Path) -> tuple[EncoderLayout, int]:
     """The checkpoint's pooling and normalisation, checked against what the config says it expects, and the
     sequence length to serve (the config's ``max_length`` where it is shorter than the checkpoint's)."""
-    from quantization.onnx_export import read_layout
+    from enginesmith.checkpoints.encoder_layout import read_layout
 
     layout = read_layout(checkpoint_dir)
     for field, expected, found in (("pooling", model.pooling, layout.pooling),

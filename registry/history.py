@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError, computed_field
 
-from enginesmith.specs import ENCODER_KINDS
+from enginesmith.plan import cell_id
+from enginesmith.reports import parse_report
 from registry.catalog import READ_THREADS, list_model
 from registry.errors import IntegrityError
 from registry.manifest import parse_timestamp, utc_timestamp
@@ -283,31 +284,20 @@ def outcome_from_report(
     flow_run: str = "",
     reason: str = "",
 ) -> CellOutcome:
-    """The outcome of one cell run, with what its validation report measured (read as the JSON dict it is stored
-    as, so the registry needs nothing of ``validation/``).
-
-    An LLM report (``validation.report.ValidationReport``): ``comparison.throughput_ratios`` and
-    ``comparison.tpot_ratios`` and ``e2el_ratios`` per round, the candidate's task scores, the gates. An encoder report
-    (``kind: encoder``): ``throughput_ratio`` per round, the candidate's minimum cosine to the reference
-    (``min_cosine``) and its recall@k (``recall@<k>``) as accuracy, the gates. A part the report lacks or holds in
-    another shape is left out, never raised.
-    """
+    """The outcome of one cell run, with what its validation report measured: each kind's report says which of
+    its measures are per-round ratios, which are accuracy, and its gates (``enginesmith.reports``). A report this
+    version cannot read leaves them out, as does a measurement that is not a finite number."""
     metrics: dict[str, MetricSpread] = {}
     accuracy: dict[str, float] = {}
     gates: list[GateVerdict] = []
     passed: bool | None = None
-    if report is not None:
-        if report.get("kind") == "encoder":
-            _put_spread(metrics, "throughput_ratio", report.get("throughput_ratio"))
-            accuracy = _encoder_accuracy(report)
-        else:
-            comparison = _mapping(report.get("comparison"))
-            _put_spread(metrics, "throughput_ratio", comparison.get("throughput_ratios"))
-            _put_spread(metrics, "tpot_ratio", comparison.get("tpot_ratios"))
-            _put_spread(metrics, "e2el_ratio", comparison.get("e2el_ratios"))
-            accuracy = _llm_accuracy(_mapping(comparison.get("candidate")).get("accuracy"))
-        gates = _gates(report.get("gates"))
-        passed = report["passed"] if isinstance(report.get("passed"), bool) else None
+    parsed = parse_report(report)
+    if parsed is not None and not isinstance(parsed, str):
+        metrics = {name: MetricSpread(values=spread.values) for name, spread in parsed.round_metrics().items()
+                   if spread.values and all(math.isfinite(v) for v in spread.values)}
+        accuracy = {name: value for name, value in parsed.accuracy().items() if math.isfinite(value)}
+        gates = [GateVerdict.model_validate(gate.model_dump()) for gate in parsed.gates]
+        passed = parsed.passed
     lineage = artefact.lineage if artefact is not None else None
     return CellOutcome(
         model=model, cell=cell, recipe=recipe, target=target, kind=kind, status=status, key=key, recorded=now(),
@@ -319,14 +309,12 @@ def outcome_from_report(
 
 
 def manifest_cell_id(manifest: Manifest) -> str:
-    """The plan's cell id of a published artefact (LLM and encoder cells are named differently)."""
+    """The plan's cell id of a published artefact: as its report names it, else (reports that name none: every
+    LLM report before they did) as an LLM cell of its model, recipe, target, parallelism and kind is named."""
+    parsed = parse_report(manifest.validation)
+    if parsed is not None and not isinstance(parsed, str) and parsed.cell:
+        return parsed.cell
     artefact = manifest.artefact
-    if artefact.kind in ENCODER_KINDS:
-        from enginesmith.encoder_plan import encoder_cell_id
-
-        return encoder_cell_id(manifest.model, manifest.recipe, artefact.target, artefact.kind)
-    from enginesmith.plan import cell_id
-
     return cell_id(manifest.model, manifest.recipe, artefact.target, artefact.tp, artefact.pp, artefact.kind)
 
 
@@ -338,59 +326,6 @@ def outcome_from_manifest(manifest: Manifest) -> CellOutcome:
                                   target=artefact.target, kind=artefact.kind, key=manifest.key, status="built",
                                   report=manifest.validation, artefact=artefact)
     return outcome.model_copy(update={"recorded": manifest.published})
-
-
-def _mapping(value: object) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
-def _number(value: object) -> float | None:
-    """``value`` as a finite float; ``None`` for anything else (a bool, a string, NaN, infinity)."""
-    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
-        return None
-    return float(value)
-
-
-def _put_spread(metrics: dict[str, MetricSpread], name: str, spread: object) -> None:
-    values = _mapping(spread).get("values")
-    if isinstance(values, list) and values:
-        numbers = [_number(v) for v in values]
-        if all(n is not None for n in numbers):
-            metrics[name] = MetricSpread(values=[n for n in numbers if n is not None])
-
-
-def _llm_accuracy(scores: object) -> dict[str, float]:
-    accuracy: dict[str, float] = {}
-    for score in scores if isinstance(scores, list) else []:
-        task, value = _mapping(score).get("task"), _number(_mapping(score).get("value"))
-        if isinstance(task, str) and value is not None:
-            accuracy[task] = value
-    return accuracy
-
-
-def _encoder_accuracy(report: Mapping[str, Any]) -> dict[str, float]:
-    sides = report.get("sides")
-    candidate = next((_mapping(s) for s in sides if _mapping(s).get("name") == "candidate"), {}) \
-        if isinstance(sides, list) else {}
-    accuracy: dict[str, float] = {}
-    min_cosine = _number(_mapping(candidate.get("cosine_to_reference")).get("min_cosine"))
-    if min_cosine is not None:
-        accuracy["min_cosine"] = min_cosine
-    retrieval = _mapping(candidate.get("retrieval"))
-    recall, k = _number(retrieval.get("recall_at_k")), retrieval.get("k")
-    if recall is not None and isinstance(k, int):
-        accuracy[f"recall@{k}"] = recall
-    return accuracy
-
-
-def _gates(gates: object) -> list[GateVerdict]:
-    verdicts = []
-    for gate in gates if isinstance(gates, list) else []:
-        try:
-            verdicts.append(GateVerdict.model_validate(gate))
-        except ValidationError:
-            continue
-    return verdicts
 
 
 # --- regressions -------------------------------------------------------------------------------------

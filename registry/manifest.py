@@ -19,6 +19,7 @@ from pydantic_core import PydanticCustomError
 
 from enginesmith.artefacts import ARTEFACT_FILE, Artefact
 from enginesmith.checkpoints.models import CheckpointFile
+from enginesmith.reports import Objective, parse_report
 from registry.errors import IntegrityError, UnsafePathError
 from registry.names import is_digest, is_name
 
@@ -30,7 +31,6 @@ _MAX_PATH_BYTES = 1024
 _MAX_COMPONENT_BYTES = 255
 _DRIVE = re.compile(r"^[A-Za-z]:")
 
-Objective = Literal["throughput", "latency"]
 
 
 def unsafe_path_reason(path: str) -> str | None:
@@ -229,35 +229,13 @@ def parse_manifest(body: bytes, where: str) -> Manifest:
 
 
 def validation_metric(validation: Mapping[str, Any] | None, objective: Objective) -> float | None:
-    """The number the resolver ranks artefacts by, from a validation report; ``None`` when it is missing.
-
-    throughput: ``comparison.candidate.max_output_throughput`` (output tokens/s, higher is better).
-    latency: ``comparison.candidate.tpot_c1_median_ms`` (median TPOT at concurrency 1, lower is better).
-    An encoder's report (``kind: encoder``): the candidate's embeddings/s at the largest batch size, or its median
-    request latency at the smallest.
-    """
-    if validation is not None and validation.get("kind") == "encoder":
-        return _encoder_metric(validation, objective)
-    name = "max_output_throughput" if objective == "throughput" else "tpot_c1_median_ms"
-    try:
-        value = validation["comparison"]["candidate"][name]  # type: ignore[index]
-    except (KeyError, TypeError):
+    """The number the resolver ranks artefacts by, as the report's kind defines it (``KindReport.objective_value``:
+    an LLM's max output tokens/s or median TPOT at concurrency 1; an encoder's embeddings/s at its largest batch or
+    median latency at its smallest); ``None`` when there is no report this version can read."""
+    parsed = parse_report(validation)
+    if parsed is None or isinstance(parsed, str):
         return None
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
-def _encoder_metric(validation: Mapping[str, Any], objective: Objective) -> float | None:
-    try:
-        levels = [level for level in validation["throughput"] if level["side"] == "candidate"]
-        if objective == "throughput":
-            level = max(levels, key=lambda level: level["batch_size"])
-            value = level["embeddings_per_s"]["median"]
-        else:
-            level = min(levels, key=lambda level: level["batch_size"])
-            value = level["median_latency_ms"]["median"]
-    except (KeyError, TypeError, ValueError):
-        return None
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+    return parsed.objective_value(objective)
 
 
 def higher_is_better(objective: Objective) -> bool:

@@ -19,12 +19,13 @@ import shutil
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from enginesmith.diskspace import size_label
 from enginesmith.errors import UserError
+from enginesmith.reports import KindReport, ReportView, parse_report
 from registry.catalog import ModelListing, list_model, list_models
 from registry.history import HIGHER_IS_BETTER, BuildEntry, CellHistory, ModelHistory, describe_regression
 from registry.manifest import Manifest, display_timestamp
@@ -33,9 +34,6 @@ from registry.store import RegistryStore
 
 if TYPE_CHECKING:
     import jinja2
-
-    from validation.encoder_stage import EncoderValidationReport
-    from validation.report import ValidationReport
 
 # Written into every catalogue: a directory holding it may be replaced by the next one, any other may not.
 MARKER_FILE = ".enginesmith-catalogue"
@@ -54,26 +52,6 @@ class CatalogueResult(BaseModel):
 
 
 # --- view models --------------------------------------------------------------------------------------
-
-
-class TableView(BaseModel):
-    caption: str
-    columns: list[str]
-    rows: list[list[str]]
-    verdict_column: int | None = None  # cells of this column are styled pass/fail
-
-
-class ReportView(BaseModel):
-    """A validation report as the artefact page shows it."""
-
-    kind: Literal["llm", "encoder", "none", "unreadable"]
-    problem: str = ""  # why the report could not be read (kind "unreadable")
-    passed: bool | None = None
-    summary: str = ""
-    tables: list[TableView] = []
-    notes: list[str] = []
-    throughput_ratio: str = "—"
-    tpot_ratio: str = "—"
 
 
 class ArtefactRow(BaseModel):
@@ -179,86 +157,12 @@ def _short(key: str | None) -> str:
     return key[:12] if key else "—"
 
 
-def parse_report(validation: dict[str, Any] | None) -> ValidationReport | EncoderValidationReport | str | None:
-    """The manifest's validation as a report model; a string saying why when it is not one; None when absent."""
-    if validation is None:
-        return None
-    from validation.encoder_stage import EncoderValidationReport
-    from validation.report import ValidationReport
-
-    model: type[ValidationReport] | type[EncoderValidationReport] = (
-        EncoderValidationReport if validation.get("kind") == "encoder" else ValidationReport)
-    try:
-        return model.model_validate(validation)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(part) for part in first["loc"]) or "(top level)"
-        what = "an encoder" if model is EncoderValidationReport else "a validation"
-        return f"not {what} report: {field}: {first['msg']} ({exc.error_count()} problem(s))"
-
-
-def report_view(parsed: ValidationReport | EncoderValidationReport | str | None) -> ReportView:
-    from validation.encoder_stage import EncoderValidationReport
-
+def report_view(parsed: KindReport | str | None) -> ReportView:
     if parsed is None:
         return ReportView(kind="none")
     if isinstance(parsed, str):
         return ReportView(kind="unreadable", problem=parsed, summary="the validation report could not be read")
-    if isinstance(parsed, EncoderValidationReport):
-        return _encoder_report_view(parsed)
-    return _llm_report_view(parsed)
-
-
-def _llm_report_view(report: ValidationReport) -> ReportView:
-    from validation.report import GATE_COLUMNS, comparison_rows, fmt_ratio, gate_rows, measurement_summary, side_names
-
-    w, c = report.workload, report.comparison
-    summary = (f"{report.recipe} on {report.target}; workload {w.name}: {w.dataset}, {w.num_prompts} prompts, input "
-               f"{w.input_len} / output {w.output_len} tokens, concurrency {', '.join(map(str, w.concurrency))}. "
-               f"{measurement_summary(report)}")
-    tables = [
-        TableView(caption="Values are medians over rounds (min–max); ratios are per-round candidate / reference, "
-                          "median ±relative half-range.",
-                  columns=["metric", *side_names(report), "candidate / reference"], rows=comparison_rows(report)),
-        TableView(caption="Gates", columns=GATE_COLUMNS, rows=gate_rows(report), verdict_column=4),
-    ]
-    notes = list(report.notes)
-    if c.greedy_agreement is not None:
-        notes.insert(0, f"Greedy agreement (first {c.greedy_agreement_tokens} tokens): {c.greedy_agreement:.1%}")
-    return ReportView(kind="llm", passed=report.passed, summary=summary, tables=tables, notes=notes,
-                      throughput_ratio=fmt_ratio(c.throughput_ratios), tpot_ratio=fmt_ratio(c.tpot_ratios))
-
-
-def _encoder_report_view(report: EncoderValidationReport) -> ReportView:
-    from validation.encoder_stage import BASELINE, CANDIDATE
-    from validation.report import fmt_ratio
-
-    accuracy = [[s.name, s.what, f"{s.cosine_to_reference.min_cosine:.6f}", f"{s.cosine_to_reference.mean_cosine:.6f}",
-                 f"{s.retrieval.recall_at_k:.3f} (k={s.retrieval.k})"] for s in report.sides]
-    speed = []
-    for batch_size in sorted({t.batch_size for t in report.throughput}):
-        try:
-            cells = [f"{lv.embeddings_per_s.median:.1f} [{lv.embeddings_per_s.low:.1f}–{lv.embeddings_per_s.high:.1f}]"
-                     f", {lv.median_latency_ms.median:.1f} ms"
-                     for lv in (report.level(s.name, batch_size) for s in report.sides)]
-            ratio = (report.level(CANDIDATE, batch_size).embeddings_per_s.median
-                     / report.level(BASELINE, batch_size).embeddings_per_s.median)
-        except StopIteration:  # a side not measured at this batch size
-            continue
-        speed.append([str(batch_size), *cells, f"{ratio:.2f}"])
-    gates = [[g.name, "—" if g.measured is None else f"{g.measured:.6g}", f"{g.limit:g}",
-              "pass" if g.passed else "FAIL", g.detail] for g in report.gates]
-    tables = [
-        TableView(caption="Accuracy against the vLLM reference",
-                  columns=["side", "what", "cosine min", "cosine mean", "recall@k"], rows=accuracy),
-        TableView(caption="Speed: embeddings/s, median over rounds [low–high]; latency median",
-                  columns=["batch", *(s.name for s in report.sides), "candidate ÷ fp32-onnx"], rows=speed),
-        TableView(caption="Gates", columns=["gate", "measured", "limit", "verdict", "detail"], rows=gates,
-                  verdict_column=3),
-    ]
-    return ReportView(kind="encoder", passed=report.passed, tables=tables,
-                      summary=f"{report.cell}: {report.texts} texts, {report.rounds} interleaved rounds",
-                      throughput_ratio=fmt_ratio(report.throughput_ratio))
+    return parsed.view()
 
 
 def _verdict(view: ReportView) -> str:
@@ -483,7 +387,7 @@ class _SiteWriter:
                     title=listing.model)
         return page
 
-    def write_artefact(self, manifest: Manifest, parsed: ValidationReport | EncoderValidationReport | str | None,
+    def write_artefact(self, manifest: Manifest, parsed: KindReport | str | None,
                        view: ReportView, channels: list[str], model_dir: Path) -> None:
         page = artefact_page(manifest, view, channels,
                              pull_command(manifest.model, manifest.key, self.registry_url, bundle=self.bundle,
@@ -494,17 +398,8 @@ class _SiteWriter:
         self.render("artefact.html.j2", model_dir / f"{safe_file_name(manifest.key)}.html", depth=2, page=page,
                     title=manifest.ref)
 
-    def write_report_plots(self, report: ValidationReport | EncoderValidationReport, plot_dir: Path, *,
-                           relative_to: Path) -> tuple[list[str], str]:
-        from validation.encoder_stage import EncoderValidationReport, write_encoder_plot
-        from validation.report import write_plots
-
-        def write() -> list[Path]:
-            if isinstance(report, EncoderValidationReport):
-                return [write_encoder_plot(report, plot_dir)]
-            return write_plots(report, plot_dir)
-
-        return _plots(write, plot_dir, relative_to)
+    def write_report_plots(self, report: KindReport, plot_dir: Path, *, relative_to: Path) -> tuple[list[str], str]:
+        return _plots(lambda: report.plots(plot_dir), plot_dir, relative_to)
 
     def write_history_plots(self, history: CellHistory, plot_dir: Path, *, relative_to: Path) -> tuple[list[str], str]:
         from registry.history_plots import write_history_plots

@@ -125,7 +125,10 @@ def manifest_for(directory: Path, *, validation: dict | None = None, published: 
 
 
 def throughput_report(tokens_per_s: float, tpot_ms: float) -> dict:
-    return {"comparison": {"candidate": {"max_output_throughput": tokens_per_s, "tpot_c1_median_ms": tpot_ms}}}
+    """A validation report whose candidate peaked at ``tokens_per_s`` with a median TPOT of ``tpot_ms`` at c=1."""
+    from tests.report_factory import llm_report
+
+    return llm_report([1.0, 1.0, 1.0], tpot_ms=tpot_ms, peak_tok_s=tokens_per_s)
 
 
 def race(writers: int, create: Callable[[int], bool]) -> list[bool]:

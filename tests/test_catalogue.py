@@ -14,19 +14,15 @@ from urllib.parse import unquote, urlparse
 import pytest
 
 from enginesmith.errors import UserError
-from enginesmith.specs import WorkloadSpec
 from registry.catalog import load_manifest
 from registry.history import outcome_from_report, record_outcome
 from registry.local import LocalStore
 from registry.names import safe_file_name
 from registry.publish import publish_artefact
 from registry.site import pull_command, write_catalogue
+from tests import report_factory
 from tests.conftest import chromium_page, needs_chromium, run_cli
 from tests.registry_helpers import tiny_files, write_artefact
-from validation.gates import GateResult
-from validation.loadgen import ServerCapabilities
-from validation.metrics import BenchmarkResult, Spread
-from validation.report import Comparison, SideReport, ValidationReport
 
 MODEL = "tiny-llama"
 SCRIPT = "<script>alert(1)</script>"
@@ -34,42 +30,11 @@ STEADY = [0.95, 0.96, 0.97]
 SLOWED = [0.65, 0.66, 0.67]  # about 31 % below STEADY, far outside both spreads
 
 
-def _level(concurrency: int, round_index: int, throughput: float, tpot_ms: float) -> BenchmarkResult:
-    return BenchmarkResult(
-        concurrency=concurrency, request_rate=None, duration=10.0, completed=64, failed=0, total_input_tokens=8192,
-        total_output_tokens=8192, request_throughput=6.4, request_goodput=None, output_throughput=throughput,
-        total_token_throughput=2 * throughput, max_output_tokens_per_s=throughput * 1.2, mean_ttft_ms=20.0,
-        median_ttft_ms=19.0, std_ttft_ms=2.0, mean_tpot_ms=tpot_ms, median_tpot_ms=tpot_ms, std_tpot_ms=0.5,
-        mean_itl_ms=tpot_ms, median_itl_ms=tpot_ms, std_itl_ms=0.5, mean_e2el_ms=tpot_ms * 128,
-        median_e2el_ms=tpot_ms * 128, std_e2el_ms=5.0, percentiles_ms={"p99_ttft_ms": 30.0, "p99_itl_ms": 12.0},
-        ttfts=[0.018, 0.019, 0.021], round=round_index)
-
-
-def _side(role: str, throughputs: list[float], tpot_ms: float) -> SideReport:
-    levels = [_level(c, r, throughput * (1 if c == 1 else 3), tpot_ms) for r, throughput in enumerate(throughputs)
-              for c in (1, 4)]
-    return SideReport(role=role, name=f"{role}-server", runtime="vllm-cpu", levels=levels,
-                      peak_memory_bytes=2 * 2**30, memory_source="process-rss", kv_cache_usage_max=None, accuracy=[],
-                      capabilities=ServerCapabilities(vllm_extensions=True, prompt_logprobs=False))
-
-
 def llm_report(artefact_key: str, key: str, throughput_ratios: list[float], *, recipe: str = "fp8",
                note: str = "") -> dict:
     """A ValidationReport (as ``validate`` writes it) whose per-round throughput ratios are ``throughput_ratios``."""
-    reference = [100.0, 101.0, 99.0]
-    candidate = [ratio * ref for ratio, ref in zip(throughput_ratios, reference, strict=True)]
-    ratios = Spread(values=throughput_ratios)
-    comparison = Comparison(candidate=_side("candidate", candidate, 10.0),
-                            reference=_side("reference", reference, 10.0), rounds=3, throughput_ratios=ratios,
-                            tpot_ratios=Spread(values=[1.0, 1.01, 1.02]),
-                            e2el_ratios=Spread(values=[1.0, 1.0, 1.0]), memory_ratio=0.6, greedy_agreement=0.98,
-                            greedy_agreement_tokens=32)
-    gates = [GateResult(name="min_throughput_ratio", measured=ratios.median, limit=0.5, passed=True,
-                        detail=f"candidate ÷ reference {note}", low=ratios.low, high=ratios.high, rounds=3)]
-    report = ValidationReport(recipe=recipe, target="cpu", workload=WorkloadSpec(name="nightly", concurrency=[1, 4]),
-                              comparison=comparison, gates=gates, passed=True, notes=[note] if note else [],
-                              created="2026-11-01T02:00:00+00:00", artefact_key=artefact_key, key=key)
-    return report.model_dump(mode="json")
+    return report_factory.llm_report(throughput_ratios, [1.0, 1.01, 1.02], e2el_ratios=[1.0, 1.0, 1.0],
+                                     artefact_key=artefact_key, key=key, recipe=recipe, note=note)
 
 
 def publish_night(store: LocalStore, root: Path, *, recipe: str, night: int, throughput_ratios: list[float],
@@ -313,22 +278,7 @@ def test_the_site_in_a_browser_from_index_to_the_pull_command_and_back_to_the_re
 
 def encoder_report(artefact_key: str, key: str) -> dict:
     """An EncoderValidationReport as ``validate_encoder`` writes it (two batch sizes, three sides, three rounds)."""
-    from validation.embeddings import CosineAgreement, RetrievalScore, ThroughputLevel
-    from validation.encoder_stage import EncoderSide, EncoderValidationReport
-
-    agreement = CosineAgreement(inputs=40, min_cosine=0.99, mean_cosine=0.995)
-    retrieval = RetrievalScore(k=3, queries=10, recall_at_k=0.9, missed=[])
-    sides = [EncoderSide(name=name, what=f"{name} {SCRIPT}", cosine_to_reference=agreement, retrieval=retrieval)
-             for name in ("candidate", "fp32-onnx", "reference")]
-    levels = [ThroughputLevel(side=side.name, batch_size=batch,
-                              embeddings_per_s=Spread(values=[100.0 * batch, 110.0 * batch, 105.0 * batch]),
-                              median_latency_ms=Spread(values=[5.0, 5.5, 6.0]))
-              for side in sides for batch in (1, 8)]
-    gates = [GateResult(name="min_cosine_to_reference", measured=0.99, limit=0.98, passed=True, detail=SCRIPT)]
-    report = EncoderValidationReport(cell="minilm/int8/cpu/onnx", key=key, artefact_key=artefact_key, recipe="int8",
-                                     sides=sides, throughput=levels, throughput_ratio=Spread(values=[1.4, 1.5, 1.6]),
-                                     largest_batch=8, gates=gates, passed=True, rounds=3, texts=40)
-    return report.model_dump(mode="json")
+    return report_factory.encoder_report(artefact_key, key, what=SCRIPT, gate_detail=SCRIPT)
 
 
 def test_an_encoder_report_gets_its_tables_and_plot(tmp_path: Path) -> None:

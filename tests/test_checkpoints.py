@@ -255,7 +255,7 @@ from enginesmith.plan import Cell
 from pipeline.plan_sources import plan_config
 from pipeline import steps
 from flows.cell import cell_for
-from flows.nightly import params_for
+from pipeline.kinds.llm import params_for
 
 config, phase, state = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
 if phase == "plan":

@@ -96,9 +96,9 @@ def test_fp16_recipe_casts_the_graph(fp32_graph, tmp_path: Path) -> None:  # typ
 
 
 def test_gates_refuse_a_candidate_far_from_the_reference() -> None:
-    from validation.embeddings import CosineAgreement, RetrievalScore
-    from validation.encoder_stage import EncoderSide, encoder_gates
-    from validation.metrics import Spread
+    from enginesmith.reports.encoder import EncoderSide
+    from enginesmith.reports.measures import CosineAgreement, RetrievalScore, Spread
+    from validation.encoder_stage import encoder_gates
 
     def side(name: str, cosine: float, recall: float) -> EncoderSide:
         return EncoderSide(name=name, what=name, cosine_to_reference=CosineAgreement(
@@ -122,13 +122,10 @@ def test_resolver_runs_onnx_on_the_cpu_and_checks_an_engines_tensorrt(fp32_graph
     graph = fp32_graph[0]
     onnx_artefact = build(graph, "onnx", "cpu", tmp_path / "onnx")
     engine = build(graph, "tensorrt-engine", "h100-sxm", tmp_path / "engine", gpu=H100)
-    report = {"kind": "encoder", "throughput": [
-        {"side": "candidate", "batch_size": 1, "embeddings_per_s": {"median": 40.0},
-         "median_latency_ms": {"median": 20.0}},
-        {"side": "candidate", "batch_size": 32, "embeddings_per_s": {"median": 150.0},
-         "median_latency_ms": {"median": 210.0}},
-        {"side": "reference", "batch_size": 32, "embeddings_per_s": {"median": 999.0},
-         "median_latency_ms": {"median": 1.0}}]}
+    from tests.report_factory import encoder_report
+
+    report = encoder_report("a" * 64, "b" * 64, candidate_embeddings_per_s={1: 40.0, 8: 150.0},
+                            candidate_latency_ms={1: 20.0, 8: 210.0})
     assert validation_metric(report, "throughput") == 150.0 and validation_metric(report, "latency") == 20.0
     stamp = "2026-12-01T00:00:00+00:00"
     cpu = Machine(source="cpu", description="cpu", host_memory_bytes=16 * 2**30)

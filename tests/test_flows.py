@@ -82,7 +82,7 @@ def test_a_failed_gate_is_recorded_in_the_cells_history_and_publishes_nothing(pu
     quantised checkpoint and artefact are reused), fails its gate, publishes nothing, and records gate-failed
     with the measurements; `enginesmith history` shows it beside the published build."""
     from flows.cell import build_cell
-    from flows.params import BuildCellParams
+    from pipeline.params import BuildCellParams
 
     registry = published_tiny_config.parent / "registry"
     manifests = set(registry.glob("manifests/tiny-llama/*.json"))
@@ -106,7 +106,7 @@ def test_a_failed_gate_is_recorded_in_the_cells_history_and_publishes_nothing(pu
 @pytest.mark.slow
 def test_invalid_parameters_fail_the_run_at_once_with_the_field(prefect_server):
     from flows.cell import build_cell
-    from flows.params import BuildCellParams
+    from pipeline.params import BuildCellParams
 
     state = build_cell(BuildCellParams(model="no-such-model"), return_state=True)
     assert state.is_failed()
@@ -127,10 +127,10 @@ def test_deployments_and_a_worker_run_build_cell(cpu_worker, published_tiny_conf
     with get_client(sync_client=True) as client:
         deployment = client.read_deployment_by_name("nightly/nightly")
         assert deployment.schedules[0].schedule.cron == "0 2 * * *"  # type: ignore[union-attr]
-        # the UI's form for one encoder cell: the typed parameters, the config and the cell id
-        encoder = client.read_deployment_by_name("build-encoder-cell/cpu")
-        form = encoder.parameter_openapi_schema["definitions"]["BuildEncoderCellParams"]["properties"]
-        assert set(form) == {"config", "cell"} and form["cell"]["default"] == "all-minilm-l6-v2/int8/cpu/onnx"
+        # the UI's form for a cell of any kind (an encoder's by default): the config, the cell id, where to stop
+        any_kind = client.read_deployment_by_name("run-cell/cpu")
+        form = any_kind.parameter_openapi_schema["definitions"]["RunCellParams"]["properties"]
+        assert set(form) == {"config", "cell", "until"} and form["cell"]["default"] == "all-minilm-l6-v2/int8/cpu/onnx"
     # Through the worker: a cell already published is found in the registry and costs nothing.
     flow_run = run_deployment("build-cell/cpu", timeout=300, poll_interval=1, parameters={"params": {
         "config": str(published_tiny_config), "model": "tiny-llama", "recipe": "fp8", "target": "cpu"}})
@@ -146,7 +146,7 @@ def test_cell_on_a_pool_without_worker_is_reported_not_awaited_forever(cpu_worke
     from enginesmith.config import default_catalogue, load_pipeline_config
     from flows.deploy import deploy_all
     from flows.nightly import dispatch_cell
-    from flows.params import BuildCellParams
+    from pipeline.params import BuildCellParams
     from pipeline.plan_sources import plan_loaded
     from registry.history import load_history
     from registry.store import open_store
@@ -233,7 +233,7 @@ def test_dispatch_carries_every_field_the_plan_keyed(write_config, tiny_model_di
     planned. Every cell the nightly plans comes back from its parameters with the same key."""
     from enginesmith.config import default_catalogue
     from flows.cell import cell_for
-    from flows.nightly import params_for
+    from pipeline.kinds.llm import params_for
     from pipeline.plan_sources import plan_config
 
     config = write_config(f"""
@@ -272,7 +272,7 @@ profiles:
 def test_a_profile_the_config_does_not_have_is_refused_naming_the_parameter():
     from enginesmith.errors import ConfigError
     from flows.cell import cell_for
-    from flows.params import BuildCellParams
+    from pipeline.params import BuildCellParams
 
     with pytest.raises(ConfigError) as caught:
         cell_for(BuildCellParams(profile="no-such-profile"))
@@ -306,7 +306,7 @@ def test_vs_last_night_says_which_metric_moved_beyond_the_spreads(tmp_path):
     inside them is not, and a cell with no earlier build says so."""
     from enginesmith.specs import PipelineConfig, RegistrySpec
     from flows.history import versus_last_night
-    from flows.params import CellSummary
+    from pipeline.params import CellSummary
     from registry.history import CellOutcome, MetricSpread, record_outcome
     from registry.store import open_store
 

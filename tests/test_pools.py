@@ -28,8 +28,9 @@ matrix:
 
 def test_a_pool_per_sku_and_the_environment_its_kind_needs(write_config, tiny_model_dir):
     from flows.nightly import pool_of
+    from pipeline.kinds.llm import LLM
 
-    pools = {cell_id: pool_of(cell) for cell_id, cell in _cells(write_config, tiny_model_dir).items()}
+    pools = {cell_id: pool_of(LLM, cell) for cell_id, cell in _cells(write_config, tiny_model_dir).items()}
     assert pools == {"tiny-llama/fp8/cpu/tp1/hf-quantized": "cpu",
                      "tiny-llama/fp8/h100-sxm/tp1/hf-quantized": "gpu-h100-sxm",
                      "tiny-llama/fp8/h100-sxm/tp1/trtllm-engine": "gpu-h100-sxm-engine"}
@@ -37,12 +38,13 @@ def test_a_pool_per_sku_and_the_environment_its_kind_needs(write_config, tiny_mo
 
 def test_routes_come_before_the_rule_and_the_first_match_wins(write_config, tiny_model_dir):
     from flows.nightly import pool_of
+    from pipeline.kinds.llm import LLM
 
     cells = _cells(write_config, tiny_model_dir)
     routes = {"*/h100-sxm/*/trtllm-engine": "gpu-h100-sxm-8x", "tiny-llama/*": "big-disks"}
-    assert pool_of(cells["tiny-llama/fp8/h100-sxm/tp1/trtllm-engine"], routes) == "gpu-h100-sxm-8x"
-    assert pool_of(cells["tiny-llama/fp8/cpu/tp1/hf-quantized"], routes) == "big-disks"
-    assert pool_of(cells["tiny-llama/fp8/cpu/tp1/hf-quantized"], {"other-model/*": "x"}) == "cpu"
+    assert pool_of(LLM, cells["tiny-llama/fp8/h100-sxm/tp1/trtllm-engine"], routes) == "gpu-h100-sxm-8x"
+    assert pool_of(LLM, cells["tiny-llama/fp8/cpu/tp1/hf-quantized"], routes) == "big-disks"
+    assert pool_of(LLM, cells["tiny-llama/fp8/cpu/tp1/hf-quantized"], {"other-model/*": "x"}) == "cpu"
 
 
 @pytest.mark.parametrize(("raised", "dispatched_again"), [

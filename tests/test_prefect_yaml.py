@@ -3,24 +3,26 @@
 
 from __future__ import annotations
 
+import pytest
 import yaml
 
 from tests.conftest import REPO_ROOT
 
 
-def _build_cell_deployments() -> list[dict]:
+def _cell_deployments(entrypoint: str) -> list[dict]:
     spec = yaml.safe_load((REPO_ROOT / "prefect.yaml").read_text())
-    return [d for d in spec["deployments"] if d["entrypoint"] == "flows/cell.py:build_cell"]
+    return [d for d in spec["deployments"] if d["entrypoint"] == entrypoint]
 
 
-def test_prefect_yaml_has_a_build_cell_deployment_per_pool_deploy_all_creates():
+@pytest.mark.parametrize("flow_name", ["build-cell", "run-cell"])
+def test_prefect_yaml_has_each_cell_flow_deployed_per_pool_deploy_all_creates(flow_name: str):
     from enginesmith.config import default_catalogue
-    from flows.deploy import pool_names
+    from flows.deploy import CELL_ENTRYPOINTS, pool_names
 
     expected = pool_names(default_catalogue().targets.values())
-    deployments = _build_cell_deployments()
+    deployments = _cell_deployments(CELL_ENTRYPOINTS[flow_name])
     names = [d["name"] for d in deployments]
-    assert len(names) == len(set(names)), "a build-cell deployment is listed twice"
+    assert len(names) == len(set(names)), f"a {flow_name} deployment is listed twice"
     assert sorted(names) == expected
     assert {d["name"]: d["work_pool"]["name"] for d in deployments} == {pool: pool for pool in expected}
     assert {d["name"]: d["tags"] for d in deployments} == {pool: ["enginesmith", pool] for pool in expected}
@@ -37,11 +39,10 @@ def test_pool_names_cover_both_kinds_the_nightly_pool_and_routed_pools():
         "cpu", "gpu-h200-big"]
 
 
-def test_prefect_yaml_has_the_encoder_cell_deployment_deploy_all_creates():
-    from flows.deploy import ENCODER_ENTRYPOINT
+def test_the_cell_entrypoints_name_flows_that_exist():
+    from flows.deploy import CELL_ENTRYPOINTS
 
-    spec = yaml.safe_load((REPO_ROOT / "prefect.yaml").read_text())
-    encoder = [d for d in spec["deployments"] if d["entrypoint"] == ENCODER_ENTRYPOINT]
-    assert [(d["name"], d["work_pool"]["name"]) for d in encoder] == [("cpu", "cpu")]
-    module, _, function = ENCODER_ENTRYPOINT.partition(":")
-    assert f"def {function}(" in (REPO_ROOT / module).read_text()
+    for flow_name, entrypoint in CELL_ENTRYPOINTS.items():
+        module, _, function = entrypoint.partition(":")
+        source = (REPO_ROOT / module).read_text()
+        assert f"def {function}(" in source and (f'"{flow_name}"' in source or "RUN_CELL_FLOW" in source)

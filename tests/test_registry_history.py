@@ -32,6 +32,7 @@ from registry.local import LocalStore
 from registry.names import history_path, safe_file_name
 from registry.publish import publish_artefact
 from registry.refs import promote
+from tests import report_factory
 from tests.conftest import run_cli
 from tests.registry_helpers import cli_json, race, read_artefact, registry_env, tiny_files, write_artefact
 
@@ -46,22 +47,9 @@ def store(tmp_path: Path) -> LocalStore:
 
 def llm_report(throughput: list[float], tpot: list[float] | None = None, *, accuracy: float | None = 0.5,
                passed: bool = True, artefact_key: str | None = None, key: str | None = None) -> dict:
-    """A validation report as ``ValidationReport.model_dump(mode="json")`` lays out the parts the history reads."""
-    report: dict = {
-        "comparison": {
-            "throughput_ratios": {"values": throughput},
-            "tpot_ratios": None if tpot is None else {"values": tpot},
-            "candidate": {"accuracy": [] if accuracy is None else [
-                {"task": "addition", "metric": "exact_match", "value": accuracy, "examples": 50,
-                 "source": "enginesmith"}]},
-        },
-        "gates": [{"name": "throughput_ratio", "measured": throughput[0], "limit": 0.9, "passed": passed,
-                   "detail": ""}],
-        "passed": passed,
-    }
-    if artefact_key is not None:
-        report |= {"artefact_key": artefact_key, "key": key}
-    return report
+    """A validation report as validation writes it, with these per-round ratios and this addition score."""
+    return report_factory.llm_report(throughput, tpot, accuracy=accuracy, passed=passed, artefact_key=artefact_key,
+                                     key=key)
 
 
 def outcome(recorded: str, throughput: list[float] | None = None, *, key: str = "", flow_run: str = "",
@@ -189,23 +177,15 @@ def test_metric_spread_is_median_and_half_range() -> None:
 
 
 def test_an_encoder_report_gives_throughput_cosine_and_recall(tmp_path: Path) -> None:
-    report = {
-        "kind": "encoder", "throughput_ratio": {"values": [1.8, 2.0, 1.9]},
-        "sides": [
-            {"name": "candidate", "cosine_to_reference": {"inputs": 40, "min_cosine": 0.991, "mean_cosine": 0.998},
-             "retrieval": {"k": 10, "queries": 20, "recall_at_k": 0.95, "missed": ["q3"]}},
-            {"name": "reference", "cosine_to_reference": {"inputs": 40, "min_cosine": 1.0, "mean_cosine": 1.0},
-             "retrieval": {"k": 10, "queries": 20, "recall_at_k": 1.0, "missed": []}},
-        ],
-        "gates": [{"name": "min_cosine", "measured": 0.991, "limit": 0.98, "passed": True}], "passed": True,
-    }
+    report = report_factory.encoder_report("a" * 64, "k" * 64, throughput_ratios=[1.8, 2.0, 1.9], min_cosine=0.991,
+                                           recall=0.95, k=10)
     artefact = read_artefact(write_artefact(tmp_path, kind="onnx", recipe="int8",
                                             versions={"onnxruntime": "1.22.0"}))
     result = outcome_from_report(model=MODEL, cell="c", recipe="int8", target="cpu", kind="onnx", key="k" * 64,
                                  status="built", report=report, artefact=artefact, flow_run="run-1")
     assert result.metrics["throughput_ratio"].median == pytest.approx(1.9)
     assert result.accuracy == {"min_cosine": 0.991, "recall@10": 0.95}
-    assert result.passed is True and [g.name for g in result.gates] == ["min_cosine"]
+    assert result.passed is True and [g.name for g in result.gates] == ["min_cosine_to_reference"]
     assert (result.commit_sha, result.calibration_sha256, result.versions) == ("a" * 40, "d" * 64,
                                                                              {"onnxruntime": "1.22.0"})
 
@@ -219,8 +199,10 @@ def test_an_llm_report_without_tpot_gives_what_it_has() -> None:
 
 def test_manifests_become_builds_of_their_cells(tmp_path: Path, store: LocalStore) -> None:
     llm = publish_artefact(store, write_artefact(tmp_path / "llm"))
-    encoder = publish_artefact(store, write_artefact(tmp_path / "enc", kind="onnx", recipe="int8",
-                                                     files=tiny_files(seed=5)))
+    # each kind's report names its cell (an encoder cell has no parallelism in its id)
+    encoder_dir = write_artefact(tmp_path / "enc", kind="onnx", recipe="int8", files=tiny_files(seed=5))
+    encoder = publish_artefact(store, encoder_dir, validation=report_factory.encoder_report(
+        read_artefact(encoder_dir).key, "e" * 64, cell=f"{MODEL}/int8/cpu/onnx"))
     cells = {outcome_from_manifest(load_manifest(store, MODEL, key)).cell for key in (llm.key, encoder.key)}
     assert cells == {CELL, f"{MODEL}/int8/cpu/onnx"}
 
@@ -365,8 +347,11 @@ def test_a_metric_with_no_or_non_finite_values_is_an_unreadable_record(store: Lo
 
 
 def test_a_report_with_non_finite_rounds_leaves_the_metric_out() -> None:
+    non_finite = llm_report([1.0, 1.0], accuracy=0.5)
+    non_finite["comparison"]["throughput_ratios"]["values"][1] = float("nan")
+    non_finite["comparison"]["candidate"]["accuracy"][0]["value"] = float("inf")
     result = outcome_from_report(model=MODEL, cell=CELL, recipe="fp8", target="cpu", kind="hf-quantized", key="",
-                                 status="built", report=llm_report([1.0, float("nan")], accuracy=float("inf")))
+                                 status="built", report=non_finite)
     assert result.metrics == {} and result.accuracy == {}
 
 
@@ -463,8 +448,6 @@ def test_plot_files_of_ids_that_differ_only_in_unsafe_characters_do_not_collide(
 
 
 def test_one_wording_for_a_regression_its_change_and_its_time() -> None:
-    from enginesmith.specs import ENCODER_KINDS as SPEC_ENCODER_KINDS
-    from registry import history
     from registry.history import Regression, describe_regression, signed_percent
     from registry.manifest import display_timestamp
 
@@ -476,4 +459,3 @@ def test_one_wording_for_a_regression_its_change_and_its_time() -> None:
     assert display_timestamp("2026-11-03T10:00:00.123456+01:00") == "2026-11-03 09:00:00"
     assert display_timestamp("2026-11-03T09:00:00Z") == "2026-11-03 09:00:00"
     assert display_timestamp("last tuesday") == "last tuesday" and display_timestamp("") == "—"
-    assert history.ENCODER_KINDS is SPEC_ENCODER_KINDS

@@ -123,12 +123,15 @@ def test_a_manifest_round_trips_through_its_bytes(tmp_path) -> None:
 
 
 def test_validation_metric_reads_the_objectives_number() -> None:
-    report = {"comparison": {"candidate": {"max_output_throughput": 1234.5, "tpot_c1_median_ms": 7}}}
-    assert validation_metric(report, "throughput") == 1234.5
+    from tests.report_factory import llm_report
+
+    report = llm_report([1.0, 1.0, 1.0], tpot_ms=7.0)  # the candidate's c=4 level is its best: 3 × 100 tok/s
+    assert validation_metric(report, "throughput") == 300.0
     assert validation_metric(report, "latency") == 7.0
     assert validation_metric(None, "throughput") is None
-    assert validation_metric({"comparison": {"candidate": {"max_output_throughput": "fast"}}}, "throughput") is None
-    assert validation_metric({"comparison": []}, "latency") is None
+    damaged = {**report, "comparison": {**report["comparison"], "candidate": "fast"}}
+    assert validation_metric(damaged, "throughput") is None
+    assert validation_metric({"kind": "speech"}, "latency") is None  # a kind nothing here registered
 
 
 @pytest.mark.parametrize(

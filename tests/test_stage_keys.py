@@ -31,7 +31,7 @@ def planned_keys(config: str, tmp_path: Path, models: dict[str, Path] | None = N
     assert planned.returncode == 0, planned.stderr[-2000:]
     plan = json.loads(planned.stdout)
     return {cell["id"]: {"key": cell["key"], "keys": cell["keys"]}
-            for cell in plan["cells"] + plan.get("encoder_cells", [])}
+            for cell in plan["cells"]}
 
 
 def test_every_shipped_config_is_recorded():

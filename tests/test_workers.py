@@ -201,7 +201,7 @@ def test_a_node_killed_mid_cell_crashes_its_run_and_the_cell_is_rebuilt_and_publ
     from prefect.client.schemas.objects import StateType
     from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFilter
 
-    from flows.params import CellSummary
+    from pipeline.params import CellSummary
 
     config = write_tiny_matrix(tmp_path / "matrix", recipes=["fp8"])
     # The nightly in a process of its own (a node that survives): the test watches and kills meanwhile.

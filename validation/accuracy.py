@@ -15,20 +15,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
-from pydantic import BaseModel
 
 from enginesmith.assets import read_task, task_eval_path
+from enginesmith.reports.measures import Perplexity, TaskScore
 from enginesmith.tasks import AccuracyTask, answer_matches, task_spec
 from validation.loadgen import API_PATHS, Api, completion_payload
 from validation.server import Endpoint
-
-
-class TaskScore(BaseModel):
-    task: str
-    metric: str
-    value: float  # 0..1
-    examples: int
-    source: str  # "enginesmith" (our exact match over the API) or "lm-eval"
 
 
 async def _greedy_completions(endpoint: Endpoint, prompts: Sequence[str], max_tokens: int, *,
@@ -67,15 +59,6 @@ def task_exact_match(endpoint: Endpoint, task: str, limit: int | None = None,
     metric = "exact_match" if spec.match == "exact" else "word_match"
     return TaskScore(task=task, metric=metric, value=hits / len(rows), examples=len(rows),
                      source="enginesmith"), completions
-
-
-class Perplexity(BaseModel):
-    """exp(mean negative log-likelihood) of a held-out text, from the server's own prompt logprobs."""
-
-    text: str  # where the text came from
-    value: float
-    tokens: int  # tokens scored (each paragraph's first token has no logprob)
-    paragraphs: int
 
 
 async def _prompt_logprobs(endpoint: Endpoint, paragraphs: Sequence[str], concurrency: int = 4) -> list[list[float]]:
@@ -154,7 +137,8 @@ metric_list:
     aggregation: mean
     higher_is_better: true
 """
-WORD_SCORING_MODULE = """from enginesmith.tasks import AccuracyTask, answer_matches, task_spec
+WORD_SCORING_MODULE = """from enginesmith.reports.measures import Perplexity, TaskScore
+from enginesmith.tasks import AccuracyTask, answer_matches, task_spec
 
 
 def process_results(doc, results):

@@ -32,7 +32,7 @@ from pydantic import BaseModel, model_validator
 
 from enginesmith.artefacts import ServeRecipe
 from enginesmith.errors import UserError
-from validation.metrics import Spread
+from enginesmith.reports.measures import CosineAgreement, RetrievalScore, Spread, ThroughputLevel
 from validation.server import LOOPBACK, Endpoint, free_port, running_server
 
 if TYPE_CHECKING:
@@ -84,14 +84,6 @@ def load_retrieval_set(path: Path = RETRIEVAL_SET) -> RetrievalSet:
 
 # --- accuracy: pure over vectors -------------------------------------------------------------------------------
 
-class CosineAgreement(BaseModel):
-    """cos(candidate_i, reference_i) over the same inputs."""
-
-    inputs: int
-    min_cosine: float
-    mean_cosine: float
-
-
 def _unit(vectors: NDArray[np.floating]) -> NDArray[np.float64]:
     array = np.asarray(vectors, dtype=np.float64)
     return array / np.maximum(np.linalg.norm(array, axis=1, keepdims=True), 1e-12)
@@ -104,13 +96,6 @@ def cosine_agreement(candidate: NDArray[np.floating], reference: NDArray[np.floa
         raise ValueError(f"candidate vectors {candidate.shape} and reference vectors {reference.shape} differ")
     cosines = row_cosines(reference, candidate)
     return CosineAgreement(inputs=len(cosines), min_cosine=float(cosines.min()), mean_cosine=float(cosines.mean()))
-
-
-class RetrievalScore(BaseModel):
-    k: int
-    queries: int
-    recall_at_k: float
-    missed: list[str]  # query ids with no relevant document in the top k
 
 
 def recall_at_k(query_vectors: NDArray[np.floating], document_vectors: NDArray[np.floating],
@@ -173,13 +158,6 @@ class BatchRun(BaseModel):
     embeddings_per_s: float
     median_latency_ms: float
     p99_latency_ms: float
-
-
-class ThroughputLevel(BaseModel):
-    side: str
-    batch_size: int
-    embeddings_per_s: Spread
-    median_latency_ms: Spread
 
 
 def time_batches(endpoint: Endpoint, texts: Sequence[str], *, batch_size: int, requests: int, warmup: int = 2,

@@ -20,14 +20,11 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel
-
+from enginesmith.reports.encoder import BASELINE, CANDIDATE, REFERENCE, EncoderSide, EncoderValidationReport
+from enginesmith.reports.measures import GateResult, Spread
 from enginesmith.specs import EncoderGateSpec, EncoderWorkloadSpec
 from validation.embeddings import (
     BatchRun,
-    CosineAgreement,
-    RetrievalScore,
-    ThroughputLevel,
     cosine_agreement,
     embed_texts,
     load_retrieval_set,
@@ -36,43 +33,10 @@ from validation.embeddings import (
     serving_onnx_embeddings,
     serving_vllm_cpu_embeddings,
 )
-from validation.gates import GateResult, _performance_gate
-from validation.metrics import Spread
+from validation.gates import _performance_gate
 from validation.server import Endpoint
 
 SideName = Literal["candidate", "fp32-onnx", "reference"]
-CANDIDATE, BASELINE, REFERENCE = "candidate", "fp32-onnx", "reference"
-
-
-class EncoderSide(BaseModel):
-    name: str
-    what: str  # e.g. "int8 ONNX on onnxruntime (cpu)"
-    cosine_to_reference: CosineAgreement
-    retrieval: RetrievalScore
-
-
-class EncoderValidationReport(BaseModel):
-    """What ``validate_encoder`` measured and decided; stored in the manifest as the artefact's validation."""
-
-    kind: Literal["encoder"] = "encoder"
-    cell: str
-    key: str  # the validation key (the registry key)
-    artefact_key: str
-    recipe: str
-    sides: list[EncoderSide]
-    throughput: list[ThroughputLevel]
-    throughput_ratio: Spread  # candidate / fp32-onnx embeddings/s at the largest batch size, per round
-    largest_batch: int
-    gates: list[GateResult]
-    passed: bool
-    rounds: int
-    texts: int
-
-    def side(self, name: str) -> EncoderSide:
-        return next(s for s in self.sides if s.name == name)
-
-    def level(self, side: str, batch_size: int) -> ThroughputLevel:
-        return next(t for t in self.throughput if t.side == side and t.batch_size == batch_size)
 
 
 def baseline_artefact(candidate_dir: Path, fp32_graph: Path, dest: Path) -> Path:
@@ -157,67 +121,3 @@ def validate_encoder(*, cell: str, key: str, artefact_key: str, recipe: str, art
                                    sides=list(sides.values()), throughput=levels, throughput_ratio=ratio,
                                    largest_batch=largest, gates=results, passed=all(g.passed for g in results),
                                    rounds=workload.repeats, texts=len(texts))
-
-
-def render_encoder_report(report: EncoderValidationReport) -> str:
-    """The report as markdown: accuracy per side, speed per batch size and side, the gates."""
-    lines = [f"# Validation of {report.cell}", "",
-             f"Verdict: **{'PASSED' if report.passed else 'FAILED'}** · key `{report.key[:12]}` · "
-             f"{report.texts} texts · {report.rounds} interleaved rounds", "",
-             "## Accuracy against the vLLM reference", "",
-             "| side | what | cosine min | cosine mean | recall@k |", "|---|---|---|---|---|"]
-    for side in report.sides:
-        lines.append(f"| {side.name} | {side.what} | {side.cosine_to_reference.min_cosine:.6f} | "
-                     f"{side.cosine_to_reference.mean_cosine:.6f} | {side.retrieval.recall_at_k:.3f} "
-                     f"(k={side.retrieval.k}) |")
-    lines += ["", "## Speed (embeddings/s, median over rounds [low–high]; latency ms median)", "",
-              "| batch | " + " | ".join(s.name for s in report.sides) + " | candidate ÷ fp32-onnx |",
-              "|---|" + "---|" * (len(report.sides) + 1)]
-    batch_sizes = sorted({t.batch_size for t in report.throughput})
-    for batch_size in batch_sizes:
-        cells = []
-        for side in report.sides:
-            level = report.level(side.name, batch_size)
-            cells.append(f"{level.embeddings_per_s.median:.1f} [{level.embeddings_per_s.low:.1f}–"
-                         f"{level.embeddings_per_s.high:.1f}], {level.median_latency_ms.median:.1f} ms")
-        ratio = (report.level(CANDIDATE, batch_size).embeddings_per_s.median
-                 / report.level(BASELINE, batch_size).embeddings_per_s.median)
-        lines.append(f"| {batch_size} | " + " | ".join(cells) + f" | {ratio:.2f} |")
-    lines += ["", f"![embeddings/s per batch size]({THROUGHPUT_PLOT})"]
-    lines += ["", "## Gates", "", "| gate | measured | limit | passed | detail |", "|---|---|---|---|---|"]
-    for gate in report.gates:
-        measured = "-" if gate.measured is None else f"{gate.measured:.6g}"
-        lines.append(f"| {gate.name} | {measured} | {gate.limit} | {'yes' if gate.passed else 'NO'} | "
-                     f"{gate.detail} |")
-    return "\n".join(lines) + "\n"
-
-
-THROUGHPUT_PLOT = "throughput.png"
-
-
-def write_encoder_plot(report: EncoderValidationReport, out_dir: Path) -> Path:
-    """Embeddings/s against batch size for each side: the median over rounds, bars from the slowest round to the
-    fastest."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(figsize=(6, 4))
-    for side in report.sides:
-        levels = sorted((t for t in report.throughput if t.side == side.name), key=lambda t: t.batch_size)
-        medians = [t.embeddings_per_s.median for t in levels]
-        axes.errorbar([t.batch_size for t in levels], medians,
-                      yerr=[[m - t.embeddings_per_s.low for m, t in zip(medians, levels, strict=True)],
-                            [t.embeddings_per_s.high - m for m, t in zip(medians, levels, strict=True)]],
-                      marker="o", capsize=3, label=f"{side.name}: {side.what}")
-    axes.set_xscale("log", base=2)
-    axes.set_xlabel("batch size (inputs per request)")
-    axes.set_ylabel("embeddings/s")
-    axes.set_title(f"{report.cell} ({report.rounds} rounds, min–max)")
-    axes.legend(fontsize="small", loc="upper left")
-    figure.tight_layout()
-    path = out_dir / THROUGHPUT_PLOT
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-    return path

@@ -10,39 +10,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel
-
+from enginesmith.reports.measures import Decision, GateResult, Spread
 from enginesmith.specs import GateSpec
-from validation.metrics import Spread
 
-# clear: the margin is larger than the spread (either way); inside: undecided, measure more rounds;
-# median: still inside the spread when no more rounds were allowed, decided on the median.
-Decision = Literal["clear", "inside", "median"]
 Judgement = Literal["pass", "fail", "inside"]
-
-
-class GateResult(BaseModel):
-    name: str
-    measured: float | None  # the median over rounds, for performance gates
-    limit: float
-    passed: bool
-    detail: str = ""
-    low: float | None = None  # the rounds' lowest and highest values (performance gates)
-    high: float | None = None
-    rounds: int | None = None
-    decision: Decision = "clear"
-
-    @property
-    def decided_by(self) -> str:
-        if self.decision == "inside":
-            return "inside the spread: re-measuring"
-        if self.decision == "median":
-            return f"inside the spread after {self.rounds} rounds: decided on the median"
-        return f"clear of the spread over {self.rounds} rounds" if self.rounds else "measured once (deterministic)"
-
-    @property
-    def spread_label(self) -> str:
-        return "" if self.low is None or self.high is None else f"{self.low:.3f}–{self.high:.3f}"
 
 
 def judge(spread: Spread | None, limit: float, *, at_least: bool) -> Judgement:

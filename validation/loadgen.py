@@ -23,9 +23,9 @@ from typing import Literal
 
 import aiohttp
 import httpx
-from pydantic import BaseModel
 
 from enginesmith.errors import UserError
+from enginesmith.reports.measures import ServerCapabilities
 from enginesmith.specs import WorkloadSpec
 from validation.metrics import SLO, BenchmarkResult, RequestRecord, summarize
 from validation.server import Endpoint
@@ -34,14 +34,6 @@ from validation.sse import record_from_stream
 REQUEST_TIMEOUT_S = 600
 
 log = logging.getLogger(__name__)
-
-
-class ServerCapabilities(BaseModel):
-    """What a server has shown it accepts (probed, never assumed)."""
-
-    vllm_extensions: bool  # ignore_eos and friends
-    prompt_logprobs: bool  # echo + logprobs returns a logprob per prompt token
-    detail: str = ""
 
 
 Api = Literal["completions", "chat"]

@@ -16,7 +16,11 @@ import math
 from collections.abc import Iterable, Sequence
 
 import numpy as np
-from pydantic import BaseModel, computed_field
+from pydantic import BaseModel
+
+from enginesmith.reports.measures import BenchmarkResult, Spread
+
+__all__ = ["SLO", "BenchmarkResult", "RequestRecord", "Spread", "summarize"]
 
 PERCENTILES = (50, 90, 99)
 
@@ -46,90 +50,6 @@ class SLO(BaseModel):
     ttft_ms: float | None = None
     tpot_ms: float | None = None
     e2el_ms: float | None = None
-
-
-class BenchmarkResult(BaseModel):
-    """One load level, field names as in `vllm bench serve --save-result` (times in ms, rates per second)."""
-
-    concurrency: int | None
-    request_rate: float | None
-    duration: float
-    completed: int
-    failed: int
-    total_input_tokens: int
-    total_output_tokens: int
-    request_throughput: float
-    request_goodput: float | None
-    output_throughput: float
-    total_token_throughput: float
-    max_output_tokens_per_s: float
-    mean_ttft_ms: float
-    median_ttft_ms: float
-    std_ttft_ms: float
-    mean_tpot_ms: float
-    median_tpot_ms: float
-    std_tpot_ms: float
-    mean_itl_ms: float
-    median_itl_ms: float
-    std_itl_ms: float
-    mean_e2el_ms: float
-    median_e2el_ms: float
-    std_e2el_ms: float
-    percentiles_ms: dict[str, float]  # "p99_ttft_ms" → value, for ttft, tpot, itl, e2el
-    # Ours, not vLLM's: requests of several tokens whose tokens all arrived at one instant (one SSE message,
-    # or several in one read). A server whose HTTP side lags its engine sends what it holds at once; their
-    # TPOT then reads 0 and says nothing about decoding speed.
-    all_at_once_requests: int = 0
-    ttfts: list[float] = []  # per completed request, in seconds (as vLLM's --save-detailed)
-    errors: list[str] = []
-    # Ours: which measurement round this level belongs to, and the warm-up that preceded it (at the same
-    # concurrency, in batches, until two batches' output throughputs agreed within the workload's tolerance).
-    round: int = 0
-    warmup_requests: int = 0
-    warmup_s: float = 0.0
-    warmup_steady: bool | None = None  # None: no warm-up asked for
-
-
-class Spread(BaseModel):
-    """One quantity measured once per round: its median over the rounds and how far the rounds spread.
-
-    ``half_range`` is (max − min) / 2, in the quantity's unit; ``relative_half_range`` divides it by the median.
-    A gate compares its margin (median − limit) with ``half_range``: a margin inside it is not a difference.
-    """
-
-    values: list[float]
-
-    @computed_field  # type: ignore[prop-decorator]
-    @property
-    def median(self) -> float:
-        return float(np.median(self.values))
-
-    @computed_field  # type: ignore[prop-decorator]
-    @property
-    def low(self) -> float:
-        return min(self.values)
-
-    @computed_field  # type: ignore[prop-decorator]
-    @property
-    def high(self) -> float:
-        return max(self.values)
-
-    @computed_field  # type: ignore[prop-decorator]
-    @property
-    def half_range(self) -> float:
-        return (self.high - self.low) / 2
-
-    @computed_field  # type: ignore[prop-decorator]
-    @property
-    def relative_half_range(self) -> float:
-        return self.half_range / abs(self.median) if self.median else 0.0
-
-    @classmethod
-    def of(cls, values: Sequence[float | None]) -> Spread | None:
-        """The spread of the rounds' values; None when any round has no value (the quantity was not measured)."""
-        if not values or any(v is None for v in values):
-            return None
-        return cls(values=[float(v) for v in values if v is not None])
 
 
 def _stats_ms(values_s: Sequence[float]) -> tuple[float, float, float]:

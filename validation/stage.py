@@ -27,11 +27,18 @@ from enginesmith.artefacts import ServeRecipe
 from enginesmith.assets import read_paragraphs
 from enginesmith.console import stderr
 from enginesmith.errors import UserError
+from enginesmith.reports.llm import Comparison, SideReport, ValidationReport
+from enginesmith.reports.measures import (
+    BenchmarkResult,
+    GateResult,
+    Perplexity,
+    ServerCapabilities,
+    Spread,
+    TaskScore,
+)
 from enginesmith.specs import GateSpec, WorkloadSpec
 from enginesmith.tasks import resolve_task, task_spec
 from validation.accuracy import (
-    Perplexity,
-    TaskScore,
     greedy_agreement,
     greedy_completions,
     lm_eval_available,
@@ -40,10 +47,8 @@ from validation.accuracy import (
     perplexity,
     task_exact_match,
 )
-from validation.gates import GateResult, evaluate_gates, undecided
-from validation.loadgen import LevelPlan, ServerCapabilities, probe_capabilities, run_level
-from validation.metrics import BenchmarkResult, Spread
-from validation.report import Comparison, SideReport, ValidationReport
+from validation.gates import evaluate_gates, undecided
+from validation.loadgen import LevelPlan, probe_capabilities, run_level
 from validation.sampling import UsageSampler
 from validation.server import Endpoint, external_endpoint, free_port, running_server
 from validation.workloads import build_prompts, perplexity_windows

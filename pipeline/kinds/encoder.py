@@ -1,0 +1,83 @@
+"""The encoder kind: an embedding model × encoder recipe × target × artefact kind, exported to ONNX, quantised
+with ModelOpt's ONNX quantisation, built for onnxruntime (or TensorRT), validated against vLLM's embeddings of the
+checkpoint. Its plan rules are ``enginesmith.encoder_plan``; its flow the generic ``run-cell``."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterable
+from pathlib import Path
+
+from enginesmith.artefacts import ARTEFACT_FILE, COMPLETE_MARKER
+from enginesmith.config import Catalogue
+from enginesmith.encoder_plan import EncoderCell
+from enginesmith.specs import PipelineConfig, TargetSpec
+from pipeline import steps
+from pipeline.kinds import CellContext, CellRun, Dispatch, KindPreflight, PlannedCell, StageRunner
+from pipeline.kinds import encoder_steps as stages
+from pipeline.params import RUN_CELL_FLOW, RunCellParams
+from pipeline.plan_sources import plan_encoders_loaded
+from pipeline.verdicts import Check, verdict
+
+
+def encoder_pool(target: TargetSpec) -> str:
+    """onnx artefacts build and validate on the cpu pool; a TensorRT engine on its SKU's GPUs."""
+    return "cpu" if target.is_cpu else f"gpu-{target.id}"
+
+
+class EncoderKind:
+    name = "encoder"
+
+    def in_config(self, config: PipelineConfig) -> bool:
+        return bool(config.encoder_matrix)
+
+    def plan(self, config: PipelineConfig, config_dir: Path, catalogue: Catalogue, *,
+             resolve_hub: bool = True) -> list[PlannedCell]:
+        return list(plan_encoders_loaded(config, config_dir, catalogue, resolve_hub=resolve_hub))
+
+    def preflight(self, config: PipelineConfig, config_dir: Path, catalogue: Catalogue, *,
+                  parse_with_vllm: bool = True) -> tuple[list[PlannedCell], KindPreflight]:
+        cells = plan_encoders_loaded(config, config_dir, catalogue)
+        runtime = Check(name="runtime", ok=True, detail="onnxruntime installed here")
+        skipped = []
+        if importlib.util.find_spec("onnxruntime") is None:
+            runtime = Check(name="runtime", ok=None, detail="onnxruntime is not installed here (it must be where the "
+                                                            "cell builds and validates)")
+            skipped.append(f"runtime: {runtime.detail}")
+        verdicts = []
+        for cell in cells:
+            checks = [Check(name=f"rule {v.rule}", ok=False, detail=v.message) for v in cell.violations]
+            checks.append(Check(name="model", ok=True, detail=f"{cell.model.repo}@{cell.source_revision[:19]}"))
+            checks.append(runtime)
+            verdicts.append(verdict(cell.id, cell.key, checks, invalid=bool(cell.violations)))
+        return list(cells), KindPreflight(verdicts=verdicts, skipped=skipped)
+
+    def pool(self, cell: PlannedCell) -> str:
+        return encoder_pool(cell.target)
+
+    def pools(self, targets: Iterable[TargetSpec]) -> set[str]:
+        return {encoder_pool(target) for target in targets if target.is_cpu}
+
+    def run(self, cell: PlannedCell, context: CellContext, stage: StageRunner) -> CellRun:
+        """pull → export → quantise → build → validate, each kept in the work directory under its stage key."""
+        assert isinstance(cell, EncoderCell)
+        work, config, keys = context.work, context.config, cell.stage_keys
+        checkpoint = stage("pull", steps.pull, context.config_path, cell, retries=3)
+        exported = stage("export-onnx", stages.export, cell, checkpoint, work, config, key=keys.export,
+                         done=stages.export_dir(cell, work) / COMPLETE_MARKER)
+        graph = stage("quantize-onnx", stages.quantize, cell, checkpoint, exported, work, config, key=keys.quantize,
+                      done=stages.encoder_graph_dir(cell, work) / COMPLETE_MARKER)
+        artefact_dir = stage("build-encoder", stages.build, cell, graph, work, config, key=keys.build,
+                             done=work / steps.ARTEFACTS_DIR / keys.build[:16] / ARTEFACT_FILE)
+        report = stage("validate-encoder", stages.validate, cell, artefact_dir, graph, config, work, retries=1)
+        return CellRun(artefact_dir=artefact_dir, report=report)
+
+    def dispatch(self, config_path: str, cell: PlannedCell) -> Dispatch:
+        params = RunCellParams(config=config_path, cell=cell.id)
+        return Dispatch(flow=RUN_CELL_FLOW, parameters={"params": params.model_dump(mode="json")})
+
+    def table_row(self, cell: PlannedCell) -> tuple[str, str]:
+        return "-", ""
+
+
+ENCODER = EncoderKind()

@@ -1,0 +1,255 @@
+"""The LLM kind's preflight: every check short of a GPU for each LLM cell, so a matrix's first night does not
+discover them one at a time on GPUs.
+
+An LLM cell is ``ready``; ``invalid`` (it breaks a plan rule and is never built); or ``blocked`` (it would be built
+and fail: a model that cannot be reached, an accuracy task that does not exist, a stage without the memory it
+needs, a serve command vLLM refuses). ``gather`` does the I/O (Hub or its cache, files, vLLM's own parser);
+``judge_cell`` decides one cell from what was gathered, without I/O.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from enginesmith.checkpoints.survey import CheckpointSurvey, survey
+from enginesmith.config import Catalogue, task_errors
+from enginesmith.errors import TransientError, UserError
+from enginesmith.memory import GIB, SERVED_REFERENCE_BYTES, MemoryNeed, cell_needs, reference_tp
+from enginesmith.plan import Cell, Plan, plan_matrix
+from enginesmith.specs import PipelineConfig
+from enginesmith.tasks import resolve_task
+from pipeline.plan_sources import model_source
+from pipeline.verdicts import CellPreflight, CellStatus, Check
+
+# Where the serve commands point before they are parsed (the real paths exist only on the worker).
+CHECKPOINT_PLACEHOLDER, ARTEFACT_PLACEHOLDER = "/checkpoint", "/artefact"
+# A config's params_b that differs from the checkpoint's own count by more than this is a wrong memory input.
+PARAMS_TOLERANCE = 0.10
+
+
+class ModelFacts(BaseModel):
+    survey: CheckpointSurvey | None
+    problem: str | None = None
+
+
+class Gathered(BaseModel):
+    """What the I/O found, for every cell to be judged from."""
+
+    models: dict[str, ModelFacts]
+    task_problems: list[str]
+    task_datasets: list[Check] = []  # each lm-eval task's Hub dataset: reachable, or why it was not checked
+    calibration: Check
+    vllm_verdicts: dict[str, str | None]  # a serve command (joined) → None if vLLM accepts it, else its reason
+    vllm_parser: str | None
+
+
+def gather(config: PipelineConfig, config_dir: Path, catalogue: Catalogue, *,
+           parse_with_vllm: bool) -> tuple[Gathered, Plan, list[str]]:
+    from enginesmith.calibration import calibration_fingerprint
+
+    skipped: list[str] = []
+    models: dict[str, ModelFacts] = {}
+    for model in config.models:
+        try:
+            models[model.id] = ModelFacts(survey=survey(model, model_source(model, config_dir)))
+        except TransientError:
+            raise  # the Hub not answering says nothing about the cells: the caller's retry decides
+        except UserError as exc:
+            models[model.id] = ModelFacts(survey=None, problem=exc.message + (f" ({exc.hint})" if exc.hint else ""))
+    calibration = _calibration_check(config)
+    try:
+        fingerprint = calibration_fingerprint(config.calibration.dataset)
+    except UserError:
+        fingerprint = "missing"  # the calibration check reports it on every cell that calibrates
+    plan = plan_matrix(
+        config, catalogue, calibration_fingerprint=fingerprint,
+        source_revisions={m: f.survey.commit_sha for m, f in models.items() if f.survey},
+        model_shapes={m: f.survey.shape for m, f in models.items() if f.survey and f.survey.shape},
+        task_fingerprints=_task_fingerprints(config))
+    verdicts: dict[str, str | None] = {}
+    parser = None
+    if parse_with_vllm:
+        verdicts, parser, why_not = _parse_serve_commands(plan)
+        if why_not:
+            skipped.append(f"vllm-args: {why_not}")
+    else:
+        skipped.append("vllm-args: not asked for (--no-vllm)")
+    if calibration.ok is None:
+        skipped.append(f"calibration: {calibration.detail}")
+    task_problems = [f"{message}; {hint}" for _, message, hint in task_errors(config)]
+    task_datasets = [] if task_problems else _task_dataset_checks(config)
+    skipped += [f"tasks: {c.detail}" for c in task_datasets if c.ok is None]
+    return Gathered(models=models, task_problems=task_problems, task_datasets=task_datasets, calibration=calibration,
+                    vllm_verdicts=verdicts, vllm_parser=parser), plan, skipped
+
+
+def _task_dataset_checks(config: PipelineConfig) -> list[Check]:
+    """lm-eval's registry tasks download their datasets from the Hub on the validation node."""
+    from huggingface_hub import constants
+
+    checks = []
+    for task in map(resolve_task, config.workload.accuracy_tasks):
+        if not task.checked:
+            checks.append(Check(name="tasks", ok=None, detail=f"{task.name} not checked: lm-eval is not installed "
+                                                              "here (it must be where validation runs)"))
+            continue
+        if task.dataset is None:
+            continue
+        if constants.HF_HUB_OFFLINE:
+            checks.append(Check(name="tasks", ok=None, detail=f"{task.name} downloads {task.dataset} on the "
+                                                              "validation node (not checked offline)"))
+            continue
+        from huggingface_hub import HfApi
+
+        try:
+            HfApi().dataset_info(task.dataset)
+            checks.append(Check(name="tasks", ok=True, detail=f"{task.name}: Hub dataset {task.dataset} reachable"))
+        except Exception as exc:  # a missing dataset blocks; the Hub not answering is for the retry to judge
+            missing = getattr(getattr(exc, "response", None), "status_code", None) in (401, 403, 404)
+            checks.append(Check(name="tasks", ok=False if missing else None,
+                                detail=f"{task.name}: Hub dataset {task.dataset} "
+                                       f"{'not found' if missing else 'not checked'} ({type(exc).__name__})"))
+    return checks
+
+
+def _task_fingerprints(config: PipelineConfig) -> dict[str, str]:
+    from enginesmith.assets import task_fingerprints
+
+    try:
+        return task_fingerprints(config.workload.accuracy_tasks)
+    except UserError:
+        return {}  # a missing task file: the tasks check reports it on every cell
+
+
+def _calibration_check(config: PipelineConfig) -> Check:
+    from enginesmith.calibration import calibration_source_path
+    from quantization.calibration import HUB_TEXT_FIELDS
+
+    dataset = config.calibration.dataset
+    try:
+        path = calibration_source_path(dataset)
+    except UserError as exc:
+        return Check(name="calibration", ok=False, detail=f"{exc.message}: {exc.where}")
+    if path is not None:
+        return Check(name="calibration", ok=True, detail=f"{dataset} ({path.name}, shipped or local)")
+    if dataset not in HUB_TEXT_FIELDS:
+        return Check(name="calibration", ok=False,
+                     detail=f"Hub dataset {dataset!r} has no known split and text field (known: "
+                            f"{', '.join(HUB_TEXT_FIELDS)}); use one of those, a text/JSONL file or builtin:<name>")
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return Check(name="calibration", ok=None, detail=f"Hub dataset {dataset!r} not checked offline (the "
+                                                         "quantisation node needs network to load it)")
+    from huggingface_hub import HfApi
+
+    try:
+        HfApi().dataset_info(dataset)
+    except Exception as exc:
+        return Check(name="calibration", ok=False, detail=f"Hub dataset {dataset!r} not reachable: {exc}")
+    return Check(name="calibration", ok=True, detail=f"Hub dataset {dataset!r} reachable")
+
+
+def serve_commands(cell: Cell) -> list[list[str]]:
+    """The vLLM serve arguments validation would start for this cell: the reference (and the candidate, where
+    vLLM serves it), rendered as vLLM sees them."""
+    from builders.serve import ServedMemory, reference_recipe, vllm_serve_arguments
+    from builders.stage import artefact_runtimes, serve_recipes
+
+    def served(bytes_per_param: float) -> ServedMemory | None:
+        if cell.model.params_b is None or cell.target.is_cpu:
+            return None
+        return ServedMemory(weight_bytes=cell.model.params_b * 1e9 * bytes_per_param,
+                            device_bytes=int(cell.target.memory_gib * GIB))
+
+    served_tp = cell.tp if cell.model.params_b is None else reference_tp(
+        cell.model.params_b * 1e9, SERVED_REFERENCE_BYTES, cell.target, tp=cell.tp, pp=cell.pp)
+    recipes = [reference_recipe(Path(CHECKPOINT_PLACEHOLDER), on_cpu=cell.target.is_cpu, profile=cell.profile,
+                                tp=served_tp, pp=cell.pp, memory=served(SERVED_REFERENCE_BYTES))]
+    recipes += serve_recipes(cell.kind, cell.recipe, cell.profile,
+                             artefact_runtimes(cell.kind, cell.recipe, cell.target), tp=cell.tp, pp=cell.pp,
+                             memory=served(cell.recipe.weight_bytes_per_param))
+    return [vllm_serve_arguments(r, artefact_dir=Path(ARTEFACT_PLACEHOLDER)) for r in recipes
+            if r.runtime in ("vllm", "vllm-cpu")]
+
+
+def _parse_serve_commands(plan: Plan) -> tuple[dict[str, str | None], str | None, str | None]:
+    from builders.serve import check_with_vllm_parser, vllm_cpu_python
+
+    try:
+        python = vllm_cpu_python()
+    except UserError as exc:
+        return {}, None, f"{exc.message} ({exc.hint})"
+    unique: dict[str, list[str]] = {}
+    for cell in plan.buildable:
+        for argv in serve_commands(cell):
+            unique.setdefault(" ".join(argv), argv)
+    try:
+        verdicts, version = check_with_vllm_parser(list(unique.values()), python=python)
+    except (UserError, subprocess.TimeoutExpired, ValueError, KeyError) as exc:
+        return {}, None, f"vLLM's parser did not run: {exc}"
+    return dict(zip(unique, verdicts, strict=True)), f"vLLM {version} ({python})", None
+
+
+def judge_cell(cell: Cell, config: PipelineConfig, gathered: Gathered) -> CellPreflight:
+    checks = [Check(name=f"rule {v.rule}", ok=False, detail=v.message) for v in cell.violations]
+    facts = gathered.models[cell.model.id]
+    if facts.survey is None:
+        checks.append(Check(name="model", ok=False, detail=facts.problem or "not reachable"))
+    else:
+        checks += _model_checks(cell, facts.survey)
+    checks.append(Check(name="tasks", ok=not gathered.task_problems,
+                        detail="; ".join(gathered.task_problems) or ", ".join(config.workload.accuracy_tasks)
+                        or "none asked for"))
+    checks += [c for c in gathered.task_datasets if c.ok is not None]
+    if not cell.recipe.is_passthrough:
+        checks.append(gathered.calibration)
+    checks.append(_runtime_check(cell))
+    for argv in serve_commands(cell) if gathered.vllm_parser and cell.status == "build" else []:
+        refusal = gathered.vllm_verdicts.get(" ".join(argv))
+        checks.append(Check(name="vllm-args", ok=refusal is None,
+                            detail=refusal or "accepted by vLLM's parser: " + " ".join(argv[1:])))
+    status: CellStatus = "invalid" if cell.violations else (
+        "blocked" if any(c.ok is False for c in checks) else "ready")
+    return CellPreflight(id=cell.id, key=cell.key, status=status, checks=checks)
+
+
+def _model_checks(cell: Cell, found: CheckpointSurvey) -> list[Check]:
+    counted = f"{found.parameters / 1e9:.2f} B parameters ({found.parameters_from})" if found.parameters else \
+        "parameter count unknown"
+    checks = [Check(name="model", ok=True, detail=f"{cell.model.repo}@{found.commit_sha[:12]}: "
+                                                  f"{len(found.weight_files)} weight files, {counted}")]
+    checks += [Check(name="model", ok=None, detail=note) for note in found.notes]
+    declared = cell.model.params_b
+    if declared and found.parameters and abs(found.parameters / (declared * 1e9) - 1) > PARAMS_TOLERANCE:
+        checks.append(Check(name="params_b", ok=False,
+                            detail=f"the config says {declared:g} B, the checkpoint's weight files hold "
+                                   f"{found.parameters / 1e9:.2f} B: fix models.{cell.model.id}.params_b (the "
+                                   "memory check reads it)"))
+    parameters = found.parameters or (int(declared * 1e9) if declared else None)
+    if parameters is None:
+        checks.append(Check(name="memory", ok=None, detail="no parameter count: memory not checked"))
+    else:
+        needs = cell_needs(parameters, found.dtype_bytes, cell.recipe, cell.target, tp=cell.tp, pp=cell.pp,
+                           quantize_target=cell.quantize_target)
+        checks += [_memory_check(need, cell) for need in needs]
+    return checks
+
+
+def _memory_check(need: MemoryNeed, cell: Cell) -> Check:
+    on = cell.quantize_target if need.stage == "quantize" and cell.quantize_target else cell.target
+    return Check(name=f"memory {need.stage}", ok=need.fits, detail=f"{need.describe()} ({on.id})")
+
+
+def _runtime_check(cell: Cell) -> Check:
+    from builders.stage import artefact_runtimes
+
+    runtimes = artefact_runtimes(cell.kind, cell.recipe, cell.target)
+    if not runtimes:
+        return Check(name="runtime", ok=False, detail=f"no runtime serves {cell.recipe.id} as {cell.kind}: declare "
+                                                      f"one under support.{cell.kind}.runtimes in recipes.yaml")
+    return Check(name="runtime", ok=True, detail=f"candidate on {runtimes[0]}, reference on "
+                                                 f"{'vllm-cpu' if cell.target.is_cpu else 'vllm'}")
