@@ -243,10 +243,11 @@ def quantize(
     With --config and --cell: the planned cell's quantize stage, as the nightly runs it (same key, same output)."""
     if cell is not None:
         from pipeline import steps
+        from pipeline.kinds import llm_steps
 
         config_path, pipeline, planned = _planned_cell(config, cell, source=source, recipe=recipe)
         with stderr.status(f"quantising {planned.id} ..."):
-            result = steps.quantize(planned, steps.pull(config_path, planned), steps.workdir(pipeline))
+            result = llm_steps.quantize(planned, llm_steps.pull(config_path, planned), steps.workdir(pipeline))
         _print_quantized(result, planned.recipe.id, json_output)
         return
     if source is None or recipe is None:
@@ -345,6 +346,7 @@ def build(
                         hint="run `enginesmith quantize` (again: an interrupted run starts clean)")
     if cell is not None:
         from pipeline import steps
+        from pipeline.kinds import llm_steps
 
         _, pipeline, planned = _planned_cell(config, cell, target=target, out=out, model_id=model_id,
                                              profile=None if profile == "default" else profile,
@@ -353,7 +355,7 @@ def build(
             raise UserError(f"{quantized_dir} was quantised under key {quantized.key[:12]}; cell {planned.id} "
                             f"quantises under {planned.stage_keys.quantize[:12]}", where=str(quantized_dir),
                             hint=f"enginesmith quantize --config {config} --cell {planned.id}")
-        built_dir = steps.build(planned, quantized, steps.workdir(pipeline), pipeline)
+        built_dir = llm_steps.build(planned, quantized, steps.workdir(pipeline), pipeline)
         built = read_artefact(built_dir)
         assert built is not None
         _print_built(built, json_output, str(built_dir))
@@ -396,8 +398,8 @@ def _print_built(artefact: Artefact, json_output: bool, out_dir: str = "") -> No
 def _planned_cell(config: Path | None, cell_id: str, **conflicting: object) -> tuple[Path, PipelineConfig, Cell]:
     """The cell ``cell_id`` as ``config`` plans it (Hub revisions resolved, as the nightly does)."""
     from enginesmith.config import default_catalogue
+    from pipeline.kinds.llm_steps import find_cell
     from pipeline.plan_sources import plan_config
-    from pipeline.steps import find_cell
 
     if config is None:
         raise UserError("--cell needs --config (the matrix that plans it)", where="--cell")
@@ -468,12 +470,13 @@ def validate(
 
     if cell is not None:
         from pipeline import steps
+        from pipeline.kinds import llm_steps
 
         config_path, pipeline, planned = _planned_cell(config, cell, candidate=candidate, reference=reference,
                                                        workload=workload, recipe=recipe, target=target, out=out)
         work = steps.workdir(pipeline)
-        report = steps.validate(planned, steps.built_artefact_dir(planned, work), steps.pull(config_path, planned),
-                                pipeline, work)
+        report = llm_steps.validate(planned, llm_steps.built_artefact_dir(planned, work),
+                                    llm_steps.pull(config_path, planned), pipeline, work)
         if json_output:
             print_json(report)
         else:
@@ -557,6 +560,8 @@ def validate(
 def print_validation(report: KindReport) -> None:
     """The report's tables (the comparison, the gates) as rich tables, its notes and its verdict."""
     view = report.view()
+    if view.title:
+        stdout.print(f"[bold]{escape(view.title)}[/]")
     stdout.print(escape(view.summary))
     for shown in view.tables:
         rows = [[("[green]pass[/]" if cell == "pass" else "[red]FAIL[/]") if index == shown.verdict_column

@@ -8,18 +8,16 @@ from pathlib import Path
 
 from enginesmith.assets import task_fingerprints
 from enginesmith.calibration import calibration_fingerprint
-from enginesmith.checkpoints.encoder_layout import read_layout
 from enginesmith.checkpoints.inspect import model_shape
 from enginesmith.checkpoints.pull import local_checkpoint, resolve_revision
 from enginesmith.config import Catalogue, load_pipeline_config
-from enginesmith.encoder_plan import EncoderCell, plan_encoders
 from enginesmith.errors import ConfigError
 from enginesmith.plan import LOCAL_MODEL_HINT, Plan, plan_matrix
 from enginesmith.shapes import ModelShape
-from enginesmith.specs import EncoderModelSpec, ModelSpec, PipelineConfig
+from enginesmith.specs import CheckpointSourceSpec, PipelineConfig
 
 
-def model_source(model: ModelSpec | EncoderModelSpec, config_dir: Path) -> str:
+def model_source(model: CheckpointSourceSpec, config_dir: Path) -> str:
     """Where a model comes from: a Hub repo id, or a local directory (relative to the config file's folder)."""
     if not model.is_local:
         return model.repo
@@ -55,26 +53,3 @@ def plan_config(config_path: Path, catalogue: Catalogue, *,
                 resolve_hub: bool = True) -> tuple[PipelineConfig, Plan]:
     config = load_pipeline_config(config_path, catalogue)
     return config, plan_loaded(config, config_path.parent, catalogue, resolve_hub=resolve_hub)
-
-
-def plan_encoders_loaded(config: PipelineConfig, config_dir: Path, catalogue: Catalogue, *,
-                         resolve_hub: bool = True) -> list[EncoderCell]:
-    """The encoder cells of a loaded config, each encoder's source resolved as ``plan_loaded`` resolves an LLM's
-    (a local directory by its content digest), keyed with the calibration sentences the repo ships."""
-    from enginesmith.assets import EMBEDDING_CALIBRATION_FILE
-    from enginesmith.checkpoints.digest import file_sha256
-
-    revisions: dict[str, str] = {}
-    layouts: dict[str, dict[str, object]] = {}
-    for encoder in config.encoders:
-        source = model_source(encoder, config_dir)
-        if encoder.is_local:
-            if not Path(source).is_dir():
-                raise ConfigError("local encoder directory not found", path=source,
-                                  field=f"encoders.{encoder.id}.repo", hint=LOCAL_MODEL_HINT)
-            revisions[encoder.id] = local_checkpoint(Path(source)).commit_sha
-            layouts[encoder.id] = read_layout(Path(source)).model_dump()
-        elif resolve_hub:
-            revisions[encoder.id] = resolve_revision(source, encoder.revision)
-    return plan_encoders(config, catalogue, calibration_fingerprint="sha256:" + file_sha256(EMBEDDING_CALIBRATION_FILE),
-                         source_revisions=revisions, layouts=layouts)

@@ -1,41 +1,22 @@
-"""The work of one build cell as plain functions (no Prefect here): each takes and returns typed models, so
-it runs and is tested without an orchestrator. ``flows.cell`` wraps each in a task."""
+"""What every kind's cell run shares, as plain functions (no Prefect here): the work directory, the registry,
+pulling the checkpoint the plan keyed, and publishing. Each kind's own stages are in ``pipeline.kinds``."""
 
 from __future__ import annotations
 
-import logging
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from builders.stage import BuildRequest, build_artefact, read_artefact
-from enginesmith.artefacts import ExportFormat, QuantizedCheckpoint
-from enginesmith.assets import task_fingerprints
 from enginesmith.checkpoints.models import Checkpoint
 from enginesmith.checkpoints.pull import pull_checkpoint
-from enginesmith.encoder_plan import EncoderCell
-from enginesmith.errors import ConfigError, UserError
-from enginesmith.keys import stage_key
-from enginesmith.plan import Cell, Plan
-from enginesmith.specs import ModelSpec, PipelineConfig
+from enginesmith.errors import UserError
+from enginesmith.specs import CheckpointSourceSpec, PipelineConfig
 from pipeline.plan_sources import model_source
 
 if TYPE_CHECKING:
-    from enginesmith.reports.llm import ValidationReport
     from registry.publish import PublishResult
-    from registry.stages import StashedQuantized, StashResult
 
 QUANTIZED_DIR, ARTEFACTS_DIR, REPORTS_DIR, REFERENCE_DIR = "quantized", "artefacts", "reports", "reference"
-
-log = logging.getLogger(__name__)
-
-
-def find_cell(plan: Plan, cell_id: str) -> Cell:
-    for cell in plan.cells:
-        if cell.id == cell_id:
-            return cell
-    raise ConfigError(f"no cell {cell_id} in the plan", field="cell",
-                      hint="cells: " + ", ".join(c.id for c in plan.cells[:20]))
 
 
 def workdir(config: PipelineConfig) -> Path:
@@ -46,171 +27,33 @@ def registry_url(config: PipelineConfig) -> str:
     return os.environ.get("ENGINESMITH_REGISTRY", config.registry.url)
 
 
-def pull(config_path: Path, cell: Cell | EncoderCell) -> Checkpoint:
+class PinnedSource(Protocol):
+    """A planned cell's checkpoint source and what the plan resolved it to."""
+
+    @property
+    def model(self) -> CheckpointSourceSpec: ...
+
+    @property
+    def source_revision(self) -> str: ...
+
+    @property
+    def revision_pinned(self) -> bool: ...
+
+
+def pull(config_path: Path, cell: PinnedSource, *, allow_pickle: bool = False,
+         trust_remote_code: bool = False) -> Checkpoint:
     """The checkpoint the cell was planned and keyed on: a Hub model at the commit the plan resolved (a branch
     that moved since is not followed), a local directory only while its content is what the plan digested."""
     model = cell.model
     source = model_source(model, config_path.parent)
-    # Encoder checkpoints load neither pickles nor remote code.
     checkpoint = pull_checkpoint(source, model.revision if model.is_local else cell.source_revision,
-                                 allow_pickle=isinstance(model, ModelSpec) and model.allow_pickle,
-                                 trust_remote_code=isinstance(model, ModelSpec) and model.trust_remote_code)
+                                 allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
     if cell.revision_pinned and checkpoint.commit_sha != cell.source_revision:
         raise UserError(f"{model.id} changed after it was planned: planned {cell.source_revision[:19]}, found "
                         f"{checkpoint.commit_sha[:19]}", where=source,
                         hint="leave the model alone while a cell builds; the next nightly plans and keys the new "
                              "content")
     return checkpoint
-
-
-def export_formats(cell: Cell) -> list[ExportFormat]:
-    if cell.kind == "trtllm-engine":
-        return ["hf", "trtllm"]
-    if cell.target.is_cpu and not cell.recipe.is_passthrough:
-        return ["hf", "hf-bf16"]
-    return ["hf"]
-
-
-def quantize(cell: Cell, checkpoint: Checkpoint, work: Path) -> QuantizedCheckpoint:
-    from quantization.stage import QuantizeRequest, quantize_checkpoint
-
-    calibration = cell.calibration
-    request = QuantizeRequest(
-        checkpoint=checkpoint, recipe=cell.recipe, key=cell.stage_keys.quantize,
-        out_dir=str(quantized_dir(cell, work)), formats=export_formats(cell),
-        tp=cell.tp if cell.kind == "trtllm-engine" else 1, pp=cell.pp if cell.kind == "trtllm-engine" else 1,
-        calibration_dataset=calibration.dataset if calibration else "builtin:addition",
-        samples=calibration.samples if calibration else 1, seq_len=calibration.seq_len if calibration else 8,
-        batch_size=calibration.batch_size if calibration else 1, task=cell.model.task,
-        awq_block_size=cell.awq_block.size if cell.awq_block else None, expected_versions=cell.exporter,
-    )
-    return quantize_checkpoint(request)
-
-
-def quantized_dir(cell: Cell, work: Path) -> Path:
-    return work / QUANTIZED_DIR / cell.stage_keys.quantize[:16]
-
-
-def stash_quantized(quantized: QuantizedCheckpoint, config: PipelineConfig) -> StashResult:
-    """Hand the quantize output to the node that builds the cell (``quantize_on``), through the registry."""
-    from registry.stages import stash_quantized as stash
-    from registry.store import open_store
-
-    return stash(open_store(registry_url(config)), quantized)
-
-
-def read_stashed(cell: Cell, config: PipelineConfig) -> StashedQuantized | None:
-    from registry.stages import read_stashed as read
-    from registry.store import open_store
-
-    return read(open_store(registry_url(config)), cell.stage_keys.quantize)
-
-
-def fetch_stashed(cell: Cell, record: StashedQuantized, work: Path, config: PipelineConfig) -> QuantizedCheckpoint:
-    """The quantize output another node stashed, laid out where this node's quantize stage would have written it."""
-    from quantization.stage import read_completed
-    from registry.cache import BlobCache
-    from registry.stages import fetch_quantized
-    from registry.store import open_store
-
-    out_dir = quantized_dir(cell, work)
-    done = read_completed(out_dir)
-    if done is not None and done.key == cell.stage_keys.quantize:
-        return done
-    return fetch_quantized(open_store(registry_url(config)), record, out_dir, BlobCache(work / "blob-cache"))
-
-
-def fetch_stashed_if_any(cell: Cell, work: Path, config: PipelineConfig) -> QuantizedCheckpoint | None:
-    """The quantize output another node stashed for this cell, fetched here; None while nothing is stashed."""
-    record = read_stashed(cell, config)
-    if record is None:
-        return None
-    quantized = fetch_stashed(cell, record, work, config)
-    log.info("fetched quantised checkpoint %s, quantised on %s at %s", cell.stage_keys.quantize[:12], record.node,
-             record.stashed)
-    return quantized
-
-
-def built_artefact_dir(cell: Cell, work: Path) -> Path:
-    """Where the cell's build stage leaves its artefact."""
-    return work / ARTEFACTS_DIR / cell.stage_keys.build[:16]
-
-
-def build(cell: Cell, quantized: QuantizedCheckpoint, work: Path, config: PipelineConfig) -> Path:
-    out_dir = built_artefact_dir(cell, work)
-    build_artefact(BuildRequest(
-        quantized=quantized, recipe=cell.recipe, target=cell.target, kind=cell.kind, profile=cell.profile,
-        key=cell.stage_keys.build, out_dir=str(out_dir), model_id=cell.model.id, toolchains=config.toolchains,
-        tp=cell.tp, pp=cell.pp,
-    ))
-    return out_dir
-
-
-def validate(cell: Cell, artefact_dir: Path, checkpoint: Checkpoint, config: PipelineConfig,
-             work: Path) -> ValidationReport:
-    from builders.serve import ServedMemory, baseline_recipe, installed_runtime_version, reference_recipe
-    from enginesmith.gpus import visible_gpus
-    from enginesmith.memory import GIB, SERVED_REFERENCE_BYTES, reference_tp
-    from validation.placement import place_sides
-    from validation.report import write_report
-    from validation.stage import ServerSide
-    from validation.stage import validate as run_validation
-
-    source = Path(checkpoint.local_path).resolve()
-    parameters = checkpoint.parameters
-    served = ServedMemory(weight_bytes=parameters * SERVED_REFERENCE_BYTES,
-                          device_bytes=int(cell.target.memory_gib * GIB))
-    # The reference is never squeezed onto fewer GPUs than its BF16 weights need (a 70B cell at tp 1 on H100s).
-    served_tp = reference_tp(parameters, SERVED_REFERENCE_BYTES, cell.target, tp=cell.tp, pp=cell.pp)
-    reference_serve = reference_recipe(source, on_cpu=cell.target.is_cpu, profile=cell.profile, tp=served_tp,
-                                       pp=cell.pp, memory=served)
-    installed = installed_runtime_version(reference_serve.runtime)
-    if installed is not None and installed != config.toolchains.vllm.vllm:
-        raise UserError(f"the validation key names {reference_serve.runtime} {config.toolchains.vllm.vllm} "
-                        f"(toolchains.vllm), but {installed} is installed here", where="toolchains.vllm",
-                        hint="validate on a node with the configured vLLM, or change the pin (which changes the key)")
-    artefact = read_artefact(artefact_dir)
-    if artefact is None:
-        raise UserError(f"cell {cell.id} has no built artefact (no artefact.json)", where=str(artefact_dir),
-                        hint="build it first: enginesmith build QUANTIZED --config CONFIG --cell " + cell.id)
-    serve = artefact.serve[0]
-    candidate = ServerSide(role="candidate", name=cell.model.id, runtime=serve.runtime, recipe=serve,
-                           root=artefact_dir.resolve())
-    reference = ServerSide(role="reference", name=cell.model.id, runtime=reference_serve.runtime,
-                           recipe=reference_serve, root=source)
-    baselines = [ServerSide(role="baseline", name=name, runtime=name, recipe=baseline_recipe(name, source), root=source)
-                 for name in config.workload.baselines]
-    visible = [] if cell.target.is_cpu else [gpu.uuid for gpu in visible_gpus()]
-    placement = place_sides(on_cpu=cell.target.is_cpu, visible_uuids=visible, candidate_gpus=cell.tp * cell.pp,
-                            reference_gpus=served_tp * cell.pp)
-    candidate.env.update(placement.candidate_env)
-    reference.env.update(placement.reference_env)
-    # Only deterministic results (greedy accuracy and completions) are reused across cells; performance is
-    # measured in every run, interleaved with the candidate's.
-    accuracy_key = stage_key("reference-accuracy", {
-        "checkpoint": checkpoint.key, "runtime": reference.runtime, "target": cell.target.id,
-        "workload": config.workload, "parallel": {"tp": served_tp, "pp": cell.pp},
-        "task_files": task_fingerprints(config.workload.accuracy_tasks)})
-    out_dir = work / REPORTS_DIR / cell.stage_keys.validation[:16]
-    tokenizer_dir = artefact_dir / ("tokenizer" if cell.kind == "trtllm-engine" else "model")
-    report = run_validation(
-        candidate, reference, workload=config.workload, gates=config.gates, recipe_id=cell.recipe.id,
-        target_id=cell.target.id, tokenizer_dir=tokenizer_dir, out_dir=out_dir,
-        reference_accuracy_cache=work / REFERENCE_DIR / f"{accuracy_key[:16]}.json",
-        keep_servers_up=placement.keep_servers_up, baselines=baselines)
-    report.notes.extend(placement.notes)
-    if served_tp != cell.tp:
-        report.notes.append(f"The BF16 reference was served at tp={served_tp}: its weights do not fit the cell's "
-                            f"tp={cell.tp} on {cell.target.id} (enginesmith/memory.py).")
-    report.artefact_key, report.key, report.cell = artefact.key, cell.key, cell.id
-    write_report(report, out_dir)
-    return report
-
-
-def validate_json(cell: Cell, artefact_dir: Path, checkpoint: Checkpoint, config: PipelineConfig,
-                  work: Path) -> dict[str, object]:
-    """``validate``'s report as the manifest keeps it."""
-    return validate(cell, artefact_dir, checkpoint, config, work).model_dump(mode="json")
 
 
 def published(config: PipelineConfig, model_id: str, key: str) -> bool:

@@ -253,7 +253,7 @@ from pathlib import Path
 from enginesmith.config import default_catalogue
 from enginesmith.plan import Cell
 from pipeline.plan_sources import plan_config
-from pipeline import steps
+from pipeline.kinds import llm_steps
 from flows.cell import cell_for
 from pipeline.kinds.llm import params_for
 
@@ -263,7 +263,7 @@ if phase == "plan":
     state.write_text(plan.cells[0].model_dump_json())
 else:
     cell = Cell.model_validate_json(state.read_text())
-    checkpoint = steps.pull(config, cell)
+    checkpoint = llm_steps.pull(config, cell)
     _, _, dispatched = cell_for(params_for(str(config), cell))
     print(json.dumps({"pulled": checkpoint.commit_sha, "planned": cell.source_revision, "planned_key": cell.key,
                       "dispatched_key": dispatched.key}))
@@ -314,7 +314,7 @@ matrix:
 
 def test_a_local_model_changed_after_planning_is_refused_at_pull(tmp_path, tiny_model_dir, write_config):
     from enginesmith.config import default_catalogue
-    from pipeline import steps
+    from pipeline.kinds import llm_steps
     from pipeline.plan_sources import plan_config
 
     model = tmp_path / "model"
@@ -334,5 +334,5 @@ matrix:
     _, plan = plan_config(config, default_catalogue())
     (model / "generation_config.json").write_text('{"max_new_tokens": 8}')
     with pytest.raises(UserError) as caught:
-        steps.pull(config, plan.cells[0])
+        llm_steps.pull(config, plan.cells[0])
     assert "changed after it was planned" in caught.value.message and caught.value.where == str(model)

@@ -69,7 +69,7 @@ def test_minilm_nightly_publishes_fp32_and_int8_with_the_three_sided_report(enco
         reports = minilm_config.parent / "work" / "reports" / manifest["key"][:16]
         markdown = (reports / "report.md").read_text()
         assert (reports / "throughput.png").read_bytes().startswith(b"\x89PNG")
-        for heading in ("Accuracy against the vLLM reference", "Speed (embeddings/s", "Gates", "recall@k",
+        for heading in ("Accuracy against the vLLM reference", "Speed: embeddings/s", "Gates", "recall@k",
                         "candidate ÷ fp32-onnx"):
             assert heading in markdown
     # fp32 is the export itself: it agrees with vLLM to rounding; int8 is measurably not the same graph

@@ -285,7 +285,7 @@ def test_validation_refuses_a_vllm_other_than_the_one_its_key_names(tmp_path):
     from enginesmith.checkpoints.pull import local_checkpoint
     from enginesmith.config import default_catalogue
     from enginesmith.errors import UserError
-    from pipeline import steps
+    from pipeline.kinds import llm_steps
     from pipeline.plan_sources import plan_config
     from tests.conftest import needs_vllm_cpu
 
@@ -296,7 +296,7 @@ def test_validation_refuses_a_vllm_other_than_the_one_its_key_names(tmp_path):
     cell = plan.cells[0]
     checkpoint = local_checkpoint(REPO_ROOT / "enginesmith" / "assets" / "tiny-llama")
     with pytest.raises(UserError) as caught:
-        steps.validate(cell, tmp_path / "no-artefact", checkpoint, config, tmp_path / "work")
+        llm_steps.validate(cell, tmp_path / "no-artefact", checkpoint, config, tmp_path / "work")
     assert "0.31.0" in caught.value.message and "0.32.0" in caught.value.message
     assert caught.value.where == "toolchains.vllm" and not (tmp_path / "work").exists()
 

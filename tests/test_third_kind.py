@@ -54,13 +54,15 @@ def test_the_test_kind_goes_from_the_nightly_to_a_pull(prefect_server, tmp_path:
     env = {"PREFECT_API_URL": PREFECT_API_URL.value()}
     config = checksum_config(tmp_path)
     registry = str(tmp_path / "registry")
+    # What reads the registry without a config finds the kind's report model through the environment.
+    readers = {"ENGINESMITH_PLUGINS": "tests.checksum_kind", "ENGINESMITH_CACHE_DIR": str(tmp_path / "cache")}
     night = run_cli("nightly", str(config), "--inline", env=env, timeout_s=600)
     assert night.returncode == 0, night.stdout[-3000:] + night.stderr[-3000:]
     assert "1 built" in night.stdout
     again = cli_json("nightly", str(config), "--inline", env=env)
     assert [(s["cell"], s["status"]) for s in again] == [(CELL, "cached")]  # type: ignore[union-attr,index]
 
-    history = cli_json("history", "tiny-copy", "--registry", registry)
+    history = cli_json("history", "tiny-copy", "--registry", registry, env=readers)
     cells = history["cells"]  # type: ignore[index]
     assert [c["cell"] for c in cells] == [CELL]
     build = cells[0]["builds"][-1]
@@ -68,13 +70,12 @@ def test_the_test_kind_goes_from_the_nightly_to_a_pull(prefect_server, tmp_path:
     assert build["outcome"]["accuracy"] == {"files_matching": 1.0}
 
     site = tmp_path / "site"
-    cli_json("catalogue", "--out", str(site), "--registry", registry)
+    cli_json("catalogue", "--out", str(site), "--registry", registry, env=readers)
     pages = "\n".join(p.read_text() for p in site.rglob("*.html"))
     assert "checksum-copy" in pages and "min_files" in pages and "config.json" in pages
 
     dest = tmp_path / "pulled"
-    pulled = run_cli("pull", "tiny-copy", "--target", "cpu", "--dest", str(dest), "--registry", registry,
-                     env={"ENGINESMITH_CACHE_DIR": str(tmp_path / "cache")})
+    pulled = run_cli("pull", "tiny-copy", "--target", "cpu", "--dest", str(dest), "--registry", registry, env=readers)
     assert pulled.returncode == 0, pulled.stderr[-3000:]
     for source in TINY.rglob("*"):
         if source.is_file():
@@ -84,7 +85,8 @@ def test_the_test_kind_goes_from_the_nightly_to_a_pull(prefect_server, tmp_path:
     strict = checksum_config(tmp_path / "strict", min_files=1000)
     failed = run_cli("nightly", str(strict), "--inline", env=env, timeout_s=600)
     assert failed.returncode == 1, failed.stdout[-3000:] + failed.stderr[-3000:]
-    strict_history = cli_json("history", "tiny-copy", "--registry", str(tmp_path / "strict" / "registry"))
+    strict_history = cli_json("history", "tiny-copy", "--registry", str(tmp_path / "strict" / "registry"),
+                              env=readers)
     outcome = strict_history["cells"][0]["builds"][-1]  # type: ignore[index]
     assert outcome["outcome"]["status"] == "gate-failed" and not outcome["published"]
     assert "min_files" in outcome["outcome"]["reason"]

@@ -15,6 +15,7 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ValidationError
 
+from enginesmith.plugins import load_env_plugins
 from enginesmith.reports.measures import GateResult, Spread
 
 Objective = Literal["throughput", "latency"]
@@ -33,6 +34,7 @@ class ReportView(BaseModel):
     """A validation report as a page shows it: a summary, tables and notes."""
 
     kind: str  # the report's kind, or "none" (no report) or "unreadable"
+    title: str = ""
     problem: str = ""  # why the report could not be read (kind "unreadable")
     passed: bool | None = None
     summary: str = ""
@@ -98,10 +100,12 @@ def parse_report(validation: Mapping[str, Any] | None) -> KindReport | str | Non
     if validation is None:
         return None
     kind = report_kind_of(validation)
+    if kind not in REPORT_KINDS:
+        load_env_plugins()  # a plug-in kind's reports are read where its module is named
     model = REPORT_KINDS.get(kind)
     if model is None:
         return (f"a report of kind {kind!r}, which nothing here reads (kinds read: {', '.join(sorted(REPORT_KINDS))}); "
-                "install or import the module of that kind")
+                "name the module that registers it in ENGINESMITH_PLUGINS")
     try:
         parsed: KindReport = model.model_validate(validation)  # type: ignore[assignment]
     except ValidationError as exc:

@@ -93,7 +93,7 @@ class EncoderValidationReport(BaseModel):
         ]
 
     def view(self) -> ReportView:
-        return ReportView(kind=self.kind, passed=self.passed, tables=self.tables(),
+        return ReportView(kind=self.kind, title=f"Validation of {self.cell}", passed=self.passed, tables=self.tables(),
                           summary=f"{self.cell}: {self.texts} texts, {self.rounds} interleaved rounds",
                           throughput_ratio=fmt_ratio(self.throughput_ratio))
 

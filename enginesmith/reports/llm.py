@@ -206,7 +206,8 @@ class ValidationReport(BaseModel):
         notes = list(self.notes)
         if c.greedy_agreement is not None:
             notes.insert(0, f"Greedy agreement (first {c.greedy_agreement_tokens} tokens): {c.greedy_agreement:.1%}")
-        return ReportView(kind=self.kind, passed=self.passed, summary=f"{self.recipe} on {self.target}; "
+        title = f"Validation of {self.cell}" if self.cell else f"Validation: {self.recipe} on {self.target}"
+        return ReportView(kind=self.kind, title=title, passed=self.passed, summary=f"{self.recipe} on {self.target}; "
                                                                           f"{self.workload_summary()}",
                           tables=[self.comparison_table(), gate_table(self.gates)], notes=notes,
                           throughput_ratio=fmt_ratio(c.throughput_ratios), tpot_ratio=fmt_ratio(c.tpot_ratios))

@@ -5,12 +5,12 @@ over the kinds a config uses and never branch on one.
 A kind plans its cells from its own section of the config, judges them before anything is dispatched, says which
 work pool builds each, and names the flow (and its parameters) that builds one; its report model is registered in
 the vocabulary (``enginesmith.reports.register_report``) so every reader of a manifest can read it. A kind from
-outside this package registers itself when the config's ``plugins`` imports its module.
+outside this package registers itself when its module is imported (``enginesmith.plugins``: the config's
+``plugins``, or ``ENGINESMITH_PLUGINS``).
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict
 
 from enginesmith.config import Catalogue
 from enginesmith.errors import ConfigError, UserError
+from enginesmith.plugins import load_env_plugins, load_plugins
 from enginesmith.specs import PipelineConfig, TargetSpec
 from pipeline.verdicts import CellPreflight
 
@@ -179,19 +180,10 @@ def register_kind(kind: CellKind) -> None:
     KINDS[kind.name] = kind
 
 
-def load_plugins(config: PipelineConfig) -> None:
-    """Import the modules the config's ``plugins`` names (each registers its kinds and their report models)."""
-    for index, module in enumerate(config.plugins):
-        try:
-            importlib.import_module(module)
-        except ImportError as exc:
-            raise ConfigError(f"plugin module {module!r} could not be imported: {exc}", field=f"plugins[{index}]",
-                              hint="install the package that provides it, or remove it from plugins") from None
-
-
 def kinds_of(config: PipelineConfig) -> list[CellKind]:
     """The kinds whose cells the config plans, in registration order (LLMs, encoders, then plug-ins)."""
-    load_plugins(config)
+    load_env_plugins()
+    load_plugins(config.plugins)
     unknown = sorted(set(config.kinds) - set(KINDS))
     if unknown:
         raise ConfigError(f"kinds section names {', '.join(unknown)}, which no registered kind is",

@@ -9,15 +9,41 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from enginesmith.artefacts import ARTEFACT_FILE, COMPLETE_MARKER
+from enginesmith.assets import EMBEDDING_CALIBRATION_FILE
+from enginesmith.checkpoints.digest import file_sha256
+from enginesmith.checkpoints.encoder_layout import read_layout
+from enginesmith.checkpoints.pull import local_checkpoint, resolve_revision
 from enginesmith.config import Catalogue
-from enginesmith.encoder_plan import EncoderCell
+from enginesmith.encoder_plan import EncoderCell, plan_encoders
+from enginesmith.errors import ConfigError
+from enginesmith.plan import LOCAL_MODEL_HINT
 from enginesmith.specs import PipelineConfig, TargetSpec
 from pipeline import steps
 from pipeline.kinds import CellContext, CellRun, Dispatch, KindPreflight, PlannedCell, StageRunner
 from pipeline.kinds import encoder_steps as stages
 from pipeline.params import RUN_CELL_FLOW, RunCellParams
-from pipeline.plan_sources import plan_encoders_loaded
+from pipeline.plan_sources import model_source
 from pipeline.verdicts import Check, verdict
+
+
+def plan_encoders_loaded(config: PipelineConfig, config_dir: Path, catalogue: Catalogue, *,
+                         resolve_hub: bool = True) -> list[EncoderCell]:
+    """The encoder cells of a loaded config, each encoder's source resolved as ``plan_loaded`` resolves an LLM's
+    (a local directory by its content digest), keyed with the calibration sentences the repo ships."""
+    revisions: dict[str, str] = {}
+    layouts: dict[str, dict[str, object]] = {}
+    for encoder in config.encoders:
+        source = model_source(encoder, config_dir)
+        if encoder.is_local:
+            if not Path(source).is_dir():
+                raise ConfigError("local encoder directory not found", path=source,
+                                  field=f"encoders.{encoder.id}.repo", hint=LOCAL_MODEL_HINT)
+            revisions[encoder.id] = local_checkpoint(Path(source)).commit_sha
+            layouts[encoder.id] = read_layout(Path(source)).model_dump()
+        elif resolve_hub:
+            revisions[encoder.id] = resolve_revision(source, encoder.revision)
+    return plan_encoders(config, catalogue, calibration_fingerprint="sha256:" + file_sha256(EMBEDDING_CALIBRATION_FILE),
+                         source_revisions=revisions, layouts=layouts)
 
 
 def encoder_pool(target: TargetSpec) -> str:

@@ -14,7 +14,7 @@ from enginesmith.errors import UserError
 from enginesmith.plan import Cell
 from enginesmith.specs import ARTEFACT_KINDS, ArtefactKind, PipelineConfig, TargetSpec
 from pipeline import steps
-from pipeline.kinds import CellContext, CellRun, Dispatch, KindPreflight, PlannedCell, StageRunner
+from pipeline.kinds import CellContext, CellRun, Dispatch, KindPreflight, PlannedCell, StageRunner, llm_steps
 from pipeline.kinds.llm_preflight import gather, judge_cell
 from pipeline.params import BuildCellParams, RecipeName, TargetName
 from pipeline.plan_sources import plan_loaded
@@ -73,9 +73,9 @@ class LlmKind:
         checkpoint = pull(cell, context, stage)
         quantized = obtain_quantized(cell, checkpoint, context, stage)
         work, config = context.work, context.config
-        artefact_dir = stage("build", steps.build, cell, quantized, work, config, key=cell.stage_keys.build,
-                             done=steps.built_artefact_dir(cell, work) / ARTEFACT_FILE, retries=1)
-        report = stage("validate", steps.validate_json, cell, artefact_dir, checkpoint, config, work,
+        artefact_dir = stage("build", llm_steps.build, cell, quantized, work, config, key=cell.stage_keys.build,
+                             done=llm_steps.built_artefact_dir(cell, work) / ARTEFACT_FILE, retries=1)
+        report = stage("validate", llm_steps.validate_json, cell, artefact_dir, checkpoint, config, work,
                        retries=TRANSIENT_RETRIES)
         return CellRun(artefact_dir=artefact_dir, report=report)
 
@@ -96,22 +96,22 @@ LLM = LlmKind()
 
 def pull(cell: Cell, context: CellContext, stage: StageRunner) -> Checkpoint:
     # A local model's pull is a digest of its directory: kept while the plan's key for it holds.
-    return stage("pull", steps.pull, context.config_path, cell,
+    return stage("pull", llm_steps.pull, context.config_path, cell,
                  key=cell.stage_keys.checkpoint if cell.model.is_local else None, retries=TRANSIENT_RETRIES)
 
 
 def quantize_here(cell: Cell, checkpoint: Checkpoint, context: CellContext, stage: StageRunner) -> QuantizedCheckpoint:
-    return stage(QUANTIZE_STAGE, steps.quantize, cell, checkpoint, context.work, key=cell.stage_keys.quantize,
-                 done=steps.quantized_dir(cell, context.work) / COMPLETE_MARKER)
+    return stage(QUANTIZE_STAGE, llm_steps.quantize, cell, checkpoint, context.work, key=cell.stage_keys.quantize,
+                 done=llm_steps.quantized_dir(cell, context.work) / COMPLETE_MARKER)
 
 
 def quantize_and_stash(cell: Cell, context: CellContext, stage: StageRunner) -> CellRun:
     """This node quantises the cell for another that builds it: pull, quantise, stash in the registry."""
     key = cell.stage_keys.quantize
-    if steps.read_stashed(cell, context.config) is not None:
+    if llm_steps.read_stashed(cell, context.config) is not None:
         return CellRun(stopped=f"quantised already (stashed under key {key[:12]})")
     quantized = quantize_here(cell, pull(cell, context, stage), context, stage)
-    stage("stash-quantized", steps.stash_quantized, quantized, context.config, retries=TRANSIENT_RETRIES)
+    stage("stash-quantized", llm_steps.stash_quantized, quantized, context.config, retries=TRANSIENT_RETRIES)
     return CellRun(stopped=f"quantised here and stashed for the build node: key {key[:12]}")
 
 
@@ -129,9 +129,9 @@ def obtain_quantized(cell: Cell, checkpoint: Checkpoint, context: CellContext,
     """The cell's quantised checkpoint: from this node's work directory, from the registry where another node
     stashed it, or quantised there first (quantize_on), else quantised here."""
     pool = quantize_pool(cell, context)
-    if pool is None or (steps.quantized_dir(cell, context.work) / COMPLETE_MARKER).is_file():
+    if pool is None or (llm_steps.quantized_dir(cell, context.work) / COMPLETE_MARKER).is_file():
         return quantize_here(cell, checkpoint, context, stage)
-    fetch = (steps.fetch_stashed_if_any, cell, context.work, context.config)
+    fetch = (llm_steps.fetch_stashed_if_any, cell, context.work, context.config)
     fetched = stage("fetch-quantized", *fetch, retries=TRANSIENT_RETRIES)
     if fetched is None:
         stage.elsewhere(pool, QUANTIZE_STAGE)
