@@ -146,7 +146,7 @@ def test_cell_on_a_pool_without_worker_is_reported_not_awaited_forever(cpu_worke
     from enginesmith.config import default_catalogue, load_pipeline_config
     from flows.deploy import deploy_all
     from flows.nightly import dispatch_cell
-    from pipeline.params import BuildCellParams
+    from pipeline.kinds.llm import LLM
     from pipeline.plan_sources import plan_loaded
     from registry.history import load_history
     from registry.store import open_store
@@ -161,7 +161,7 @@ matrix: [{{models: [tiny-llama], recipes: [fp8], targets: [h100-sxm], kinds: [hf
     config = load_pipeline_config(config_path, default_catalogue())
     [cell] = plan_loaded(config, config_path.parent, default_catalogue()).cells
     deploy_all(targets=["h100-sxm"])
-    summary = dispatch_cell.fn(BuildCellParams(target="h100-sxm", recipe="fp8"), cell.id, "gpu-h100-sxm", 8,
+    summary = dispatch_cell.fn(LLM.dispatch(str(config_path), cell), cell.id, "gpu-h100-sxm", 8,
                                history=(config, cell))
     assert summary.status == "no-worker" and "gpu-h100-sxm" in summary.reason
     [recorded] = load_history(open_store(config.registry.url), "tiny-llama").cells
