@@ -440,10 +440,9 @@ def catalogue(
 
     from registry.site import write_catalogue
 
-    missing = [name for name in ("matplotlib", "numpy", "aiohttp") if find_spec(name) is None]
-    if missing:  # the reports' models and plots live in validation/
-        raise UserError(f"the catalogue needs {', '.join(missing)} to render reports and plots", where="catalogue",
-                        hint="pip install 'enginesmith[validation]'")
+    if find_spec("matplotlib") is None:  # the reports are read without it; only their plots need it
+        stderr.print("[yellow]note:[/] matplotlib is not installed: the pages have no plots "
+                     "(pip install 'enginesmith[validation]' for them)")
     store: RegistryStore
     if Path(registry).is_file():
         from registry.bundle import BundleStore

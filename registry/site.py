@@ -419,5 +419,7 @@ def _plots(write: Callable[[], list[Path]], plot_dir: Path, relative_to: Path) -
     # A report that validates but cannot be drawn (no levels, a side with no rounds) loses its plots, not its page.
     except (ValueError, KeyError, IndexError, StopIteration, ZeroDivisionError) as exc:
         return [], f"plots not drawn: {type(exc).__name__}: {exc}"
+    except ImportError as exc:  # a node without the validation extra reads the reports but cannot draw them
+        return [], f"plots not drawn: {exc.name or exc} is not installed (pip install 'enginesmith[validation]')"
     return [path.relative_to(relative_to).as_posix() for path in paths], ""
 

@@ -18,10 +18,10 @@ ROUND = re.compile(r"-r(\d+)-c\d+-")
 
 
 class PacedServer:
-    def __init__(self, name: str, seconds_per_token: Callable[[int], float]) -> None:
+    def __init__(self, name: str, seconds_per_token: Callable[[int], float], port: int = 0) -> None:
         self.name, self.seconds_per_token = name, seconds_per_token
         self.rounds_seen: list[tuple[float, int]] = []  # (arrival time, round) of each measured request
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), self._handler())
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
@@ -89,3 +89,19 @@ class PacedServer:
     def __exit__(self, *exc: object) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def main() -> None:
+    """Serve at one pace in the foreground, as an artefact's serve recipe starts a server (``--port`` given)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description="TEST DOUBLE: a paced completions server")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--seconds-per-token", type=float, required=True)
+    parser.add_argument("--name", default="paced")
+    args = parser.parse_args()
+    PacedServer(args.name, lambda _round: args.seconds_per_token, port=args.port).server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

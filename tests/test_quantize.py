@@ -263,15 +263,25 @@ def test_the_cli_runs_a_planned_cell_under_the_plans_keys(tmp_path: Path) -> Non
     assert built.returncode == 0, built.stderr[-2000:]
     assert json.loads(built.stdout)["key"] == fp8.stage_keys.build
 
-    # Validation of the cell as the nightly wires it: the config's workload and gates (the orchestration tests' one
-    # round, gates far from what it measures), the cell's resolved profile for the reference, the report where the
-    # nightly writes it.
+    # Validation of the cell as the nightly wires it: the config's workload (the orchestration tests' one round), the
+    # cell's resolved profile for the reference, the report where the nightly writes it. Its gates here ask for a
+    # candidate 50 times faster than its reference (a gate enters only the validation key, so the cell's quantize
+    # and build outputs are the ones above): the verdict is FAILED, and a job gating on the command stops.
     needs_vllm_cpu()
-    validated = run_cli("validate", "--config", str(config), "--cell", fp8.id, "--json", timeout_s=1200)
-    assert validated.returncode == 0, validated.stdout[-2000:] + validated.stderr[-3000:]
+    import yaml
+
+    strict = yaml.safe_load(config.read_text())
+    strict["gates"] = {**strict["gates"], "min_throughput_ratio": 50.0}
+    strict_config = config.with_name("strict.yaml")
+    strict_config.write_text(yaml.safe_dump(strict, sort_keys=False))
+    strict_cell = {c.recipe.id: c for c in plan_config(strict_config, default_catalogue())[1].cells}["fp8"]
+    assert strict_cell.stage_keys.build == fp8.stage_keys.build
+    validated = run_cli("validate", "--config", str(strict_config), "--cell", fp8.id, "--json", timeout_s=1200)
+    assert validated.returncode == 1, validated.stdout[-2000:] + validated.stderr[-3000:]
     report = json.loads(validated.stdout)
-    assert report["recipe"] == "fp8" and report["workload"]["name"] == "tiny-addition-flow" and report["passed"]
-    assert (tmp_path / "work" / "reports" / fp8.stage_keys.validation[:16] / "report.json").is_file()
+    assert report["recipe"] == "fp8" and report["workload"]["name"] == "tiny-addition-flow"
+    assert not report["passed"] and [g["name"] for g in report["gates"] if not g["passed"]] == ["min_throughput_ratio"]
+    assert (tmp_path / "work" / "reports" / strict_cell.stage_keys.validation[:16] / "report.json").is_file()
 
     refused = run_cli("build", result["out_dir"], "--config", str(config), "--cell", int4.id)
     assert refused.returncode == 2

@@ -114,3 +114,32 @@ gates: {{min_throughput_ratio: 0.5, max_tpot_ratio: 2.0}}
         tables, _ = validate_cli(slower, reference)
         assert tables.returncode == 1 and "FAILED" in tables.stdout, tables.stdout[-2000:] + tables.stderr[-2000:]
     # A passing verdict exits 0: the A/A run of test_validation_e2e.py (the same command on one real server).
+
+    # The artefact form: the candidate is a directory whose serve recipe starts it (here the paced double, 4 times
+    # slower than the reference), tokenised with the tokenizer it ships.
+    candidate_dir = paced_artefact(tmp_path / "artefact", tiny_model_dir, seconds_per_token=0.04)
+    with PacedServer("r", lambda r: 0.01) as reference:
+        out = tmp_path / "report-artefact"
+        from_dir = run_cli("validate", "--candidate", str(candidate_dir), "--reference", reference.url, "--config",
+                           str(config), "--out", str(out))
+    assert from_dir.returncode == 1 and "FAILED" in from_dir.stdout, from_dir.stdout[-2000:] + from_dir.stderr[-2000:]
+    assert json.loads((out / "report.json").read_text())["passed"] is False
+
+
+def paced_artefact(root: Path, tokenizer_from: Path, *, seconds_per_token: float) -> Path:
+    """An artefact directory whose serve recipe runs the paced double (``tests/paced_server.py``) at one pace."""
+    import shutil
+
+    from builders.serve import ENGINESMITH_PYTHON
+    from enginesmith.artefacts import ARTEFACT_FILE, Artefact, Lineage, ServeRecipe
+
+    shutil.copytree(tokenizer_from, root / "model", ignore=shutil.ignore_patterns("*.safetensors"))
+    serve = ServeRecipe(runtime="paced-test-double", argv=[
+        ENGINESMITH_PYTHON, str(Path(__file__).with_name("paced_server.py")), "--port", "{port}",
+        "--seconds-per-token", str(seconds_per_token), "--name", "{model_name}"])
+    artefact = Artefact(key="p" * 64, kind="hf-quantized", target="cpu", target_sm=None, versions={},
+                        lineage=Lineage(model_id="tiny", repo_id=str(tokenizer_from), commit_sha="sha256:" + "0" * 64,
+                                        checkpoint_key="c" * 64, recipe="fp8"),
+                        runtimes=[serve.runtime], serve=[serve], files=[], created="2026-12-02T00:00:00+00:00")
+    (root / ARTEFACT_FILE).write_text(artefact.model_dump_json())
+    return root
