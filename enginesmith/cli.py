@@ -252,47 +252,14 @@ def quantize(
         return
     if source is None or recipe is None:
         raise UserError("give a checkpoint and --recipe, or --config and --cell", where="enginesmith quantize")
-    from enginesmith.calibration import calibration_fingerprint
-    from enginesmith.checkpoints.inspect import model_shape
-    from enginesmith.checkpoints.pull import parse_source, pull_checkpoint
     from enginesmith.config import default_catalogue
-    from enginesmith.plan import CalibrationPlan, quantize_key
-    from enginesmith.shapes import choose_awq_block_size, keyed_recipe
-    from enginesmith.specs import CalibrationDefaults, check_power_of_two
-    from quantization.stage import QuantizeRequest, installed_versions, quantize_checkpoint
+    from pipeline.adhoc import quantize_request
+    from quantization.stage import quantize_checkpoint
 
-    recipe_spec = default_catalogue().recipe(recipe)
-    for name, size in (("--tp", tp), ("--pp", pp)):
-        try:
-            check_power_of_two(size, name)
-        except ValueError as exc:
-            raise UserError(str(exc), where=name) from None
-    export_formats = [f.strip() for f in formats.split(",") if f.strip()]
-    if not export_formats or set(export_formats) - {"hf", "trtllm", "hf-bf16"}:
-        raise UserError(f"unknown export format in {formats!r}", where="--formats", hint="use hf, trtllm, hf-bf16")
-    repo, revision = parse_source(source)
-    checkpoint_result = pull_checkpoint(repo, revision)
-    defaults = recipe_spec.calibration or CalibrationDefaults()
-    plan = CalibrationPlan(dataset=calibration, fingerprint=calibration_fingerprint(calibration),
-                           samples=samples or defaults.samples, seq_len=seq_len or defaults.seq_len,
-                           batch_size=batch_size or defaults.batch_size)
-    if awq_block_size is None:
-        choice = choose_awq_block_size(recipe_spec, model_shape(checkpoint_result.local_path))
-        if choice is not None and choice.size is None:
-            raise UserError(choice.reason, where=f"--recipe {recipe}", hint="choose a recipe without INT4 blocks "
-                            "(fp8, int8-sq), or a model whose widths divide by a supported block size")
-        awq_block_size = choice.size if choice is not None else None
-    versions = installed_versions()
-    key = quantize_key(checkpoint_result.key, keyed_recipe(recipe_spec, awq_block_size),
-                       None if recipe_spec.is_passthrough else plan, versions,
-                       {"tp": tp, "pp": pp} if "trtllm" in export_formats else None)
-    request = QuantizeRequest(
-        checkpoint=checkpoint_result, recipe=recipe_spec, key=key,
-        out_dir=str(out or Path(".enginesmith/work/quantized") / key[:16]), formats=export_formats,
-        tp=tp, pp=pp, device=device, calibration_dataset=calibration, samples=plan.samples, seq_len=plan.seq_len,
-        batch_size=plan.batch_size, awq_block_size=awq_block_size, task=task,
-    )
-    with stderr.status(f"quantising {checkpoint_result.repo_id} with {recipe} ..."):
+    request = quantize_request(source, default_catalogue(), recipe=recipe, formats=formats, tp=tp, pp=pp,
+                               device=device, calibration=calibration, samples=samples, seq_len=seq_len,
+                               batch_size=batch_size, awq_block_size=awq_block_size, task=task, out=out)
+    with stderr.status(f"quantising {request.checkpoint.repo_id} with {recipe} ..."):
         result = quantize_checkpoint(request)
     _print_quantized(result, recipe, json_output)
 
@@ -330,16 +297,12 @@ def build(
 ) -> None:
     """Build an artefact for one GPU SKU: a TensorRT-LLM engine, or the HF-quantised checkpoint + runtime config.
     With --config and --cell: the planned cell's build stage, as the nightly runs it (same key, same output)."""
-    from builders.stage import BuildRequest, build_artefact, read_artefact
+    from builders.stage import build_artefact, read_artefact
     from enginesmith.config import default_catalogue, load_pipeline_config
-    from enginesmith.plan import build_key, builder_inputs
-    from enginesmith.specs import ARTEFACT_KINDS, ArtefactKind, BuildProfile, Toolchains
+    from pipeline.adhoc import build_request
     from quantization.stage import read_completed
 
     catalogue = default_catalogue()
-    if kind not in ARTEFACT_KINDS:
-        raise UserError(f"unknown artefact kind {kind!r}", where="--kind",
-                        hint=f"use one of: {', '.join(ARTEFACT_KINDS)}")
     quantized = read_completed(quantized_dir)
     if quantized is None:
         raise UserError("not a finished quantize output (no completion marker)", where=str(quantized_dir),
@@ -362,27 +325,9 @@ def build(
         return
     if target is None:
         raise UserError("give --target (or --config and --cell)", where="enginesmith build")
-    target_spec = catalogue.target(target)
-    toolchains, build_profile = Toolchains(), BuildProfile()
-    if config is not None:
-        pipeline = load_pipeline_config(config, catalogue)
-        toolchains = pipeline.toolchains
-        if profile != "default" and profile not in pipeline.profiles:
-            raise UserError(f"unknown build profile {profile!r}", where="--profile",
-                            hint=f"profiles in {config}: default, {', '.join(pipeline.profiles)}")
-        build_profile = pipeline.profile(profile)
-    elif profile != "default":
-        raise UserError("--profile needs --config (the file that defines it)", where="--profile")
-    resolved = build_profile.merged_over(target_spec.build_defaults)
-    artefact_kind: ArtefactKind = "trtllm-engine" if kind == "trtllm-engine" else "hf-quantized"
-    key = build_key(quantized.key, artefact_kind, target_spec, resolved,
-                    builder_inputs(artefact_kind, target_spec, toolchains), tp=quantized.tp, pp=quantized.pp)
-    request = BuildRequest(
-        quantized=quantized, recipe=catalogue.recipe(quantized.recipe), target=target_spec, kind=artefact_kind,
-        profile=resolved, key=key, out_dir=str(out or Path(".enginesmith/work/artefacts") / key[:16]),
-        model_id=model_id or Path(quantized.source.repo_id).name.lower(), toolchains=toolchains,
-        skip_gpu_check=skip_gpu_check,
-    )
+    request = build_request(quantized, catalogue, target=target, kind=kind,
+                            config=load_pipeline_config(config, catalogue) if config is not None else None,
+                            profile=profile, out=out, model_id=model_id, skip_gpu_check=skip_gpu_check)
     _print_built(build_artefact(request), json_output, request.out_dir)
 
 

@@ -202,15 +202,17 @@ def _plan_cell(
 
 
 def _calibration_plan(config: PipelineConfig, recipe: RecipeSpec, fingerprint: str) -> CalibrationPlan:
-    defaults = recipe.calibration or CalibrationDefaults()
     spec = config.calibration
-    return CalibrationPlan(
-        dataset=spec.dataset,
-        fingerprint=fingerprint,
-        samples=spec.samples or defaults.samples,
-        seq_len=spec.seq_len or defaults.seq_len,
-        batch_size=spec.batch_size or defaults.batch_size,
-    )
+    return calibration_plan(recipe, spec.dataset, fingerprint, samples=spec.samples, seq_len=spec.seq_len,
+                            batch_size=spec.batch_size)
+
+
+def calibration_plan(recipe: RecipeSpec, dataset: str, fingerprint: str, *, samples: int | None = None,
+                     seq_len: int | None = None, batch_size: int | None = None) -> CalibrationPlan:
+    """The calibration a recipe quantises with: what is asked for, the recipe's defaults for the rest."""
+    defaults = recipe.calibration or CalibrationDefaults()
+    return CalibrationPlan(dataset=dataset, fingerprint=fingerprint, samples=samples or defaults.samples,
+                           seq_len=seq_len or defaults.seq_len, batch_size=batch_size or defaults.batch_size)
 
 
 def stage_keys(
