@@ -71,6 +71,12 @@ def read_artefact(artefact_dir: Path) -> Artefact | None:
     return Artefact.model_validate_json(path.read_text()) if path.is_file() else None
 
 
+def tokenizer_dir(artefact_dir: Path, kind: str) -> Path:
+    """Where an LLM artefact keeps its tokenizer: beside the engine (``tokenizer/``), or in the checkpoint
+    (``model/``)."""
+    return artefact_dir / ("tokenizer" if kind == "trtllm-engine" else "model")
+
+
 def finished_artefact(out_dir: Path, key: str) -> Artefact | None:
     """The artefact already built into ``out_dir`` under ``key``, or None when there is nothing there; a
     directory holding another artefact, or something unfinished, is refused rather than overwritten."""

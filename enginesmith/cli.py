@@ -90,14 +90,13 @@ def recipes(json_output: JsonOption = False) -> None:
     if json_output:
         print_json(list(catalogue.recipes.values()))
         return
+    kinds = sorted({kind for recipe in catalogue.recipes.values() for kind in recipe.support})
     rows = []
     for recipe in catalogue.recipes.values():
         support = {kind: ",".join(f"{sm / 10:g}" for sm in s.sm) for kind, s in recipe.support.items()}
-        rows.append([
-            recipe.id, recipe.modelopt_config or "-", support.get("trtllm-engine", "-"),
-            support.get("hf-quantized", "-"), "yes" if recipe.cpu.supported else "no",
-        ])
-    stdout.print(table("Recipes", ["id", "ModelOpt config", "engine SMs", "hf-quantized SMs", "cpu"], rows))
+        rows.append([recipe.id, recipe.modelopt_config or "-", *(support.get(kind, "-") for kind in kinds),
+                     "yes" if recipe.cpu.supported else "no"])
+    stdout.print(table("Recipes", ["id", "ModelOpt config", *(f"{kind} SMs" for kind in kinds), "cpu"], rows))
 
 
 @app.command()
@@ -287,7 +286,7 @@ def build(
     quantized_dir: Annotated[Path, typer.Argument(help="A finished `enginesmith quantize` output directory.")],
     target: Annotated[str | None, typer.Option(help="Target SKU id (`enginesmith targets`).")] = None,
     cell: CellOption = None,
-    kind: Annotated[str, typer.Option(help="trtllm-engine or hf-quantized.")] = "hf-quantized",
+    kind: Annotated[str | None, typer.Option(help="trtllm-engine or hf-quantized (the default).")] = None,
     config: Annotated[Path | None, typer.Option(help="A matrix config whose build profiles to use.")] = None,
     profile: Annotated[str, typer.Option(help="Build profile name from --config.")] = "default",
     out: Annotated[Path | None, typer.Option(help="Artefact dir (default: .enginesmith/work/artefacts/<key>).")] = None,
@@ -313,7 +312,7 @@ def build(
 
         _, pipeline, planned = _planned_cell(config, cell, target=target, out=out, model_id=model_id,
                                              profile=None if profile == "default" else profile,
-                                             kind=None if kind == "hf-quantized" else kind)
+                                             kind=kind)
         if quantized.key != planned.stage_keys.quantize:
             raise UserError(f"{quantized_dir} was quantised under key {quantized.key[:12]}; cell {planned.id} "
                             f"quantises under {planned.stage_keys.quantize[:12]}", where=str(quantized_dir),
@@ -434,6 +433,7 @@ def validate(
 
     from builders.serve import reference_recipe
     from builders.stage import read_artefact
+    from builders.stage import tokenizer_dir as artefact_tokenizer_dir
     from enginesmith.config import default_catalogue, load_pipeline_config
     from enginesmith.specs import BuildProfile, GateSpec
     from validation.presets import preset
@@ -455,7 +455,7 @@ def validate(
         candidate_side = ServerSide(role="candidate", name=artefact.lineage.model_id, runtime=chosen.runtime,
                                     recipe=chosen, root=candidate_path.resolve())
         recipe_id, target_id = artefact.lineage.recipe, artefact.target
-        tokenizer_dir = candidate_path / ("tokenizer" if artefact.kind == "trtllm-engine" else "model")
+        tokenizer_dir = artefact_tokenizer_dir(candidate_path, artefact.kind)
     else:
         candidate_side = ServerSide(role="candidate", name="candidate", runtime="external", url=candidate)
         recipe_id, target_id = recipe or "unknown", target or "unknown"

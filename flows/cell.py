@@ -21,15 +21,13 @@ from prefect.context import TaskRunContext
 
 from enginesmith.config import default_catalogue, load_pipeline_config
 from enginesmith.errors import ConfigError, TransientError, UserError
-from enginesmith.plan import Cell
 from enginesmith.reports import GATE_COLUMNS, gate_rows, parse_report
-from enginesmith.specs import GateSpec, MatrixBlock, PipelineConfig
+from enginesmith.specs import PipelineConfig
 from flows.history import record_cell
 from pipeline import steps
 from pipeline.kinds import CellContext, CellKind, PlannedCell, find_planned
-from pipeline.kinds.llm import LLM
-from pipeline.params import RUN_CELL_FLOW, BuildCellParams, CellSummary, RunCellParams
-from pipeline.plan_sources import plan_loaded
+from pipeline.kinds.llm import LLM, BuildCellParams, cell_for
+from pipeline.params import RUN_CELL_FLOW, CellSummary, RunCellParams
 
 RETRY_DELAYS_S: list[float] = [10, 60, 300]
 STAGE_TIMEOUT_S = 6 * 3600  # a stage run on another pool (quantize_on), waited for
@@ -169,36 +167,6 @@ def publish_task(key: str, artefact_dir: Path, report: dict[str, Any], config: P
     get_run_logger().info("published %s/%s (%d new blobs, %d reused) to %s", result.model, result.key[:12],
                           result.uploaded_blobs, result.reused_blobs, result.registry)
     return result.key
-
-
-def cell_for(params: BuildCellParams) -> tuple[Path, PipelineConfig, Cell]:
-    """The one LLM cell the form asks for, planned against the config (overrides applied)."""
-    config_path = Path(params.config)
-    catalogue = default_catalogue()
-    config = load_pipeline_config(config_path, catalogue)
-    if params.model not in {m.id for m in config.models}:
-        raise ConfigError(f"model {params.model!r} is not in {config_path}", field="params.model",
-                          hint=f"models there: {', '.join(m.id for m in config.models)}")
-    models = [m.model_copy(update={"revision": params.revision}) if params.revision and m.id == params.model else m
-              for m in config.models]
-    gates = GateSpec.model_validate({
-        **config.gates.model_dump(),
-        **{k: v for k, v in (("min_throughput_ratio", params.min_throughput_ratio),
-                             ("max_tpot_ratio", params.max_tpot_ratio)) if v is not None},
-    })
-    if params.max_accuracy_drop_points is not None:
-        gates = gates.model_copy(update={"max_accuracy_drop_points": {
-            **gates.max_accuracy_drop_points, params.recipe.value: params.max_accuracy_drop_points}})
-    if params.profile != "default" and params.profile not in config.profiles:
-        raise ConfigError(f"build profile {params.profile!r} is not in {config_path}", field="params.profile",
-                          hint=f"profiles there: default{''.join(', ' + name for name in config.profiles)}")
-    block = MatrixBlock(models=[params.model], recipes=[params.recipe.value], targets=[params.target.value],
-                        kinds=[params.kind], tp=[params.tp], pp=[params.pp], profile=params.profile)
-    single = PipelineConfig.model_validate({**config.model_dump(), "models": [m.model_dump() for m in models],
-                                            "matrix": [block.model_dump()], "gates": gates.model_dump()})
-    # Local model paths stay relative to the original config file.
-    plan = plan_loaded(single, config_path.parent, catalogue)
-    return config_path, single, plan.cells[0]
 
 
 @flow(name="build-cell", persist_result=True)

@@ -62,11 +62,12 @@ def quantize_request(source: str, catalogue: Catalogue, *, recipe: str, formats:
         seq_len=plan.seq_len, batch_size=plan.batch_size, awq_block_size=awq_block_size, task=task)
 
 
-def build_request(quantized: QuantizedCheckpoint, catalogue: Catalogue, *, target: str, kind: str,
+def build_request(quantized: QuantizedCheckpoint, catalogue: Catalogue, *, target: str, kind: str | None,
                   config: PipelineConfig | None, profile: str, out: Path | None, model_id: str | None,
                   skip_gpu_check: bool) -> BuildRequest:
     """The build stage's request for one quantised checkpoint, with ``config``'s toolchains and build profile where
-    one is given."""
+    one is given; ``kind`` None: an hf-quantized checkpoint."""
+    kind = kind or "hf-quantized"
     if kind not in ARTEFACT_KINDS:
         raise UserError(f"unknown artefact kind {kind!r}", where="--kind",
                         hint=f"use one of: {', '.join(ARTEFACT_KINDS)}")

@@ -254,7 +254,7 @@ from enginesmith.config import default_catalogue
 from enginesmith.plan import Cell
 from pipeline.plan_sources import plan_config
 from pipeline.kinds import llm_steps
-from flows.cell import cell_for
+from pipeline.kinds.llm import cell_for
 from pipeline.kinds.llm import params_for
 
 config, phase, state = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])

@@ -82,7 +82,7 @@ def test_a_failed_gate_is_recorded_in_the_cells_history_and_publishes_nothing(pu
     quantised checkpoint and artefact are reused), fails its gate, publishes nothing, and records gate-failed
     with the measurements; `enginesmith history` shows it beside the published build."""
     from flows.cell import build_cell
-    from pipeline.params import BuildCellParams
+    from pipeline.kinds.llm import BuildCellParams
 
     registry = published_tiny_config.parent / "registry"
     manifests = set(registry.glob("manifests/tiny-llama/*.json"))
@@ -106,7 +106,7 @@ def test_a_failed_gate_is_recorded_in_the_cells_history_and_publishes_nothing(pu
 @pytest.mark.slow
 def test_invalid_parameters_fail_the_run_at_once_with_the_field(prefect_server):
     from flows.cell import build_cell
-    from pipeline.params import BuildCellParams
+    from pipeline.kinds.llm import BuildCellParams
 
     state = build_cell(BuildCellParams(model="no-such-model"), return_state=True)
     assert state.is_failed()
@@ -232,8 +232,7 @@ def test_dispatch_carries_every_field_the_plan_keyed(write_config, tiny_model_di
     long-context cell with the default profile (and pp 2 as pp 1) and would publish under a key the nightly never
     planned. Every cell the nightly plans comes back from its parameters with the same key."""
     from enginesmith.config import default_catalogue
-    from flows.cell import cell_for
-    from pipeline.kinds.llm import params_for
+    from pipeline.kinds.llm import cell_for, params_for
     from pipeline.plan_sources import plan_config
 
     config = write_config(f"""
@@ -271,8 +270,7 @@ profiles:
 
 def test_a_profile_the_config_does_not_have_is_refused_naming_the_parameter():
     from enginesmith.errors import ConfigError
-    from flows.cell import cell_for
-    from pipeline.params import BuildCellParams
+    from pipeline.kinds.llm import BuildCellParams, cell_for
 
     with pytest.raises(ConfigError) as caught:
         cell_for(BuildCellParams(profile="no-such-profile"))

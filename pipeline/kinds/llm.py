@@ -5,19 +5,50 @@ TensorRT-LLM or vLLM and validated against vLLM serving the checkpoint. Its plan
 from __future__ import annotations
 
 from collections.abc import Iterable
+from enum import Enum
 from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
 
 from enginesmith.artefacts import ARTEFACT_FILE, COMPLETE_MARKER, QuantizedCheckpoint
 from enginesmith.checkpoints.models import Checkpoint
-from enginesmith.config import Catalogue
-from enginesmith.errors import UserError
+from enginesmith.config import Catalogue, default_catalogue, load_pipeline_config
+from enginesmith.errors import ConfigError, UserError
 from enginesmith.plan import Cell
-from enginesmith.specs import ARTEFACT_KINDS, ArtefactKind, PipelineConfig, TargetSpec
+from enginesmith.specs import ARTEFACT_KINDS, ArtefactKind, GateSpec, MatrixBlock, PipelineConfig, TargetSpec
 from pipeline import steps
 from pipeline.kinds import CellContext, CellRun, Dispatch, KindPreflight, PlannedCell, StageRunner, llm_steps
 from pipeline.kinds.llm_preflight import gather, judge_cell
-from pipeline.params import BuildCellParams, RecipeName, TargetName
 from pipeline.plan_sources import plan_loaded
+
+_catalogue = default_catalogue()
+# Selects in the UI: the catalogue's ids at import time.
+RecipeName = Enum("RecipeName", {r.replace("-", "_"): r for r in _catalogue.recipes}, type=str)  # type: ignore[misc]
+TargetName = Enum("TargetName", {t.replace("-", "_"): t for t in _catalogue.targets}, type=str)  # type: ignore[misc]
+
+
+class BuildCellParams(BaseModel):
+    """Build, validate and publish one cell: a model of the config, quantised with a recipe, for a GPU SKU."""
+
+    config: str = Field("configs/examples/tiny-cpu.yaml",
+                        description="Matrix config (path in the checkout): models, profiles, workload, registry")
+    model: str = Field("tiny-llama", description="Model id as the config names it")
+    revision: str | None = Field(None, description="Override the config's revision: branch, tag or commit sha")
+    recipe: RecipeName = Field(RecipeName("int4-awq"), description="Quantisation recipe")
+    target: TargetName = Field(TargetName("cpu"), description="GPU SKU (or cpu) to build for")
+    kind: Literal["hf-quantized", "trtllm-engine"] = Field("hf-quantized", description="Artefact kind")
+    tp: int = Field(1, ge=1, le=64, description="Tensor-parallel GPUs (a power of two)")
+    pp: int = Field(1, ge=1, le=64, description="Pipeline-parallel stages (a power of two)")
+    profile: str = Field("default", description="Build profile: 'default' (the config's build_profile) or a name "
+                                                "under the config's profiles")
+    min_throughput_ratio: float | None = Field(None, gt=0, description="Gate override: candidate/reference throughput")
+    max_tpot_ratio: float | None = Field(None, gt=0, description="Gate override: candidate/reference TPOT at c=1")
+    max_accuracy_drop_points: float | None = Field(None, ge=0, description="Gate override: accuracy drop, points")
+    until: Literal["publish", "quantize"] = Field(
+        "publish", description="'quantize': pull and quantise only, and stash the output in the registry for the node "
+                               "that builds (what a cell's build run asks of the pool its config's quantize_on names)")
+
 
 BUILD_CELL_FLOW = "build-cell"
 TRANSIENT_RETRIES = 3  # a Hub or registry outage, a server that did not start
@@ -141,3 +172,33 @@ def obtain_quantized(cell: Cell, checkpoint: Checkpoint, context: CellContext,
                         f"{cell.stage_keys.quantize[:12]}", where=steps.registry_url(context.config),
                         hint="check that both pools' workers use the same registry (ENGINESMITH_REGISTRY)")
     return fetched
+
+
+def cell_for(params: BuildCellParams) -> tuple[Path, PipelineConfig, Cell]:
+    """The one LLM cell the form asks for, planned against the config (overrides applied)."""
+    config_path = Path(params.config)
+    catalogue = default_catalogue()
+    config = load_pipeline_config(config_path, catalogue)
+    if params.model not in {m.id for m in config.models}:
+        raise ConfigError(f"model {params.model!r} is not in {config_path}", field="params.model",
+                          hint=f"models there: {', '.join(m.id for m in config.models)}")
+    models = [m.model_copy(update={"revision": params.revision}) if params.revision and m.id == params.model else m
+              for m in config.models]
+    gates = GateSpec.model_validate({
+        **config.gates.model_dump(),
+        **{k: v for k, v in (("min_throughput_ratio", params.min_throughput_ratio),
+                             ("max_tpot_ratio", params.max_tpot_ratio)) if v is not None},
+    })
+    if params.max_accuracy_drop_points is not None:
+        gates = gates.model_copy(update={"max_accuracy_drop_points": {
+            **gates.max_accuracy_drop_points, params.recipe.value: params.max_accuracy_drop_points}})
+    if params.profile != "default" and params.profile not in config.profiles:
+        raise ConfigError(f"build profile {params.profile!r} is not in {config_path}", field="params.profile",
+                          hint=f"profiles there: default{''.join(', ' + name for name in config.profiles)}")
+    block = MatrixBlock(models=[params.model], recipes=[params.recipe.value], targets=[params.target.value],
+                        kinds=[params.kind], tp=[params.tp], pp=[params.pp], profile=params.profile)
+    single = PipelineConfig.model_validate({**config.model_dump(), "models": [m.model_dump() for m in models],
+                                            "matrix": [block.model_dump()], "gates": gates.model_dump()})
+    # Local model paths stay relative to the original config file.
+    plan = plan_loaded(single, config_path.parent, catalogue)
+    return config_path, single, plan.cells[0]

@@ -8,7 +8,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from builders.stage import BuildRequest, build_artefact, read_artefact
+from builders.stage import BuildRequest, build_artefact, read_artefact, tokenizer_dir
 from enginesmith.artefacts import ExportFormat, QuantizedCheckpoint
 from enginesmith.assets import task_fingerprints
 from enginesmith.checkpoints.models import Checkpoint
@@ -169,10 +169,10 @@ def validate(cell: Cell, artefact_dir: Path, checkpoint: Checkpoint, config: Pip
         "workload": config.workload, "parallel": {"tp": served_tp, "pp": cell.pp},
         "task_files": task_fingerprints(config.workload.accuracy_tasks)})
     out_dir = work / REPORTS_DIR / cell.stage_keys.validation[:16]
-    tokenizer_dir = artefact_dir / ("tokenizer" if cell.kind == "trtllm-engine" else "model")
+    tokenizer = tokenizer_dir(artefact_dir, cell.kind)
     report = run_validation(
         candidate, reference, workload=config.workload, gates=config.gates, recipe_id=cell.recipe.id,
-        target_id=cell.target.id, tokenizer_dir=tokenizer_dir, out_dir=out_dir,
+        target_id=cell.target.id, tokenizer_dir=tokenizer, out_dir=out_dir,
         reference_accuracy_cache=work / REFERENCE_DIR / f"{accuracy_key[:16]}.json",
         keep_servers_up=placement.keep_servers_up, baselines=baselines)
     report.notes.extend(placement.notes)
