@@ -242,13 +242,7 @@ def pull(
     from registry.names import parse_ref
     from registry.pull import check_free_space, plan_pull, pull_artefact
 
-    store: RegistryStore
-    if from_bundle:
-        from registry.bundle import BundleStore
-
-        store = BundleStore(from_bundle)
-    else:
-        store = _open_store(registry, s3_endpoint)
+    store = _open_store(str(from_bundle) if from_bundle else registry, s3_endpoint)
     ref = parse_ref(what, where="MODEL|REF")
     limiter = _limiter(limit_rate)
     machine, constraints = _machine_and_constraints(recipe, target, tp, allow_same_sm, objective, runtime_version)
@@ -443,13 +437,7 @@ def catalogue(
     if find_spec("matplotlib") is None:  # the reports are read without it; only their plots need it
         stderr.print("[yellow]note:[/] matplotlib is not installed: the pages have no plots "
                      "(pip install 'enginesmith[validation]' for them)")
-    store: RegistryStore
-    if Path(registry).is_file():
-        from registry.bundle import BundleStore
-
-        store = BundleStore(Path(registry))
-    else:
-        store = _open_store(registry, s3_endpoint)
+    store = _open_store(registry, s3_endpoint)
     # The pull commands on the pages must work from anywhere: a local registry is named by its absolute path.
     registry_url = registry if "://" in registry else str(Path(registry).absolute())
     result = write_catalogue(store, out, registry_url=registry_url, s3_endpoint=s3_endpoint)

@@ -19,7 +19,6 @@ import json
 import math
 import os
 import socket
-import statistics
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -28,6 +27,7 @@ from pydantic import BaseModel, Field, ValidationError, computed_field
 
 from enginesmith.plan import cell_id
 from enginesmith.reports import parse_report
+from enginesmith.reports.measures import Spread
 from registry.catalog import READ_THREADS, list_model
 from registry.errors import IntegrityError
 from registry.manifest import parse_timestamp, utc_timestamp
@@ -68,21 +68,10 @@ HIGHER_IS_BETTER: dict[str, bool] = {
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 
 
-class MetricSpread(BaseModel):
-    """One metric as the rounds measured it: every round's value (at least one, all finite); median and half range
-    derived."""
+class MetricSpread(Spread):
+    """One metric as the rounds measured it, as history keeps it: every round's value (at least one, all finite)."""
 
     values: list[FiniteFloat] = Field(min_length=1)
-
-    @computed_field  # type: ignore[prop-decorator]
-    @property
-    def median(self) -> float:
-        return float(statistics.median(self.values))
-
-    @computed_field  # type: ignore[prop-decorator]
-    @property
-    def half_range(self) -> float:
-        return (max(self.values) - min(self.values)) / 2
 
 
 class GateVerdict(BaseModel):

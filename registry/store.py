@@ -130,7 +130,8 @@ class RegistryStore(Protocol):
 
 
 def open_store(url: str, *, s3_endpoint: str | None = None) -> RegistryStore:
-    """The store for a registry URL: ``s3://bucket[/prefix]`` or a local directory (``file://`` optional).
+    """The store for a registry URL: ``s3://bucket[/prefix]``, a local directory (``file://`` optional), or a bundle
+    file (``enginesmith bundle``: read-only).
 
     Raises ``UserError`` for a URL it cannot use.
     """
@@ -142,6 +143,11 @@ def open_store(url: str, *, s3_endpoint: str | None = None) -> RegistryStore:
         scheme = url.split("://", 1)[0]
         raise UserError(f"unsupported registry scheme {scheme!r}", where="--registry",
                         hint="use a local directory or s3://bucket/prefix")
+    path = Path(url.removeprefix("file://"))
+    if path.is_file():
+        from registry.bundle import BundleStore
+
+        return BundleStore(path)
     from registry.local import LocalStore
 
-    return LocalStore(Path(url.removeprefix("file://")))
+    return LocalStore(path)

@@ -20,7 +20,7 @@ def test_validate_prints_the_comparison_and_writes_the_report(vllm_cpu_server, t
                      "--out", str(out))
     assert result.returncode == 0, result.stderr[-3000:]
     for phrase in ("TPOT at c=1, median (ms)", "max output throughput (tok/s)", "peak memory",
-                   "addition exact_match (enginesmith)", "greedy agreement", "Gates", "min_throughput_ratio",
+                   "addition exact_match (enginesmith)", "Greedy agreement", "Gates", "min_throughput_ratio",
                    "interleaved rounds", "spread"):
         assert phrase in result.stdout, phrase
     # The same server on both sides is an A/A run: it must pass, whatever the machine's load.
