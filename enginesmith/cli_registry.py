@@ -196,7 +196,8 @@ def resolve(
     s3_endpoint: S3EndpointOption = None,
     json_output: JsonOption = False,
 ) -> None:
-    """List every artefact of a model with whether it runs here (and why not), and the one pull would choose."""
+    """List every artefact of a model with whether it runs here (and why not), and the one pull would choose.
+    Exits 1 when none would be chosen (nothing here runs the model), so a job can gate on it."""
     from registry.choose import resolve_model
     from registry.names import check_name
 
@@ -206,12 +207,14 @@ def resolve(
     if json_output:
         print_json({**result.resolution.model_dump(mode="json"),
                     "unreadable": [u.model_dump() for u in result.unreadable]})
-        return
-    _print_resolution(result.resolution)
-    for unreadable in result.unreadable:
-        stderr.print(f"[yellow]skipped[/] {model}@{unreadable.key[:12]}: {unreadable.problem}")
-    if not result.resolution.candidates and not result.unreadable:
-        stdout.print(f"No artefacts of {model} in {store.location}.")
+    else:
+        _print_resolution(result.resolution)
+        for unreadable in result.unreadable:
+            stderr.print(f"[yellow]skipped[/] {model}@{unreadable.key[:12]}: {unreadable.problem}")
+        if not result.resolution.candidates and not result.unreadable:
+            stdout.print(f"No artefacts of {model} in {store.location}.")
+    if result.resolution.chosen is None:
+        raise typer.Exit(1)
 
 
 def pull(

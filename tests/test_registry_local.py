@@ -74,6 +74,22 @@ def test_round_trip_through_the_cli(tmp_path: Path) -> None:
     assert table.returncode == 0 and "runnable" in table.stdout and "chosen: tiny-llama@" in table.stdout
 
 
+def test_resolve_exits_1_when_nothing_here_runs_the_model(tmp_path: Path) -> None:
+    """A job gating on `enginesmith resolve` stops where no artefact of the model runs on the machine; the table
+    still says why each one lost."""
+    env = registry_env(str(tmp_path / "registry"), tmp_path / "cache")
+    engine = write_artefact(tmp_path / "engine", kind="trtllm-engine", target="h100-sxm", target_sm=90,
+                            versions={"tensorrt_llm": "1.2.1"})
+    assert cli_json("publish", str(engine), env=env)["created"]
+    refused = run_cli("resolve", "tiny-llama", "--target", "cpu", env=env)
+    assert refused.returncode == 1, refused.stderr[-2000:]
+    assert "incompatible" in refused.stdout and "h100-sxm" in refused.stdout
+    as_json = run_cli("resolve", "tiny-llama", "--target", "cpu", "--json", env=env)
+    assert as_json.returncode == 1 and json.loads(as_json.stdout)["chosen"] is None
+    missing = run_cli("resolve", "no-such-model", "--target", "cpu", env=env)
+    assert missing.returncode != 0
+
+
 def test_publishing_a_key_again_is_a_no_op(store: LocalStore, tmp_path: Path) -> None:
     source = write_artefact(tmp_path / "build")
     first = publish_artefact(store, source)
