@@ -18,6 +18,21 @@ ARTEFACT_KINDS: tuple[ArtefactKind, ...] = ("trtllm-engine", "hf-quantized")
 # engine that trtexec builds from it on a GPU of the SKU.
 EncoderKind = Literal["onnx", "tensorrt-engine"]
 ENCODER_KINDS: tuple[EncoderKind, ...] = ("onnx", "tensorrt-engine")
+
+
+class ExactRuntime(BaseModel):
+    """The runtime an engine runs on only at the exact version it was built with."""
+
+    key: str  # its entry in an artefact's ``versions``
+    name: str
+    hint: str = ""  # how a machine without it installed can still say which version it has
+
+
+# Artefact kinds that are engines: the resolver refuses them on the cpu and on any other runtime version.
+EXACT_RUNTIMES: dict[str, ExactRuntime] = {
+    "trtllm-engine": ExactRuntime(key="tensorrt_llm", name="TensorRT-LLM", hint=" (pass --runtime-version)"),
+    "tensorrt-engine": ExactRuntime(key="tensorrt", name="TensorRT"),
+}
 Runtime = Literal["trtllm-tensorrt", "trtllm-pytorch", "vllm", "vllm-cpu"]
 
 SLUG = r"^[a-z0-9][a-z0-9._-]*$"

@@ -11,6 +11,7 @@ from importlib import metadata
 from enginesmith.config import Catalogue, default_catalogue
 from enginesmith.errors import UserError
 from enginesmith.gpus import GIB, detect
+from enginesmith.specs import EXACT_RUNTIMES
 from registry.resolve import CPU_TARGET, ENGINE_RUNTIME, GpuSlot, Machine, describe_gpus
 
 AUTO_TARGET = "auto"
@@ -55,7 +56,7 @@ def _installed_runtimes() -> dict[str, str]:
     """The TensorRT-LLM and TensorRT versions installed here, read from package metadata (importing them would take
     seconds): an engine of either kind runs only on the exact version it was built with."""
     found = {}
-    for runtime in (ENGINE_RUNTIME, "tensorrt"):
+    for runtime in (exact.key for exact in EXACT_RUNTIMES.values()):
         try:
             found[runtime] = metadata.version(runtime)
         except metadata.PackageNotFoundError:

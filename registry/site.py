@@ -166,7 +166,7 @@ def report_view(parsed: KindReport | str | None) -> ReportView:
 
 
 def _verdict(view: ReportView) -> str:
-    if view.kind == "unreadable":
+    if view.problem:  # only an unreadable report has one
         return "unreadable"
     return "—" if view.passed is None else ("pass" if view.passed else "FAIL")
 

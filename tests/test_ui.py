@@ -35,8 +35,8 @@ def test_custom_run_from_the_ui_reaches_the_flow(prefect_server, cpu_worker, pub
 
     api = prefect_server.api_url
     base = api.removesuffix("/api")
-    deployment = httpx.post(f"{api}/deployments/filter", json={}, timeout=10).json()
-    cell_deployment = next(d for d in deployment if d["name"] == "cpu")
+    # Every cell flow has a "cpu" deployment: this is the LLM's typed form, build-cell's.
+    cell_deployment = httpx.get(f"{api}/deployments/name/build-cell/cpu", timeout=10).json()
     defaults = {"params": {"config": str(published_tiny_config), "model": "tiny-llama", "recipe": "int4-awq",
                            "target": "cpu"}}
     with chromium_page(lambda url: url.startswith(base)) as (page, _blocked):
