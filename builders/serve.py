@@ -172,7 +172,7 @@ def render(recipe: ServeRecipe, *, artefact_dir: Path, host: str, port: int,
             argv.append(sys.executable)
         elif arg == TRANSFORMERS_CLI:
             argv.append(str(Path(vllm_cpu_python()).parent / "transformers"))
-        elif index == 0:  # trtllm-serve, vllm: from the runtime's own environment (configs/runtimes)
+        elif index == 0:  # trtllm-serve, vllm: from the runtime's own environment (the catalogue's runtimes/)
             argv.append(serve_command(recipe.runtime, arg.format(**values)))
         else:
             argv.append(arg.format(**values))

@@ -1,5 +1,5 @@
-"""The TensorRT-LLM tools a build runs, from the TensorRT-LLM runtime environment (``configs/runtimes``), and the
-versions they run with: read from the interpreter of the tool itself (its shebang), via importlib.metadata, so
+"""The TensorRT-LLM tools a build runs, from the TensorRT-LLM runtime environment (the catalogue's ``runtimes/``),
+and the versions they run with: read from the interpreter of the tool itself (its shebang), via importlib.metadata, so
 nothing GPU-bound is imported to find out."""
 
 from __future__ import annotations

@@ -51,7 +51,7 @@ def engine_toolchain(
     executable, environment = tool_path("trtllm-build")
     versions = toolchain_versions(executable, environment.environment.versions or None)
     installed = versions.get("tensorrt_llm")
-    rebuild = (f"make the environment from configs/runtimes/{environment.environment.requirements} "
+    rebuild = (f"make the environment from the catalogue's runtimes/{environment.environment.requirements} "
                f"({environment.environment.setup_command})")
     if installed != expected_trtllm_version:
         raise UserError(

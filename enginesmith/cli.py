@@ -216,7 +216,7 @@ def checkpoint(
 def quantize(
     source: Annotated[str | None, typer.Argument(help="A checkpoint: local directory, REPO or REPO@REVISION (not "
                                                      "with --cell).")] = None,
-    recipe: Annotated[str | None, typer.Option(help="Recipe id from configs/recipes.yaml (fp8, int4-awq, ...).")] = (
+    recipe: Annotated[str | None, typer.Option(help="Recipe id (`enginesmith recipes`: fp8, int4-awq, ...).")] = (
         None),
     config: ConfigOption = None,
     cell: CellOption = None,

@@ -3,7 +3,7 @@
 A cell that breaks a rule is planned as ``invalid`` with the rule's id and a message, so no GPU time is
 spent finding out. The SM rules follow trtllm-build's own guards (TensorRT-LLM 1.2.x) and its support
 matrix; where the docs and the builder disagree, the builder wins. Per-recipe SM lists live in
-``configs/recipes.yaml`` (data that grows with new GPUs); the rules that read them live here.
+the catalogue's ``recipes.yaml`` (data that grows with new GPUs); the rules that read them live here.
 """
 
 from __future__ import annotations

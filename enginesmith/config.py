@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from functools import cache
+from importlib import resources
 from pathlib import Path
 
 from enginesmith.errors import ConfigError, UserError
@@ -22,9 +23,29 @@ from enginesmith.yamlio import YamlDocument, format_loc
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
+CATALOGUE_ENV = "ENGINESMITH_CONFIG_DIR"
+CATALOGUE_FILES = ("targets.yaml", "recipes.yaml", "runtimes/runtimes.yaml")
+
+
+def shipped_catalogue_dir() -> Path:
+    """The catalogue the package ships (package data, whatever is installed where)."""
+    return Path(str(resources.files("enginesmith") / "catalogue"))
+
+
 def config_dir() -> Path:
-    """Where ``targets.yaml`` and ``recipes.yaml`` live: ``$ENGINESMITH_CONFIG_DIR`` or the repo's ``configs/``."""
-    return Path(os.environ.get("ENGINESMITH_CONFIG_DIR", REPO_ROOT / "configs"))
+    """Where the catalogue (``targets.yaml``, ``recipes.yaml``, ``runtimes/``) is read from: ``$ENGINESMITH_CONFIG_DIR``
+    (an operator's own), else the one the package ships. A directory the setting names must hold every file."""
+    configured = os.environ.get(CATALOGUE_ENV)
+    if not configured:
+        return shipped_catalogue_dir()
+    directory = Path(configured).expanduser()
+    missing = [name for name in CATALOGUE_FILES if not (directory / name).is_file()]
+    if missing:
+        raise ConfigError(f"the catalogue directory {CATALOGUE_ENV} names lacks {', '.join(missing)}",
+                          path=directory / missing[0], field=CATALOGUE_ENV,
+                          hint=f"copy the shipped catalogue ({shipped_catalogue_dir()}) there and edit it, or unset "
+                               f"{CATALOGUE_ENV} to use it as shipped")
+    return directory
 
 
 @dataclass(frozen=True)

