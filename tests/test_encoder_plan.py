@@ -138,3 +138,30 @@ def test_config_pooling_that_the_checkpoint_contradicts_is_refused(minilm_dir: P
     with pytest.raises(ConfigError) as too_long:
         served_layout(EncoderModelSpec(id="m", repo=str(minilm_dir), max_length=4096), minilm_dir)
     assert too_long.value.field == "encoders.m.max_length"
+
+
+def test_a_pooling_the_checkpoint_contradicts_is_refused_by_the_plan(write_config, minilm_dir: Path) -> None:  # type: ignore[no-untyped-def]
+    """#30: `pooling: cls` on a mean-pooled checkpoint was planned `build` and refused only when the build ran; the
+    plan reads the checkpoint's modules, so the cell is invalid with the rule and the preflight never dispatches it."""
+    from tests.conftest import run_cli
+
+    config = write_config(f"""
+version: 1
+name: contradicted
+encoders:
+  - id: minilm
+    repo: {minilm_dir}
+    pooling: cls
+encoder_matrix:
+  - models: [minilm]
+    recipes: [fp32]
+    targets: [cpu]
+    kinds: [onnx]
+""")
+    from pipeline.kinds.encoder import ENCODER
+
+    [cell] = ENCODER.plan(load_pipeline_config(config), config.parent, default_catalogue())
+    assert cell.status == "invalid" and rules(cell) == ["encoder-layout"]
+    assert "pooling is 'cls'" in cell.reason and "'mean'" in cell.reason
+    checked = run_cli("preflight", str(config), "--no-vllm")
+    assert checked.returncode == 0 and "invalid" in checked.stdout and "encoder-layout" in checked.stdout
