@@ -22,6 +22,9 @@ if TYPE_CHECKING:
     from enginesmith.reports import KindReport
     from enginesmith.specs import PipelineConfig
 
+EPHEMERAL_STARTUP_ENV = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
+EPHEMERAL_STARTUP_S = 600  # Prefect's 20 s default is not enough for a temporary server on a loaded 2-core machine
+
 app = typer.Typer(
     name="enginesmith",
     help="Open LLM checkpoints → quantised, per-GPU inference artefacts, validated against vLLM.",
@@ -536,23 +539,37 @@ def nightly(
     json_output: JsonOption = False,
 ) -> None:
     """Run the nightly flow now: plan, skip what the registry has, build the rest, summarise. Exits 1 when any
-    cell failed (or no worker ran it); cached and invalid cells are not failures."""
+    cell failed, was blocked by the preflight, or no worker ran it; cached and invalid cells are not failures."""
+    from enginesmith.config import default_catalogue, load_pipeline_config
+
+    # A bad config is one error line here, before Prefect (which would log it again, with a traceback, as a failed
+    # flow run); a temporary Prefect server gets a start-up budget a loaded small machine meets.
+    load_pipeline_config(config, default_catalogue(), check_tasks=False)
+    os.environ.setdefault(EPHEMERAL_STARTUP_ENV, str(EPHEMERAL_STARTUP_S))
     from flows.nightly import nightly as nightly_flow
 
-    summaries = nightly_flow(config=str(config), dispatch="inline" if inline else "deployments")
-    failed = [s.cell for s in summaries if s.status in ("failed", "no-worker")]
+    try:
+        summaries = nightly_flow(config=str(config), dispatch="inline" if inline else "deployments")
+    except RuntimeError as exc:
+        if "ephemeral Prefect API server" not in str(exc):
+            raise
+        raise UserError(f"the temporary Prefect server did not start within {os.environ[EPHEMERAL_STARTUP_ENV]} s",
+                        where=EPHEMERAL_STARTUP_ENV, hint=f"raise {EPHEMERAL_STARTUP_ENV}, or point PREFECT_API_URL "
+                                                          "at a running server (prefect server start)") from None
+    failed = [s.cell for s in summaries if s.status in ("failed", "no-worker", "blocked")]
     if json_output:
         print_json(summaries)
         if failed:
             raise typer.Exit(1)
         return
-    colours = {"built": "green", "cached": "cyan", "invalid": "yellow", "failed": "red", "no-worker": "red"}
+    colours = {"built": "green", "cached": "cyan", "quantized": "cyan", "invalid": "yellow", "blocked": "red",
+               "failed": "red", "no-worker": "red"}
     rows = [[s.cell, f"[{colours[s.status]}]{s.status}[/]", s.key[:12], escape(s.reason)] for s in summaries]
     stdout.print(table(f"nightly: {config}", ["cell", "status", "key", "reason"], rows))
     built = sum(s.status == "built" for s in summaries)
     stdout.print(f"{built} built, {sum(s.status == 'cached' for s in summaries)} already published (nothing rebuilt)")
     if failed:
-        stderr.print(f"[bold red]{len(failed)} cell(s) failed:[/] {escape(', '.join(failed))}")
+        stderr.print(f"[bold red]{len(failed)} cell(s) failed or blocked:[/] {escape(', '.join(failed))}")
         raise typer.Exit(1)
 
 

@@ -224,3 +224,19 @@ def test_the_catalogue_is_package_data_and_an_operator_can_bring_their_own(tmp_p
     refused = run_cli("targets", env={"ENGINESMITH_CONFIG_DIR": str(own)})
     assert refused.returncode == 2
     assert "recipes.yaml" in refused.stderr and "ENGINESMITH_CONFIG_DIR" in refused.stderr
+
+
+def test_the_nightly_cli_refuses_a_bad_config_in_one_line_before_prefect_starts(write_config):
+    """#31 (7): a bad config reached Prefect, which logged it as a failed flow run with a traceback before the CLI's
+    own error line; now the CLI reads the config first and prints the error once."""
+    config = write_config("""
+version: 1
+name: bad
+models: [{id: tiny, repo: ./nowhere}]
+matrix: [{models: [tiny], recipes: [fp8], targets: [no-such-sku], kinds: [hf-quantized]}]
+""")
+    refused = run_cli("nightly", str(config), "--inline", env={"PREFECT_API_URL": "http://127.0.0.1:9/api"})
+    assert refused.returncode == 2, refused.stdout[-2000:] + refused.stderr[-2000:]
+    errors = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "no-such-sku" in errors[0]
+    assert "Traceback" not in refused.stderr and "prefect" not in refused.stderr.lower()
