@@ -405,8 +405,12 @@ class S3Store:
         return self._client_instance
 
     def _make_client(self) -> Any:
-        import boto3
-        from botocore.config import Config
+        try:
+            import boto3
+            from botocore.config import Config
+        except ImportError:
+            raise UserError(f"{self.location} is an S3 registry, and boto3 is not installed here", where="--registry",
+                            hint="pip install 'enginesmith[s3]'") from None
 
         session = boto3.session.Session()
         credentials = session.get_credentials()

@@ -210,3 +210,17 @@ def _readable(client, key: str) -> bool:  # client: a botocore S3 client
     except Exception:
         return False
     return True
+
+
+def test_an_s3_registry_without_boto3_names_the_extra_to_install(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """#31: the base install has no boto3; an s3:// registry says which extra provides it, not a raw ImportError."""
+    import sys
+
+    from enginesmith.errors import UserError
+    from registry.store import open_store
+
+    monkeypatch.setitem(sys.modules, "boto3", None)  # what `import boto3` meets where it is not installed
+    store = open_store("s3://models/registry")
+    with pytest.raises(UserError) as caught:
+        store.read_manifest("tiny-llama", "k" * 64)
+    assert "boto3 is not installed" in caught.value.message and caught.value.hint == "pip install 'enginesmith[s3]'"
