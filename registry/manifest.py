@@ -23,7 +23,7 @@ from enginesmith.reports import Objective, parse_report
 from registry.errors import IntegrityError, UnsafePathError
 from registry.names import is_digest, is_name
 
-MANIFEST_SCHEMA_VERSION = 1
+MANIFEST_SCHEMA_VERSION: Literal[2] = 2  # 2: published_by; schema 1 manifests read as they are
 # Written next to the files of a pulled artefact: which manifest they came from.
 PULL_RECORD_FILE = ".enginesmith-pull.json"
 RESERVED_TOP_LEVEL_NAMES = frozenset({ARTEFACT_FILE, PULL_RECORD_FILE})
@@ -102,10 +102,11 @@ class Manifest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    schema_version: Literal[1] = 1
+    schema_version: Literal[1, 2] = MANIFEST_SCHEMA_VERSION
     model: str
     key: str
     published: str  # ISO 8601, UTC
+    published_by: str | None = None  # the enginesmith version that published it (None: schema 1)
     artefact: Artefact
     # The validation report (its model belongs to validation/); the resolver reads one number from it.
     validation: dict[str, Any] | None = None
@@ -207,9 +208,15 @@ def parse_manifest(body: bytes, where: str) -> Manifest:
                              hint="the manifest is damaged; re-publish the artefact under a new key") from None
     version = raw.get("schema_version") if isinstance(raw, dict) else None
     if isinstance(version, int) and version > MANIFEST_SCHEMA_VERSION:
+        from enginesmith import __version__
+
+        publisher = raw.get("published_by")
+        by = f"enginesmith {publisher}" if isinstance(publisher, str) else "a newer enginesmith"
         raise IntegrityError(
-            f"manifest schema {version} is newer than this enginesmith reads ({MANIFEST_SCHEMA_VERSION})",
-            where=where, hint="upgrade enginesmith",
+            f"manifest schema {version}, published by {by}, is newer than enginesmith {__version__} reads "
+            f"(schema {MANIFEST_SCHEMA_VERSION} at most); nothing was written",
+            where=where, hint=f"upgrade enginesmith: pip install --upgrade 'enginesmith>={publisher}'"
+            if isinstance(publisher, str) else "upgrade enginesmith: pip install --upgrade enginesmith",
         )
     try:
         return Manifest.model_validate(raw)

@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from enginesmith import __version__
 from enginesmith.artefacts import ARTEFACT_FILE, Artefact
 from enginesmith.checkpoints.models import CheckpointFile
 from enginesmith.errors import UserError
@@ -146,7 +147,8 @@ def publish_artefact(
                                       name=entry.path)
 
             resumed_bytes = sum(pool.map(upload, missing))
-        manifest = Manifest(model=model, key=key, published=utc_timestamp(), artefact=artefact, validation=validation)
+        manifest = Manifest(model=model, key=key, published=utc_timestamp(), published_by=__version__,
+                            artefact=artefact, validation=validation)
         result.created = store.create_manifest(model, key, manifest.to_bytes())
         result.uploaded_blobs = len(missing)
         result.uploaded_bytes = sum(entry.size for entry in missing) - resumed_bytes

@@ -99,10 +99,30 @@ def test_a_file_without_a_sha256_is_refused(tmp_path) -> None:
     assert not isinstance(caught.value, UnsafePathError)
 
 
-def test_a_newer_schema_asks_for_an_upgrade(tmp_path) -> None:
-    document = manifest_json(tmp_path, schema_version=2)
-    with pytest.raises(IntegrityError, match="upgrade enginesmith"):
+def test_a_newer_schema_names_both_versions_and_asks_for_an_upgrade(tmp_path) -> None:
+    from enginesmith import __version__
+
+    document = manifest_json(tmp_path, schema_version=3, published_by="9.1.0")
+    with pytest.raises(IntegrityError) as caught:
         parse_manifest(json.dumps(document).encode(), "m.json")
+    assert "schema 3, published by enginesmith 9.1.0" in caught.value.message
+    assert f"enginesmith {__version__} reads" in caught.value.message
+    assert caught.value.hint == "upgrade enginesmith: pip install --upgrade 'enginesmith>=9.1.0'"
+
+
+def test_a_schema_1_manifest_still_reads_and_new_ones_say_who_published_them(tmp_path) -> None:
+    from enginesmith import __version__
+    from registry.local import LocalStore
+    from registry.publish import publish_artefact
+
+    old = parse_manifest(json.dumps(manifest_json(tmp_path, schema_version=1)).encode(), "m.json")
+    assert old.schema_version == 1 and old.published_by is None
+    store = LocalStore(tmp_path / "registry")
+    published = publish_artefact(store, write_artefact(tmp_path / "build"))
+    body = store.read_manifest(published.model, published.key)
+    assert body is not None
+    manifest = parse_manifest(body, "m.json")
+    assert manifest.schema_version == 2 and manifest.published_by == __version__
 
 
 def test_a_damaged_manifest_names_the_field(tmp_path) -> None:
