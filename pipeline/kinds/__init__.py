@@ -59,10 +59,10 @@ class PlannedCell(Protocol):
     def reason(self) -> str: ...  # why it is invalid
 
     @property
-    def model(self) -> Any: ...  # a PlannedModel
+    def model(self) -> PlannedModel: ...
 
     @property
-    def recipe(self) -> Any: ...  # a PlannedRecipe
+    def recipe(self) -> PlannedRecipe: ...
 
     @property
     def target(self) -> TargetSpec: ...
