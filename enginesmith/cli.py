@@ -40,14 +40,19 @@ CellOption = Annotated[str | None, typer.Option(
 _debug = {"enabled": bool(os.environ.get("ENGINESMITH_DEBUG"))}
 
 
+def _print_version(asked: bool) -> None:
+    if asked:
+        print(__version__)
+        raise typer.Exit()
+
+
 @app.callback()
 def _root(
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for user errors.")] = False,
-    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
+    # Eager: read before click asks for a command, so `enginesmith --version` alone answers.
+    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.", callback=_print_version,
+                                          is_eager=True)] = False,
 ) -> None:
-    if version:
-        print(__version__)
-        raise typer.Exit()
     _debug["enabled"] = _debug["enabled"] or debug
 
 

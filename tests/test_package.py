@@ -4,39 +4,17 @@ matrix configs)."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
-from tests.conftest import REPO_ROOT
+from tests.package_checks import build_wheel, tracked_files
 
 # What the code opens from its own package directories (importlib.resources / Path(__file__) siblings).
 PACKAGE_DATA = ("enginesmith/catalogue", "enginesmith/assets", "registry/templates")
 
 
-def tracked_files(under: str = ".") -> set[str]:
-    """The checkout's files as git sees them (tracked, and untracked ones it does not ignore)."""
-    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", under], cwd=REPO_ROOT,
-                            capture_output=True, text=True, check=True)
-    return {line for line in listed.stdout.splitlines() if line and (REPO_ROOT / line).is_file()}
-
-
-def source_tree(dest: Path) -> Path:
-    """A copy of the checkout's files alone, so the build sees no stale build/ or egg-info and writes none here."""
-    for name in tracked_files():
-        (dest / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(REPO_ROOT / name, dest / name)
-    return dest
-
-
 def test_the_wheel_carries_every_data_file_the_code_reads_and_nothing_of_the_checkout(tmp_path: Path):
-    source = source_tree(tmp_path / "source")
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                            str(tmp_path), str(source)], capture_output=True, text=True, timeout=600)
-    assert built.returncode == 0, built.stderr[-3000:]
-    [wheel] = tmp_path.glob("enginesmith-*.whl")
+    wheel = build_wheel(tmp_path)
     names = set(zipfile.ZipFile(wheel).namelist())
     for directory in PACKAGE_DATA:
         expected = tracked_files(directory)

@@ -1,0 +1,94 @@
+"""#31: the installed product. The wheel goes into a fresh venv with the base dependencies alone (what a deployment
+node has), and the CLI, run from outside the checkout with the checkout off ``sys.path``, works against a registry
+the suite published: every command a deployment node uses exits 0 and prints what a user needs, and none of them
+imports a build extra."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.package_checks import build_wheel
+from tests.registry_helpers import read_artefact, tiny_files, write_artefact
+from tests.report_factory import llm_report
+
+FORBIDDEN = ("torch", "modelopt", "numpy", "aiohttp", "matplotlib", "prefect")
+# Runs the installed CLI in-process and, on exit, writes which forbidden top-level modules it had imported.
+WRAPPER = """
+import atexit, json, sys
+out = sys.argv.pop(1)
+forbidden = set(json.loads(sys.argv.pop(1)))
+atexit.register(lambda: open(out, "w").write(json.dumps(sorted({m.split(".")[0] for m in sys.modules} & forbidden))))
+from enginesmith.cli import main
+sys.argv[0] = "enginesmith"
+main()
+"""
+
+
+@pytest.fixture(scope="module")
+def base_install(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A venv holding the wheel and its base dependencies alone; its python."""
+    root = tmp_path_factory.mktemp("installed")
+    wheel = build_wheel(root / "wheel")
+    subprocess.run([sys.executable, "-m", "venv", str(root / "venv")], check=True, timeout=300)
+    python = root / "venv" / "bin" / "python"
+    installed = subprocess.run([str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q", str(wheel)],
+                               capture_output=True, text=True, timeout=900)
+    assert installed.returncode == 0, installed.stderr[-3000:]
+    return python
+
+
+@pytest.mark.slow
+def test_a_deployment_node_with_the_base_install_resolves_pulls_reports_and_serves(base_install: Path,
+                                                                                  tmp_path: Path):
+    from registry.local import LocalStore
+    from registry.publish import publish_artefact
+
+    from builders.serve import VLLM_CPU_PYTHON
+    from enginesmith.artefacts import ARTEFACT_FILE, ServeRecipe
+
+    registry = tmp_path / "registry"
+    source = write_artefact(tmp_path / "build", files=tiny_files(seed=3))
+    serve = ServeRecipe(runtime="vllm-cpu", argv=[VLLM_CPU_PYTHON, "-m", "vllm.entrypoints.openai.api_server",
+                                                  "--model", "{artefact_dir}", "--port", "{port}"])
+    served = read_artefact(source).model_copy(update={"serve": [serve], "runtimes": ["vllm-cpu"]})
+    (source / ARTEFACT_FILE).write_text(served.model_dump_json())
+    artefact = read_artefact(source)
+    publish_artefact(LocalStore(registry), source, key="v" * 64,
+                     validation=llm_report([1.0, 1.01, 0.99], artefact_key=artefact.key, key="v" * 64))
+    elsewhere = tmp_path / "node"
+    elsewhere.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env |= {"ENGINESMITH_REGISTRY": str(registry), "ENGINESMITH_CACHE_DIR": str(tmp_path / "cache"),
+            "HF_HUB_OFFLINE": "1", "PATH": f"{base_install.parent}{os.pathsep}/usr/bin:/bin"}
+    wrapper = tmp_path / "run.py"
+    wrapper.write_text(WRAPPER)
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        loaded = tmp_path / "loaded.json"
+        done = subprocess.run([str(base_install), str(wrapper), str(loaded), json.dumps(FORBIDDEN), *args],
+                              capture_output=True, text=True, env=env, cwd=elsewhere, timeout=300)
+        assert done.returncode == 0, f"{args}: {done.stdout[-2000:]}{done.stderr[-3000:]}"
+        assert json.loads(loaded.read_text()) == [], f"{args} imported {loaded.read_text()}"
+        return done
+
+    assert cli("--version").stdout.strip()
+    assert "No NVIDIA GPU found" in cli("gpus").stdout
+    assert "h100-sxm" in cli("targets").stdout
+    assert "tiny-llama" in cli("ls").stdout
+    assert "chosen" in cli("resolve", "tiny-llama", "--target", "cpu").stdout
+    assert "PASSED" in cli("report", "tiny-llama:latest").stdout
+    assert "v" * 12 in cli("show", "tiny-llama:latest").stdout
+    cli("history", "tiny-llama")
+    cli("catalogue", "--out", str(tmp_path / "site"))
+    assert (tmp_path / "site" / "index.html").is_file()
+    for dest, target in ((tmp_path / "auto", ["--target", "auto"]), (tmp_path / "plain", [])):
+        cli("pull", "tiny-llama", "--dest", str(dest), *target)
+        assert {f.path for f in artefact.files} <= {str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file()}
+    printed = cli("serve", str(tmp_path / "plain"), "--print").stdout
+    assert "$ENGINESMITH_VLLM_CPU_PYTHON -m vllm.entrypoints.openai.api_server --model" in printed
