@@ -46,11 +46,10 @@ def base_install(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.slow
 def test_a_deployment_node_with_the_base_install_resolves_pulls_reports_and_serves(base_install: Path,
                                                                                   tmp_path: Path):
-    from registry.local import LocalStore
-    from registry.publish import publish_artefact
-
     from builders.serve import VLLM_CPU_PYTHON
     from enginesmith.artefacts import ARTEFACT_FILE, ServeRecipe
+    from registry.local import LocalStore
+    from registry.publish import publish_artefact
 
     registry = tmp_path / "registry"
     source = write_artefact(tmp_path / "build", files=tiny_files(seed=3))
