@@ -4,10 +4,13 @@ matrix configs)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import tarfile
 import zipfile
 from pathlib import Path
 
-from tests.package_checks import build_wheel, tracked_files
+from tests.package_checks import build_wheel, source_tree, tracked_files
 
 # What the code opens from its own package directories (importlib.resources / Path(__file__) siblings).
 PACKAGE_DATA = ("enginesmith/catalogue", "enginesmith/assets", "registry/templates")
@@ -26,3 +29,22 @@ def test_the_wheel_carries_every_data_file_the_code_reads_and_nothing_of_the_che
     assert tops == {"enginesmith", "pipeline", "flows", "builders", "quantization", "validation", "registry",
                     wheel.name.split("-py3")[0] + ".dist-info"}, tops
     assert not [name for name in names if "/tests/" in name or ".venv" in name or name.startswith("configs/")]
+
+
+def test_the_sdist_and_the_wheel_pass_twine_check(tmp_path: Path):
+    """Both distributions build from the checkout's files and pass `twine check` (metadata and README render as
+    PyPI would show them); the sdist carries the package data too, so a wheel built from it is complete."""
+    source = source_tree(tmp_path / "source")
+    built = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(tmp_path / "dist"),
+                            str(source)], capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stderr[-3000:]
+    [sdist] = (tmp_path / "dist").glob("enginesmith-*.tar.gz")
+    [wheel] = (tmp_path / "dist").glob("enginesmith-*.whl")
+    checked = subprocess.run([sys.executable, "-m", "twine", "check", "--strict", str(sdist), str(wheel)],
+                             capture_output=True, text=True, timeout=300)
+    assert checked.returncode == 0, checked.stdout[-2000:] + checked.stderr[-2000:]
+    with tarfile.open(sdist) as archive:
+        names = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
+    assert {"enginesmith/catalogue/targets.yaml", "enginesmith/catalogue/runtimes/runtimes.yaml",
+            "registry/templates/catalogue.css", "pyproject.toml", "README.md"} <= names
+    assert not [name for name in names if name.startswith((".venv", "build/"))]
