@@ -240,3 +240,21 @@ matrix: [{models: [tiny], recipes: [fp8], targets: [no-such-sku], kinds: [hf-qua
     errors = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "no-such-sku" in errors[0]
     assert "Traceback" not in refused.stderr and "prefect" not in refused.stderr.lower()
+
+
+def test_an_operators_catalogue_with_a_bad_field_is_refused_naming_the_file_field_and_line(tmp_path: Path):
+    import shutil
+
+    from enginesmith.config import config_dir
+
+    own = tmp_path / "catalogue"
+    shutil.copytree(config_dir(), own)
+    text = (own / "targets.yaml").read_text()
+    first = text.index("\n    memory_gib:") + len("\n    ")
+    end = text.index("\n", first)
+    (own / "targets.yaml").write_text(text[:first] + "memory_gib: lots" + text[end:])
+    line = text[:first].count("\n") + 1
+    refused = run_cli("targets", env={"ENGINESMITH_CONFIG_DIR": str(own)})
+    assert refused.returncode == 2
+    message = " ".join(refused.stderr.split())
+    assert f"targets.yaml:{line}" in message and "memory_gib" in message, message
