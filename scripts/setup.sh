@@ -13,7 +13,10 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 stamp="$VENV/.enginesmith-setup"
-want="$(sha256sum pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)"
+# The quantization extra's versions, held by the pins its runtime lists: an unpinned dependency (accelerate) would
+# otherwise move with PyPI and break the pins test (tests/test_runtimes.py) on the next fresh machine.
+PINS=enginesmith/catalogue/runtimes/modelopt.txt
+want="$(sha256sum pyproject.toml scripts/setup.sh "$PINS" | sha256sum | cut -c1-16)"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   echo "==> $VENV is up to date"
   exit 0
@@ -22,5 +25,5 @@ echo "==> installing torch 2.13.0 (CPU)"
 "${PIP[@]}" install --upgrade pip >/dev/null
 "${PIP[@]}" install torch==2.13.0
 echo "==> installing enginesmith[quantization,onnx,flows,s3,validation,dev]"
-"${PIP[@]}" install -e '.[quantization,onnx,flows,s3,validation,dev]'
+"${PIP[@]}" install -e '.[quantization,onnx,flows,s3,validation,dev]' -c "$PINS"
 echo "$want" > "$stamp"
