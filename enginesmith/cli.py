@@ -13,7 +13,7 @@ from rich.markup import escape
 
 from enginesmith import __version__
 from enginesmith.cli_registry import add_registry_commands
-from enginesmith.console import print_json, stderr, stdout, table
+from enginesmith.console import keep_user_errors_off_the_console, print_json, stderr, stdout, table
 from enginesmith.errors import UserError
 
 if TYPE_CHECKING:
@@ -551,7 +551,11 @@ def nightly(
     # flow run); a temporary Prefect server gets a start-up budget a loaded small machine meets.
     load_pipeline_config(config, default_catalogue(), check_tasks=False)
     os.environ.setdefault(EPHEMERAL_STARTUP_ENV, str(EPHEMERAL_STARTUP_S))
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # its telemetry fails offline, as an ERROR
     from flows.nightly import nightly as nightly_flow
+
+    if not _debug["enabled"]:
+        keep_user_errors_off_the_console(UserError)
 
     try:
         summaries = nightly_flow(config=str(config), dispatch="inline" if inline else "deployments")

@@ -240,17 +240,33 @@ def pull(
     json_output: JsonOption = False,
 ) -> None:
     """Pull an artefact: fetch missing blobs (resuming, verified), lay the files out ready to serve."""
+    from rich.markup import escape
+
     from registry.cache import BlobCache, default_cache_dir
-    from registry.choose import choose
+    from registry.choose import NothingRunsHere, choose
     from registry.names import parse_ref
-    from registry.pull import check_free_space, plan_pull, pull_artefact
+    from registry.pull import check_destination, check_free_space, plan_pull, pull_artefact
 
     store = _open_store(str(from_bundle) if from_bundle else registry, s3_endpoint)
     ref = parse_ref(what, where="MODEL|REF")
     limiter = _limiter(limit_rate)
     machine, constraints = _machine_and_constraints(recipe, target, tp, allow_same_sm, objective, runtime_version)
-    choice = choose(store, ref, machine, constraints)
+    try:
+        choice = choose(store, ref, machine, constraints)
+    except NothingRunsHere as nothing:
+        if not nothing.resolution.candidates:
+            raise  # nothing published: the error says so
+        # As `resolve` does: every artefact with why it does not run here, then exit 1 having written nothing.
+        if json_output:
+            print_json(nothing.resolution)
+        else:
+            _print_resolution(nothing.resolution)
+            stderr.print(f"[bold red]error:[/] no artefact of {escape(ref.model)} runs on {machine.description}; "
+                         "nothing was fetched or written (name one with MODEL@KEY to pull it anyway)")
+        raise typer.Exit(1) from None
     manifest, candidate = choice.manifest, choice.candidate
+    for note in machine.notes if not json_output else []:
+        stderr.print(f"[yellow]note:[/] {escape(note)}")
     if not candidate.eligible and not json_output:
         stderr.print(f"[yellow]warning:[/] {manifest.ref} is {candidate.status} on {machine.description}: "
                      f"{'; '.join(candidate.reasons)}")
@@ -258,6 +274,7 @@ def pull(
     destination = dest or cache.default_dest(manifest.model, manifest.key)
     plan = plan_pull(manifest, cache, destination, store.location)
     if not dry_run:
+        check_destination(destination)
         check_free_space(plan, cache, destination)  # before the progress bar, which would say it had started
     started = time.monotonic()
     with _transfer_progress(enabled=not (json_output or dry_run), verb="pulling",
@@ -478,6 +495,8 @@ def _machine_and_constraints(recipe: str | None, target: str, tp: int | None, al
 
 
 def _print_resolution(resolution: Resolution) -> None:
+    from rich.markup import escape
+
     colour = {"runnable": "green", "same-sm-not-tuned": "yellow", "low-memory": "yellow", "incompatible": "red"}
     metric_name = "tok/s" if resolution.constraints.objective == "throughput" else "TPOT ms"
     rows = []
@@ -492,6 +511,8 @@ def _print_resolution(resolution: Resolution) -> None:
         ])
     stdout.print(table(f"{resolution.model} on {resolution.machine.description}",
                        ["", "key", "kind", "recipe", "target", "tp×pp", "size", metric_name, "status", "why"], rows))
+    for note in resolution.machine.notes:
+        stdout.print(f"[yellow]note:[/] {escape(note)}")
     if resolution.chosen is not None:
         stdout.print(f"chosen: [bold]{resolution.chosen.model}@{resolution.chosen.key[:12]}[/] "
                      f"(by {resolution.constraints.objective})")

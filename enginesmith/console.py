@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from typing import Any
 
@@ -33,3 +34,32 @@ def table(title: str | None, columns: list[str], rows: list[list[str]]) -> Table
     for row in rows:
         result.add_row(*row)
     return result
+
+
+class UserErrorsOnce(logging.Filter):
+    """Keeps a ``UserError`` raised inside a flow off the console, where the CLI prints it once as its ``error:``
+    line: the engine's traceback of it is dropped, and so is any later record repeating its message (the run's
+    final state). Records of other errors pass untouched; the API handler (the UI's log) is not filtered."""
+
+    def __init__(self, error_type: type[BaseException]) -> None:
+        super().__init__()
+        self.error_type = error_type
+        self.seen: list[str] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, self.error_type):
+            self.seen.append(str(error).splitlines()[0])
+            return False
+        if self.seen:
+            message = record.getMessage()
+            return not any(seen in message for seen in self.seen)
+        return True
+
+
+def keep_user_errors_off_the_console(error_type: type[BaseException]) -> UserErrorsOnce:
+    """Install ``UserErrorsOnce`` on the root logger's handlers (Prefect's console handler among them)."""
+    once = UserErrorsOnce(error_type)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(once)
+    return once

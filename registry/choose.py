@@ -17,6 +17,14 @@ class ModelResolution(BaseModel):
     unreadable: list[UnreadableManifest]  # manifests that could not be assessed (and why)
 
 
+class NothingRunsHere(NotFoundError):
+    """A bare model with no artefact eligible on the machine; ``resolution`` says why each one lost."""
+
+    def __init__(self, message: str, *, resolution: Resolution, where: str, hint: str) -> None:
+        super().__init__(message, where=where, hint=hint)
+        self.resolution = resolution
+
+
 class Choice(BaseModel):
     manifest: Manifest
     candidate: Candidate  # its status on the machine: a named artefact may be pulled even when not runnable
@@ -32,7 +40,7 @@ def resolve_model(store: RegistryStore, model: str, machine: Machine, constraint
 def choose(store: RegistryStore, ref: Ref, machine: Machine, constraints: Constraints) -> Choice:
     """The manifest ``ref`` names (``MODEL@KEY``, ``MODEL:CHANNEL``), or for a bare ``MODEL`` the best runnable one.
 
-    Raises ``NotFoundError`` when a bare model has nothing that can run on ``machine``, with the reasons.
+    Raises ``NothingRunsHere`` when a bare model has nothing that can run on ``machine``, with the reasons.
     """
     if ref.names_one_manifest:
         manifest = find_manifest(store, ref)
@@ -41,10 +49,10 @@ def choose(store: RegistryStore, ref: Ref, machine: Machine, constraints: Constr
     resolution = resolve(ref.model, listing.manifests, machine, constraints)
     if resolution.chosen is None:
         why = "; ".join(f"{c.key[:12]}: {c.status} ({'; '.join(c.reasons)})" for c in resolution.candidates[:3])
-        raise NotFoundError(
+        raise NothingRunsHere(
             f"no artefact of {ref.model} can run on {machine.description}"
             + (f": {why}" if why else f": none is published in {store.location}"),
-            where=str(ref),
+            resolution=resolution, where=str(ref),
             hint=f"`enginesmith resolve {ref.model}` lists every candidate; name one with MODEL@KEY, "
                  "or use --target / --allow-same-sm",
         )

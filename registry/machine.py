@@ -30,16 +30,20 @@ def describe_machine(target: str, catalogue: Catalogue | None = None, *,
                        runtime_versions=runtimes)
     catalogue = catalogue or default_catalogue()
     if target == AUTO_TARGET:
+        detected = detect(catalogue.targets.values())
         gpus = [
             GpuSlot(index=d.gpu.cuda_index if d.gpu.cuda_index is not None else d.gpu.index, name=d.gpu.name,
                     target_id=d.match.target_id, sm=d.gpu.sm, memory_bytes=d.gpu.memory_total_bytes)
-            for d in detect(catalogue.targets.values())
+            for d in detected
         ]
         if not gpus:
             return Machine(source="detected", description="cpu (no NVIDIA GPU detected)",
                            host_memory_bytes=host_memory, runtime_versions=runtimes)
+        # An unknown GPU still runs what needs only its SM and memory; the note says why no SKU's build is exact.
+        unknown = sorted({f"GPU {d.gpu.index}: {d.match.note}" for d in detected if d.match.target_id is None})
         return Machine(source="detected", description=describe_gpus(gpus) + " (detected)", gpus=gpus,
-                       host_memory_bytes=host_memory, runtime_versions=runtimes)
+                       host_memory_bytes=host_memory, runtime_versions=runtimes,
+                       notes=[f"{line} (ENGINESMITH_CONFIG_DIR names a catalogue of your own)" for line in unknown])
     if target not in catalogue.targets:
         raise UserError(f"unknown target {target!r}", where="--target",
                         hint=f"use auto, cpu or one of: {', '.join(t for t in catalogue.targets if t != CPU_TARGET)}")

@@ -150,7 +150,7 @@ def pull_artefact(
         reason = unsafe_path_reason(entry.path)
         if reason:  # Manifest refuses these already; a manifest built in code must not bypass that
             raise UnsafePathError(f"path {entry.path!r} {reason}", where=manifest.ref)
-    _check_dest(dest)
+    check_destination(dest)
     plan = plan_pull(manifest, cache, dest, store.location)
     result = PullResult(
         model=manifest.model, key=manifest.key, registry=store.location, dest=str(dest), dry_run=dry_run,
@@ -335,8 +335,9 @@ def _download_resuming(store: RegistryStore, blob: PlannedBlob, part: Path, offs
     return offset - start
 
 
-def _check_dest(dest: Path) -> None:
-    """Pull replaces only a directory it wrote itself (or an empty one): never a user's files."""
+def check_destination(dest: Path) -> None:
+    """Raises ``UserError`` for a destination pull may not write: it replaces only a directory it wrote itself (or an
+    empty one), never a user's files, and it needs a writable directory to stage the files in."""
     if dest.is_symlink():
         raise UserError(f"{dest} is a symbolic link", where="--dest",
                         hint="give the real directory; pull replaces its destination and would drop the link")
@@ -345,6 +346,16 @@ def _check_dest(dest: Path) -> None:
     if dest.is_dir() and any(dest.iterdir()) and not (dest / PULL_RECORD_FILE).is_file():
         raise UserError(f"{dest} is not empty and was not written by enginesmith pull", where="--dest",
                         hint="choose a new or empty directory; pull replaces a directory only if it wrote it")
+    # The artefact is staged beside dest and renamed into place: the nearest directory that exists must take writes.
+    existing = next(parent for parent in dest.absolute().parents if parent.exists())
+    if not os.access(existing, os.W_OK | os.X_OK):
+        why = "is on a read-only filesystem" if _read_only_filesystem(existing) else "is not writable by this user"
+        raise UserError(f"{existing} {why}: cannot lay out {dest.name} there", where="--dest",
+                        hint="choose a --dest on a writable disk (nothing was fetched or written)")
+
+
+def _read_only_filesystem(path: Path) -> bool:
+    return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
 
 
 def _lay_out(registry: str, manifest: Manifest, cache: BlobCache, dest: Path) -> tuple[int, int]:
@@ -366,7 +377,7 @@ def _lay_out(registry: str, manifest: Manifest, cache: BlobCache, dest: Path) ->
         record = PullRecord(registry=registry, model=manifest.model, key=manifest.key, pulled=utc_timestamp(),
                             manifest=manifest)
         (staging / PULL_RECORD_FILE).write_text(record.model_dump_json(indent=2) + "\n")
-        _check_dest(dest)
+        check_destination(dest)
         if dest.exists():
             retired = dest.parent / f".{dest.name}.{uuid.uuid4().hex[:12]}.old"
             os.rename(dest, retired)

@@ -8,6 +8,7 @@ one scenario onto it and prints what it saw as JSON (the mount vanishes with the
 ``pull-cli REGISTRY``: ``enginesmith pull`` with its cache and destination on the small disk.
 ``pull-filled REGISTRY``: a pull in this process whose first write is followed by another writer filling the disk.
 ``cli ARG...``: ``enginesmith ARG...`` with ``{disk}`` in the arguments replaced by the mount point.
+``cli-read-only ARG...``: the same, with a read-only tmpfs mounted at ``{disk}/read-only``.
 """
 
 from __future__ import annotations
@@ -135,7 +136,11 @@ def on_small_disk(tmp_path: Path, size_mib: int, scenario: str, *args: str) -> d
 def main() -> None:
     scenario, mount_point, size_mib, args = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
     subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mib}m", "tmpfs", str(mount_point)], check=True)
-    if scenario == "cli":
+    if scenario == "cli-read-only":
+        (mount_point / "read-only").mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(mount_point / "read-only")],
+                       check=True)
+    if scenario.startswith("cli"):
         seen = cli(mount_point, *args)
     else:
         seen = {"pull-cli": pull_cli, "pull-filled": pull_filled}[scenario](mount_point, Path(args[0]))

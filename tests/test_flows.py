@@ -207,6 +207,24 @@ matrix:
 
 
 
+@pytest.mark.slow
+def test_a_user_error_inside_the_running_flow_is_printed_once_without_a_traceback(prefect_server, tmp_path):
+    """#31 (7): a config that loads but fails inside the nightly flow (a plug-in kind that cannot be imported is
+    found when the flow loads the kinds) was logged by Prefect as an ERROR with a traceback, then repeated in its
+    final state, before the CLI's own error line; now the console shows the error line alone, and exit 2."""
+    from prefect.settings import PREFECT_API_URL
+
+    config = write_tiny_matrix(tmp_path, recipes=["fp8"])
+    config.write_text(config.read_text() + "plugins: [no_such_plugin_module]\n")
+    refused = run_cli("nightly", str(config), "--inline",
+                      env={"PREFECT_API_URL": PREFECT_API_URL.value(), "PREFECT_LOGGING_LEVEL": "INFO"})
+    assert refused.returncode == 2, refused.stdout[-2000:] + refused.stderr[-2000:]
+    assert "Beginning flow run" in refused.stderr  # it did fail inside the flow
+    assert refused.stderr.count("could not be imported") == 1, refused.stderr
+    assert "error: plugins[0]" in refused.stderr and "Traceback" not in refused.stderr
+
+
+
 @pytest.mark.parametrize(("error", "retried"), [
     ("registry-outage", True), ("hub-outage", True), ("server-out-of-memory", False), ("bad-config", False)])
 def test_the_flows_retry_outages_and_never_a_deterministic_failure(tmp_path, error, retried):

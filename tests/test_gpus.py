@@ -207,3 +207,38 @@ def test_gpu_memory_is_sampled_for_the_servers_own_processes_not_the_whole_node(
         assert UsageSampler("http://127.0.0.1:9", server_pid=server.pid).memory_source == "nvml"
     finally:
         server.communicate(b"")
+
+
+def test_pull_on_a_gpu_the_catalogue_lacks_lists_every_artefact_with_why_and_writes_nothing(monkeypatch, tmp_path,
+                                                                                           capsys):
+    """#31: `--target auto` on a node whose GPU (a V100) is not in the catalogue: like NIM's profile list, pull prints
+    every artefact with why it does not run here and the GPU it could not match, exits 1, and writes nothing."""
+    from enginesmith.cli import main
+    from registry.local import LocalStore
+    from registry.publish import publish_artefact
+    from tests.registry_helpers import write_artefact
+
+    store = LocalStore(tmp_path / "registry")
+    publish_artefact(store, write_artefact(tmp_path / "fp8", target="h100-sxm", target_sm=90))
+    publish_artefact(store, write_artefact(tmp_path / "engine", kind="trtllm-engine", target="a100-sxm",
+                                           target_sm=80, versions={"tensorrt_llm": "1.2.1"}))
+    _node(monkeypatch, [FakeBoard(uuid=_uuid(0), name="Tesla V100-PCIE-32GB", pci_device=0x1DB6,
+                                  memory_bytes=32510 * 1024**2, capability=(7, 0))])
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    dest, cache = tmp_path / "models" / "tiny-llama", tmp_path / "cache"
+    registry = ["--registry", str(store.root)]
+    pull = ["pull", "tiny-llama", "--dest", str(dest), "--cache-dir", str(cache), *registry]
+    for argv in (pull, ["resolve", "tiny-llama", "--target", "auto", *registry]):
+        monkeypatch.setattr(sys, "argv", ["enginesmith", *argv])
+        with pytest.raises(SystemExit) as exited:
+            main()
+        seen = capsys.readouterr()
+        out = " ".join(seen.out.split())
+        assert exited.value.code == 1, seen
+        assert "Tesla V100-PCIE-32GB (SM 7.0)" in out and out.count("incompatible") == 2, out
+        assert "built for h100-sxm (SM 9.0)" in out and "built for a100-sxm (SM 8.0)" in out
+        assert "PCI device 0x1DB6 (Tesla V100-PCIE-32GB) is not in the catalogue" in out
+        assert "Traceback" not in seen.err
+        if argv is pull:
+            assert "nothing was fetched or written" in " ".join(seen.err.split())
+    assert not dest.parent.exists() and not cache.exists()

@@ -171,3 +171,20 @@ def test_a_disk_filled_by_someone_else_mid_pull_fails_cleanly_and_keeps_nothing_
     assert "the disk filled while pulling tiny-llama@" in seen["message"]
     assert seen["partials"] == [] and seen["blobs"] == [] and seen["dest_exists"] is False, seen
     assert seen["staging"] == []
+
+
+@requires_mount_namespace
+def test_a_pull_onto_a_read_only_destination_is_refused_before_anything_is_fetched(tmp_path: Path) -> None:
+    """#31: a --dest on a read-only filesystem (a node's image mounted ro) is refused naming it and --dest, before a
+    byte is fetched: the cache stays empty, nothing is staged."""
+    store = LocalStore(tmp_path / "registry")
+    publish_artefact(store, write_artefact(tmp_path / "build"))
+
+    seen = on_small_disk(tmp_path, 256, "cli-read-only", "pull", "tiny-llama", "--registry", str(store.root),
+                         "--cache-dir", "{disk}/cache", "--dest", "{disk}/read-only/models/tiny-llama")
+
+    assert seen["returncode"] == 2, seen
+    message = " ".join(seen["stderr"].split())
+    assert f"--dest: {tmp_path / 'small' / 'read-only'} is on a read-only filesystem" in message, message
+    assert "Traceback" not in seen["stderr"]
+    assert seen["files_after"] == ["read-only"], seen  # no cache directory, no partial, no staging directory
