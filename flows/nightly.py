@@ -16,7 +16,7 @@ from prefect.deployments import run_deployment
 from prefect.futures import PrefectFuture
 from prefect.states import Cancelled, State
 
-from enginesmith.config import default_catalogue
+from enginesmith.config import default_catalogue, load_pipeline_config
 from enginesmith.errors import TransientError
 from enginesmith.plan import first_route
 from enginesmith.specs import PipelineConfig
@@ -136,9 +136,17 @@ def nightly(config: str = "configs/nightly.yaml", dispatch: Literal["deployments
     """``pools``: routes from cell-id globs to work pools, first match wins, before the SKU × kind pool
     (``pool_of``); ``deploy_all`` creates those pools and sets them on the nightly deployment."""
     logger = get_run_logger()
-    # The preflight's checks first: a cell that would fail (a task that does not exist, a model that cannot be
-    # reached, memory a stage lacks, a serve command vLLM refuses) is reported, not sent to a GPU.
-    pipeline, planned, report = run_preflight(Path(config), default_catalogue())
+    # The preflight's checks first, on the cells the registry lacks: a cell that would fail (a task that does not
+    # exist, a model that cannot be reached, memory a stage lacks, a serve command vLLM refuses) is reported, not
+    # sent to a GPU; a published one costs a key lookup.
+    catalogue = default_catalogue()
+    pipeline = load_pipeline_config(Path(config), catalogue, check_tasks=False)
+    published = steps.PublishedKeys(pipeline)
+
+    def to_build(cell: PlannedCell) -> bool:
+        return cell.status != "invalid" and not published.has(cell.model.id, cell.key)
+
+    pipeline, planned, report = run_preflight(Path(config), catalogue, config=pipeline, select=to_build)
     verdicts = {checked.id: checked for checked in report.cells}
     for line in report.skipped:
         logger.info("preflight skipped %s", line)
@@ -147,11 +155,11 @@ def nightly(config: str = "configs/nightly.yaml", dispatch: Literal["deployments
     for kind, cell in planned:
         if cell.status == "invalid":
             summaries.append(CellSummary(cell=cell.id, status="invalid", key=cell.key, reason=cell.reason))
+        elif not to_build(cell):
+            summaries.append(CellSummary(cell=cell.id, status="cached", key=cell.key))
         elif verdicts[cell.id].status == "blocked":
             summaries.append(CellSummary(cell=cell.id, status="blocked", key=cell.key,
                                          reason="; ".join(verdicts[cell.id].reasons)[:1000]))
-        elif steps.published(pipeline, cell.model.id, cell.key):
-            summaries.append(CellSummary(cell=cell.id, status="cached", key=cell.key))
         else:
             todo.append((kind, cell))
     logger.info("%d cells: %d to build, %d already published, %d invalid, %d blocked", len(planned), len(todo),

@@ -10,7 +10,7 @@ from pydantic import BaseModel
 
 from enginesmith.config import Catalogue, load_pipeline_config
 from enginesmith.specs import PipelineConfig
-from pipeline.kinds import CellKind, PlannedCell, kinds_of
+from pipeline.kinds import CellFilter, CellKind, PlannedCell, kinds_of
 from pipeline.verdicts import CellPreflight, CellStatus
 
 
@@ -29,19 +29,22 @@ class PreflightReport(BaseModel):
         return sum(c.status == status for c in self.cells)
 
 
-def run_preflight(config_path: Path, catalogue: Catalogue, *, parse_with_vllm: bool = True
+def run_preflight(config_path: Path, catalogue: Catalogue, *, parse_with_vllm: bool = True,
+                  config: PipelineConfig | None = None, select: CellFilter | None = None
                   ) -> tuple[PipelineConfig, list[tuple[CellKind, PlannedCell]], PreflightReport]:
-    """Load, plan and judge every kind's cells. The planned cells come back too, each with its kind: they carry the
-    keys the nightly dispatches."""
+    """Load (unless ``config`` is the file, loaded), plan and judge every kind's cells, or those ``select`` takes
+    (the report lists those alone). The planned cells come back too, each with its kind: they carry the keys the
+    nightly dispatches."""
     from huggingface_hub import constants
 
-    config = load_pipeline_config(config_path, catalogue, check_tasks=False)
+    config = config or load_pipeline_config(config_path, catalogue, check_tasks=False)
     planned: list[tuple[CellKind, PlannedCell]] = []
     verdicts: list[CellPreflight] = []
     skipped: list[str] = []
     parser: str | None = None
     for kind in kinds_of(config):
-        cells, judged = kind.preflight(config, config_path.parent, catalogue, parse_with_vllm=parse_with_vllm)
+        cells, judged = kind.preflight(config, config_path.parent, catalogue, parse_with_vllm=parse_with_vllm,
+                                       select=select)
         planned += [(kind, cell) for cell in cells]
         verdicts += judged.verdicts
         skipped += judged.skipped

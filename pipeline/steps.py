@@ -56,6 +56,22 @@ def pull(config_path: Path, cell: PinnedSource, *, allow_pickle: bool = False,
     return checkpoint
 
 
+class PublishedKeys:
+    """Which keys the config's registry holds, listed once per model when first asked (a night of cached cells
+    reads the registry once per model, not once per cell)."""
+
+    def __init__(self, config: PipelineConfig) -> None:
+        from registry.store import open_store
+
+        self._store = open_store(registry_url(config))
+        self._keys: dict[str, frozenset[str]] = {}
+
+    def has(self, model_id: str, key: str) -> bool:
+        if model_id not in self._keys:
+            self._keys[model_id] = frozenset(self._store.list_manifest_keys(model_id))
+        return key in self._keys[model_id]
+
+
 def published(config: PipelineConfig, model_id: str, key: str) -> bool:
     """Is a cell's final key already in the registry (so it costs no GPU time)?"""
     from registry.store import open_store

@@ -29,6 +29,7 @@ from enginesmith.specs import PipelineConfig, TargetSpec
 from pipeline import steps
 from pipeline.kinds import (
     CellContext,
+    CellFilter,
     CellRun,
     Dispatch,
     KindPreflight,
@@ -190,10 +191,11 @@ class ChecksumKind:
         return cells
 
     def preflight(self, config: PipelineConfig, config_dir: Path, catalogue: Catalogue, *,
-                  parse_with_vllm: bool = True) -> tuple[list[PlannedCell], KindPreflight]:
+                  parse_with_vllm: bool = True, select: CellFilter | None = None
+                  ) -> tuple[list[PlannedCell], KindPreflight]:
         cells = self.plan(config, config_dir, catalogue)
         verdicts = [verdict(c.id, c.key, [Check(name="source", ok=Path(c.model.repo).is_dir(), detail=c.model.repo)],
-                            invalid=False) for c in cells]
+                            invalid=False) for c in cells if select is None or select(c)]
         return cells, KindPreflight(verdicts=verdicts)
 
     def pool(self, cell: PlannedCell) -> str:

@@ -181,3 +181,27 @@ matrix: [{{models: [tiny], recipes: [fp8-kv], targets: [h100-sxm], kinds: [hf-qu
     assert judged.status == "blocked" and judged.reasons == [f"vllm-args: {verdicts[1]}"]
     accepted = gathered.model_copy(update={"vllm_verdicts": {" ".join(candidate): None}})
     assert judge_cell(cell, config, accepted).status == "ready"
+
+
+def test_a_preflight_told_which_cells_to_judge_makes_the_slow_checks_for_those_alone(nightly_cache, tmp_path,
+                                                                                    monkeypatch) -> None:
+    """#32: the nightly preflights only the cells it will dispatch. With no cell selected (every cell published)
+    vLLM's parser is not even looked for (the missing environment here would say so in `skipped`) and no cell is
+    judged; with one selected, that cell alone is judged and the parser is looked for."""
+    from enginesmith.config import default_catalogue
+    from pipeline.preflight import run_preflight
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(nightly_cache))
+    monkeypatch.setenv("ENGINESMITH_VLLM_CPU_PYTHON", str(tmp_path / "no-vllm-here" / "python"))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(nightly_cache))
+
+    _, planned, nothing = run_preflight(NIGHTLY, default_catalogue(), select=lambda cell: False)
+    assert len(planned) > 20 and nothing.cells == []
+    assert not [line for line in nothing.skipped if line.startswith("vllm-args")], nothing.skipped
+
+    chosen = next(cell for _, cell in planned if cell.status == "build")
+    _, _, one = run_preflight(NIGHTLY, default_catalogue(), select=lambda cell: cell.id == chosen.id)
+    assert [c.id for c in one.cells] == [chosen.id]
+    assert any(line.startswith("vllm-args") and "no-vllm-here" in line for line in one.skipped), one.skipped

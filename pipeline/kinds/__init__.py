@@ -81,8 +81,12 @@ class Dispatch(BaseModel):
     parameters: dict[str, Any]
 
 
+# Which planned cells a preflight judges (the nightly: those it will dispatch); None judges every cell.
+CellFilter = Callable[["PlannedCell"], bool]
+
+
 class KindPreflight(BaseModel):
-    """A kind's cells, each judged, and the checks skipped for all of them (with why)."""
+    """A kind's cells, each judged (those its filter selected), and the checks skipped for all of them (with why)."""
 
     verdicts: list[CellPreflight]
     skipped: list[str] = []
@@ -150,8 +154,10 @@ class CellKind(Protocol):
              resolve_hub: bool = True) -> list[PlannedCell]: ...
 
     def preflight(self, config: PipelineConfig, config_dir: Path, catalogue: Catalogue, *,
-                  parse_with_vllm: bool = True) -> tuple[list[PlannedCell], KindPreflight]:
-        """Plan with everything resolved (the Hub, the checkpoints' own files) and judge every cell."""
+                  parse_with_vllm: bool = True, select: CellFilter | None = None
+                  ) -> tuple[list[PlannedCell], KindPreflight]:
+        """Plan with everything resolved (the Hub, the checkpoints' own files) and judge every cell ``select``
+        takes (all where None): the slow checks (vLLM's parser, the Hub's datasets) are made for those alone."""
         ...
 
     def pool(self, cell: PlannedCell) -> str:

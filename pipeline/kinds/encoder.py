@@ -19,7 +19,7 @@ from enginesmith.errors import ConfigError
 from enginesmith.plan import LOCAL_MODEL_HINT
 from enginesmith.specs import PipelineConfig, TargetSpec
 from pipeline import steps
-from pipeline.kinds import CellContext, CellRun, Dispatch, KindPreflight, PlannedCell, StageRunner
+from pipeline.kinds import CellContext, CellFilter, CellRun, Dispatch, KindPreflight, PlannedCell, StageRunner
 from pipeline.kinds import encoder_steps as stages
 from pipeline.params import RUN_CELL_FLOW, RunCellParams
 from pipeline.plan_sources import model_source
@@ -62,7 +62,8 @@ class EncoderKind:
         return list(plan_encoders_loaded(config, config_dir, catalogue, resolve_hub=resolve_hub))
 
     def preflight(self, config: PipelineConfig, config_dir: Path, catalogue: Catalogue, *,
-                  parse_with_vllm: bool = True) -> tuple[list[PlannedCell], KindPreflight]:
+                  parse_with_vllm: bool = True, select: CellFilter | None = None
+                  ) -> tuple[list[PlannedCell], KindPreflight]:
         cells = plan_encoders_loaded(config, config_dir, catalogue)
         runtime = Check(name="runtime", ok=True, detail="onnxruntime installed here")
         skipped = []
@@ -71,7 +72,7 @@ class EncoderKind:
                                                             "cell builds and validates)")
             skipped.append(f"runtime: {runtime.detail}")
         verdicts = []
-        for cell in cells:
+        for cell in cells if select is None else filter(select, cells):
             checks = [Check(name=f"rule {v.rule}", ok=False, detail=v.message) for v in cell.violations]
             checks.append(Check(name="model", ok=True, detail=f"{cell.model.repo}@{cell.source_revision[:19]}"))
             checks.append(runtime)

