@@ -333,9 +333,17 @@ class WorkloadSpec(StrictModel):
     min_requests: int = Field(64, ge=1, description="each level completes at least this many requests")
     level_timeout_s: float = Field(
         900, gt=0, description="a level that has not sent its minimum requests by then is an error")
-    repeats: int = Field(3, ge=1, description="interleaved rounds (candidate, reference, …) measured per side")
+    repeats: int = Field(
+        2, ge=1, description="interleaved rounds (candidate, reference, …) measured before the gates are first judged")
     max_repeats: int = Field(
-        6, ge=1, description="rounds allowed when a performance gate's margin is inside the measured spread")
+        6, ge=1, description="rounds allowed while a performance gate is undecided (one look after each round)")
+    error_budget: float = Field(
+        0.05, gt=0, lt=0.5, description="per performance gate: the chance of a verdict on the wrong side of its limit, "
+        "spent evenly over the looks from repeats to max_repeats")
+    round_noise: float = Field(
+        0.05, gt=0, description="an upper bound on the per-round noise of a ratio (σ of its log) on this target, "
+        "worth four rounds of evidence: two rounds that happen to agree cannot decide a gate alone, and the error "
+        "budget holds while the true noise stays below it")
     accuracy_tasks: list[str] = []
     greedy_agreement_tokens: int = Field(16, ge=1)
     baselines: list[Literal["transformers-serve"]] = Field(

@@ -1,9 +1,10 @@
 """TEST DOUBLE: an OpenAI-compatible completions server on loopback whose decoding speed is set per measurement
 round, to inject what no real server does on demand: a machine that slows down in some rounds and not others.
 
-It streams ``max_tokens`` tokens, one SSE message each, ``seconds_per_token(round)`` apart; the round is read from
-the request's ``x-request-id`` (the load generator sends ``<run>-<role>-r<round>-c<concurrency>-<index>``). It
-records the order in which rounds reached it, so a test can check that sides were interleaved."""
+It streams ``max_tokens`` tokens, one SSE message each, ``seconds_per_token(round)`` apart (with ``by_level``,
+``seconds_per_token(round, concurrency)``); the round and level are read from the request's ``x-request-id`` (the
+load generator sends ``<run>-<role>-r<round>-c<concurrency>-<index>``). It records the order in which rounds reached
+it, so a test can check that sides were interleaved, and the (round, concurrency) of every measured request."""
 
 from __future__ import annotations
 
@@ -14,13 +15,15 @@ import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-ROUND = re.compile(r"-r(\d+)-c\d+-")
+ROUND = re.compile(r"-r(\d+)-c(\d+)-")
 
 
 class PacedServer:
-    def __init__(self, name: str, seconds_per_token: Callable[[int], float], port: int = 0) -> None:
-        self.name, self.seconds_per_token = name, seconds_per_token
+    def __init__(self, name: str, seconds_per_token: Callable[..., float], port: int = 0, *,
+                 by_level: bool = False) -> None:
+        self.name, self.seconds_per_token, self.by_level = name, seconds_per_token, by_level
         self.rounds_seen: list[tuple[float, int]] = []  # (arrival time, round) of each measured request
+        self.levels_seen: list[tuple[int, int]] = []  # (round, concurrency) of each measured request
         self.server = ThreadingHTTPServer(("127.0.0.1", port), self._handler())
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -57,9 +60,12 @@ class PacedServer:
                     self._send(json.dumps({"choices": [{"text": " 7" * tokens, "index": 0}], "usage": usage}).encode())
                     return
                 match = ROUND.search(self.headers.get("x-request-id", ""))
-                round_number = int(match.group(1)) if match else 0
+                round_number, concurrency = (int(match.group(1)), int(match.group(2))) if match else (0, 1)
                 if match and "warmup" not in self.headers.get("x-request-id", ""):
                     double.rounds_seen.append((time.monotonic(), round_number))
+                    double.levels_seen.append((round_number, concurrency))
+                pace = double.seconds_per_token(round_number, concurrency) if double.by_level else \
+                    double.seconds_per_token(round_number)
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.send_header("Transfer-Encoding", "chunked")
@@ -69,7 +75,7 @@ class PacedServer:
                 try:
                     for index, event in enumerate(events):
                         if 0 < index < tokens:
-                            time.sleep(double.seconds_per_token(round_number))
+                            time.sleep(pace)
                         self._chunk(f"data: {json.dumps(event)}\n\n".encode())
                     self._chunk(b"data: [DONE]\n\n")
                     self._chunk(b"")

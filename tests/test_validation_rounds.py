@@ -72,6 +72,43 @@ def test_a_slower_candidate_fails_clear_of_the_spread(tiny_model_dir, tmp_path):
     assert throughput.measured is not None and throughput.high is not None and throughput.high < 0.8
 
 
+def test_after_the_first_look_only_the_levels_of_undecided_gates_are_measured_and_baselines_stop(tiny_model_dir,
+                                                                                                tmp_path):
+    """#32: verdicts from fewer requests. The candidate's single requests are 0.6× and 1.6× the reference's TPOT in
+    alternate rounds (the latency gate, limit 1.0, cannot be decided), while at concurrency 2 both sides decode alike
+    (the throughput gate, limit 0.5, is decided at the first look). Every round after the first look measures
+    concurrency 1 alone, the ungated baseline is measured in the first rounds only, and the report says what each
+    side's verdict cost."""
+    def candidate_pace(round_number: int, concurrency: int) -> float:
+        return (0.006 if round_number % 2 else 0.016) if concurrency == 1 else 0.01
+
+    gates = GateSpec(min_throughput_ratio=0.5, max_tpot_ratio=1.0)
+    with PacedServer("c", candidate_pace, by_level=True) as candidate, PacedServer("r", lambda r: 0.01) as reference, \
+            PacedServer("b", lambda r: 0.01) as baseline:
+        report = validate(ServerSide(role="candidate", name="c", runtime="double", url=candidate.url),
+                          ServerSide(role="reference", name="r", runtime="double", url=reference.url),
+                          baselines=[ServerSide(role="baseline", name="b", runtime="double", url=baseline.url)],
+                          workload=WORKLOAD, gates=gates, recipe_id="fp8", target_id="cpu",
+                          tokenizer_dir=tiny_model_dir, out_dir=tmp_path)
+    first_look, last = WORKLOAD.repeats, WORKLOAD.max_repeats
+    throughput, latency = _gate(report, "min_throughput_ratio"), _gate(report, "max_tpot_ratio")
+    assert throughput.decision == "clear" and throughput.passed and throughput.rounds == first_look
+    assert latency.decision == "median" and report.comparison.rounds == last
+    for side in (report.comparison.candidate, report.comparison.reference):
+        measured = [(level.round, level.concurrency) for level in side.levels]
+        swept = [(r, c) for r in range(first_look) for c in (1, 2)]
+        assert measured == swept + [(r, 1) for r in range(first_look, last)]
+    # What the servers saw agrees: nothing at concurrency 2 after the first look, the baseline nothing after it at all.
+    assert {c for r, c in candidate.levels_seen if r > first_look} == {1}
+    assert {r for r, _ in baseline.levels_seen} == set(range(1, first_look + 1))
+    cost = report.comparison.candidate.cost
+    assert cost is not None and cost.measured_requests == sum(lv.completed for lv in report.comparison.candidate.levels)
+    assert cost.requests == cost.measured_requests + cost.warmup_requests + cost.accuracy_requests
+    assert cost.accuracy_requests > 0 and cost.gpu_s is None  # the cpu target holds no GPU
+    assert report.decision is not None and report.decision.looks == last - first_look + 1
+    assert "What the verdict cost" in report.markdown() and report.verdict_s is not None
+
+
 def test_a_level_that_cannot_reach_its_minimum_requests_names_the_level_and_what_it_reached():
     with PacedServer("slow", lambda r: 0.5) as server:
         endpoint = external_endpoint(server.url)

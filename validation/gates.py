@@ -1,46 +1,109 @@
 """The gate verdict: every gate with its measured value, its spread over the rounds, and its limit. Pure.
 
-A performance gate knows its noise. Its ratio is the median of the per-round ratios (candidate / reference,
-measured in the same round); the rounds' half-range is the noise. The gate passes when the median clears
-the limit by more than the half-range, fails when it misses by more than the half-range, and otherwise is
-*inside* the spread: the caller measures more rounds, and once no more are allowed the median decides.
+A performance gate knows its noise, and is decided by a sequential test (``DecisionRule``). Its ratio is
+taken per round (candidate / reference, measured in the same round); the report shows the median over rounds.
+The test works on the per-round log ratios y₁…yₙ: their mean m, and a variance pooled from their own (n − 1
+degrees of freedom) and a prior of ``PRIOR_ROUNDS`` rounds at the workload's ``round_noise``, so two rounds
+that happen to agree cannot decide alone. With the Student-t quantile q at ``error_budget / looks`` (one-sided,
+Bonferroni over the looks the rounds allow), the bounds are exp(m ∓ q·σ/√n). The gate passes when the bounds
+lie wholly on the good side of the limit, fails when they lie wholly on the bad side, and otherwise is *inside*:
+the caller measures another round, and after the last one the median decides (said so: that verdict is outside
+the error budget). Whatever the true ratio, the chance that a gate is decided on the wrong side of its limit at
+one of its looks is at most ``error_budget`` under the model (independent, normal per-round log ratios).
 """
 
 from __future__ import annotations
 
+import math
+import statistics
 from typing import Literal
 
-from enginesmith.reports.measures import Decision, GateResult, Spread
-from enginesmith.specs import GateSpec
+from enginesmith.reports.measures import Decision, DecisionRule, GateResult, Spread
+from enginesmith.specs import GateSpec, WorkloadSpec
 
 Judgement = Literal["pass", "fail", "inside"]
+PRIOR_ROUNDS = 4  # the prior noise counts as this many rounds' worth of evidence
+DEFAULT_ERROR_BUDGET, DEFAULT_ROUND_NOISE = 0.05, 0.05
+# A fixed set of rounds judged once (the encoders' speed gate): the default budget on a single look.
+SINGLE_LOOK = DecisionRule(error_budget=DEFAULT_ERROR_BUDGET, first_look=1, looks=1,
+                           round_noise=DEFAULT_ROUND_NOISE, prior_rounds=PRIOR_ROUNDS)
 
 
-def judge(spread: Spread | None, limit: float, *, at_least: bool) -> Judgement:
-    """``pass`` when the median clears ``limit`` by more than the half-range, ``fail`` when it misses by more,
+def decision_rule(workload: WorkloadSpec) -> DecisionRule:
+    """The rule a workload's rounds are judged by: a look after every round from ``repeats`` to ``max_repeats``."""
+    return DecisionRule(error_budget=workload.error_budget, first_look=workload.repeats,
+                        looks=workload.max_repeats - workload.repeats + 1, round_noise=workload.round_noise,
+                        prior_rounds=PRIOR_ROUNDS)
+
+
+def student_t_cdf(t: float, dof: int) -> float:
+    """P(T ≤ t) for Student's t with an integer ``dof`` ≥ 1 (Abramowitz & Stegun 26.7.3–4: finite sums)."""
+    theta = math.atan(t / math.sqrt(dof))
+    cos2 = math.cos(theta) ** 2
+    if dof % 2 == 1:
+        term, total = 1.0, 0.0
+        if dof > 1:
+            total = term = 1.0
+            for k in range(3, dof - 1, 2):  # 1 + 2/3 cos² + (2·4)/(3·5) cos⁴ + …
+                term *= (k - 1) / k * cos2
+                total += term
+        inner = 2 / math.pi * (theta + (math.sin(theta) * math.cos(theta) * total if dof > 1 else 0.0))
+    else:
+        term = total = 1.0
+        for k in range(2, dof - 1, 2):  # 1 + 1/2 cos² + (1·3)/(2·4) cos⁴ + …
+            term *= (k - 1) / k * cos2
+            total += term
+        inner = math.sin(theta) * total
+    return (1 + inner) / 2
+
+
+def student_t_quantile(p: float, dof: int) -> float:
+    """The t with P(T ≤ t) = ``p`` (0.5 < p < 1), by bisection on ``student_t_cdf``."""
+    low, high = 0.0, 1.0
+    while student_t_cdf(high, dof) < p:
+        high *= 2
+    for _ in range(100):
+        middle = (low + high) / 2
+        low, high = (middle, high) if student_t_cdf(middle, dof) < p else (low, middle)
+    return (low + high) / 2
+
+
+def bounds(spread: Spread, rule: DecisionRule) -> tuple[float, float]:
+    """The ratio's lower and upper bound at this look: exp(m ∓ q·σ/√n) over the per-round log ratios."""
+    logs = [math.log(max(value, 1e-12)) for value in spread.values]
+    rounds = len(logs)
+    mean = statistics.fmean(logs)
+    own = statistics.variance(logs) * (rounds - 1) if rounds > 1 else 0.0
+    dof = rule.prior_rounds + rounds - 1
+    sigma = math.sqrt((rule.prior_rounds * rule.round_noise ** 2 + own) / dof)
+    half_width = student_t_quantile(1 - rule.error_budget / rule.looks, dof) * sigma / math.sqrt(rounds)
+    return math.exp(mean - half_width), math.exp(mean + half_width)
+
+
+def judge(spread: Spread | None, limit: float, *, at_least: bool, rule: DecisionRule = SINGLE_LOOK) -> Judgement:
+    """``pass`` when the bounds lie wholly on the good side of ``limit``, ``fail`` when wholly on the bad side,
     ``inside`` otherwise. A quantity that was not measured fails."""
     if spread is None:
         return "fail"
-    margin = spread.median - limit if at_least else limit - spread.median
-    if margin > spread.half_range or (margin >= 0 and spread.half_range == 0):
-        return "pass"
-    if margin < -spread.half_range:
-        return "fail"
-    return "inside"
+    low, high = bounds(spread, rule)
+    good, bad = (low > limit, high < limit) if at_least else (high < limit, low > limit)
+    return "pass" if good else "fail" if bad else "inside"
 
 
 def _performance_gate(name: str, spread: Spread | None, limit: float, *, at_least: bool, final: bool,
-                      detail: str) -> GateResult:
-    judgement = judge(spread, limit, at_least=at_least)
+                      detail: str, rule: DecisionRule = SINGLE_LOOK) -> GateResult:
+    judgement = judge(spread, limit, at_least=at_least, rule=rule)
     if judgement == "inside" and final:
         assert spread is not None
         passed = spread.median >= limit if at_least else spread.median <= limit
         decision: Decision = "median"
     else:
         passed, decision = judgement == "pass", "inside" if judgement == "inside" else "clear"
+    low, high = bounds(spread, rule) if spread is not None else (None, None)
     return GateResult(name=name, measured=spread.median if spread else None, limit=limit, passed=passed,
                       detail=detail, low=spread.low if spread else None, high=spread.high if spread else None,
-                      rounds=len(spread.values) if spread else None, decision=decision)
+                      rounds=len(spread.values) if spread else None, decision=decision, bound_low=low,
+                      bound_high=high)
 
 
 def evaluate_gates(
@@ -55,10 +118,11 @@ def evaluate_gates(
     tpot_unobservable: str | None = None,
     perplexity_increase: float | None = None,
     final: bool = True,
+    rule: DecisionRule = SINGLE_LOOK,
 ) -> list[GateResult]:
     """Throughput ratio ≥ min, TPOT ratio ≤ max, each task's accuracy drop ≤ the recipe's limit, no failed
     requests. A measure that could not be taken fails its gate (never passes silently). With ``final`` false,
-    a performance gate inside its spread comes back undecided (``decision == "inside"``).
+    a performance gate whose bounds (``rule``) hold its limit comes back undecided (``decision == "inside"``).
 
     Where TPOT at concurrency 1 is not observable (``tpot_unobservable`` says why), the latency gate holds the
     median end-to-end latency at concurrency 1 to the same limit instead, and says so.
@@ -71,9 +135,9 @@ def evaluate_gates(
                           "concurrency 1 / reference's, per round, instead")
     results = [
         _performance_gate("min_throughput_ratio", throughput_ratio, gates.min_throughput_ratio, at_least=True,
-                          final=final, detail="candidate max output throughput / reference's, per round"),
+                          final=final, detail="candidate max output throughput / reference's, per round", rule=rule),
         _performance_gate("max_tpot_ratio", latency, gates.max_tpot_ratio, at_least=False, final=final,
-                          detail=latency_detail),
+                          detail=latency_detail, rule=rule),
         GateResult(name="failed_requests", measured=float(failed_requests), limit=0.0, passed=failed_requests == 0,
                    detail="requests that failed on either side"),
     ]

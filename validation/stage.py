@@ -5,13 +5,16 @@ Each round measures every side once at every level, the sides taking turns level
 alternating (A B, B A, …), so the two measurements a ratio pairs are seconds apart and a change in the
 machine's load hits both sides alike. A side's performance is never taken from another run:
 only its deterministic results (greedy accuracy, greedy completions) may be cached by the caller's key.
-After ``workload.repeats`` rounds the gates are judged against the rounds' spread; a performance gate whose
-margin is inside the spread asks for another round, up to ``workload.max_repeats``, and then the median
-decides.
+After ``workload.repeats`` rounds the gates are judged by the sequential test of ``validation.gates`` (a fixed
+error budget spent over one look per round, up to ``workload.max_repeats``); while a performance gate is
+undecided another round measures the levels it depends on (concurrency 1 for the latency gate, the busiest
+levels for the throughput gate) and nothing else: the baselines, which are not gated, only the first rounds.
+Each side's accuracy runs once per cell. The report says what the verdict cost (requests, seconds, GPU-seconds).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import AbstractContextManager, ExitStack, contextmanager
@@ -33,6 +36,7 @@ from enginesmith.reports.measures import (
     GateResult,
     Perplexity,
     ServerCapabilities,
+    SideCost,
     Spread,
     TaskScore,
 )
@@ -47,7 +51,7 @@ from validation.accuracy import (
     perplexity,
     task_exact_match,
 )
-from validation.gates import evaluate_gates, undecided
+from validation.gates import decision_rule, evaluate_gates, undecided
 from validation.loadgen import LevelPlan, probe_capabilities, run_level
 from validation.sampling import UsageSampler
 from validation.server import Endpoint, external_endpoint, free_port, running_server
@@ -73,6 +77,7 @@ class ServerSide:
     root: Path | None = None
     notes: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)  # on top of the recipe's (e.g. CUDA_VISIBLE_DEVICES)
+    gpus: int = 0  # the GPUs its server holds (0 on the CPU): what its GPU-seconds count
 
 
 @contextmanager
@@ -97,8 +102,19 @@ class _Servers:
                  keep_up: bool) -> None:
         self.logs_dir, self.health_timeout_s = logs_dir, health_timeout_s
         self.kept: dict[str, Endpoint] = {}
+        self.held_s: dict[str, float] = {side.role: 0.0 for side in sides}  # each side's server up, summed
         if keep_up:
+            started = time.perf_counter()
+            stack.callback(self._held_until_now, [side.role for side in sides], started)
             self._start_all(stack, sides)
+
+    def _held_until_now(self, roles: list[str], since: float) -> None:
+        for role in roles:
+            self.held_s[role] += time.perf_counter() - since
+
+    def held_so_far(self, role: str, since: float | None) -> float:
+        """Seconds ``role``'s server has been up (``since``: when the kept servers started, still up)."""
+        return self.held_s[role] + (time.perf_counter() - since if since is not None and role in self.kept else 0.0)
 
     def _start_all(self, stack: ExitStack, sides: list[ServerSide]) -> None:
         """Start every side at once (a server's start is mostly its own imports and loading, on one core) and
@@ -130,9 +146,13 @@ class _Servers:
         if side.role in self.kept:
             yield self.kept[side.role]
             return
-        with _serving(side, self.logs_dir / f"{side.role}-round{round_index + 1}.log",
-                      self.health_timeout_s) as endpoint:
-            yield endpoint
+        started = time.perf_counter()
+        try:
+            with _serving(side, self.logs_dir / f"{side.role}-round{round_index + 1}.log",
+                          self.health_timeout_s) as endpoint:
+                yield endpoint
+        finally:
+            self.held_s[side.role] += time.perf_counter() - started
 
 
 def _stop_when_started(future: Future[tuple[AbstractContextManager[Endpoint], Endpoint]]) -> None:
@@ -142,11 +162,12 @@ def _stop_when_started(future: Future[tuple[AbstractContextManager[Endpoint], En
 
 class SideAccuracy(BaseModel):
     """A side's deterministic results: greedy task scores, completions and the held-out text's perplexity
-    (cacheable by the caller's key)."""
+    (cacheable by the caller's key), and the requests they took."""
 
     accuracy: list[TaskScore]
     completions: list[str]
     perplexity: Perplexity | None = None
+    requests: int = 0
 
 
 def _read_cached(path: Path | None) -> SideAccuracy | None:
@@ -181,7 +202,10 @@ def _measure_accuracy(endpoint: Endpoint, workload: WorkloadSpec, prompts: list[
     if workload.perplexity_text is not None and capabilities.prompt_logprobs:
         windows = perplexity_windows(read_paragraphs(workload.perplexity_text), tokenizer_dir)
         measured_perplexity = perplexity(endpoint, windows, text=workload.perplexity_text)
-    return SideAccuracy(accuracy=accuracy, completions=completions, perplexity=measured_perplexity)
+    requests = sum(score.examples for score in accuracy) + len(completions) + (
+        measured_perplexity.paragraphs if measured_perplexity else 0)
+    return SideAccuracy(accuracy=accuracy, completions=completions, perplexity=measured_perplexity,
+                        requests=requests)
 
 
 @dataclass
@@ -195,6 +219,8 @@ class _SideRun:
     kv_cache_usage_max: float | None = None
     capabilities: ServerCapabilities | None = None
     results: SideAccuracy | None = None
+    accuracy_cached: bool = False
+    accuracy_s: float = 0.0
     log_path: str | None = None
 
     def absorb(self, sampler: UsageSampler) -> None:
@@ -204,30 +230,42 @@ class _SideRun:
         if sampler.kv_cache_usage_max is not None:
             self.kv_cache_usage_max = max(self.kv_cache_usage_max or 0.0, sampler.kv_cache_usage_max)
 
-    def report(self) -> SideReport:
+    def cost(self, held_s: float) -> SideCost:
+        measured = sum(level.completed + level.failed for level in self.levels)
+        warmup = sum(level.warmup_requests for level in self.levels)
+        accuracy = 0 if self.accuracy_cached or self.results is None else self.results.requests
+        gpus = self.side.gpus
+        return SideCost(requests=measured + warmup + accuracy, measured_requests=measured, warmup_requests=warmup,
+                        accuracy_requests=accuracy, measure_s=sum(level.duration for level in self.levels),
+                        warmup_s=sum(level.warmup_s for level in self.levels), accuracy_s=self.accuracy_s,
+                        accuracy_cached=self.accuracy_cached, held_s=held_s, gpus=gpus,
+                        gpu_s=held_s * gpus if gpus else None)
+
+    def report(self, held_s: float = 0.0) -> SideReport:
         assert self.capabilities is not None and self.results is not None
         return SideReport(role=self.side.role, name=self.side.name, runtime=self.side.runtime, levels=self.levels,
                           peak_memory_bytes=self.peak_memory_bytes, memory_source=self.memory_source,
                           kv_cache_usage_max=self.kv_cache_usage_max, accuracy=self.results.accuracy,
                           perplexity=self.results.perplexity, capabilities=self.capabilities,
-                          log_path=self.log_path)
+                          log_path=self.log_path, cost=self.cost(held_s))
 
 
-def _ratios(candidate: Spread | None, reference: Spread | None) -> Spread | None:
-    """Per-round candidate / reference (both sides measured in the same round)."""
-    if candidate is None or reference is None:
-        return None
-    return Spread.of([c / r if r else None for c, r in zip(candidate.values, reference.values, strict=True)])
+def _ratios(candidate: dict[int, float], reference: dict[int, float]) -> Spread | None:
+    """Per-round candidate / reference, over the rounds both sides measured it in (the same levels, seconds
+    apart)."""
+    rounds = sorted(set(candidate) & set(reference))
+    return Spread.of([candidate[r] / reference[r] if reference[r] else None for r in rounds])
 
 
 def compare(reports: list[SideReport], completions: list[list[str]], workload: WorkloadSpec) -> Comparison:
     cand, ref = reports[0], reports[1]
     observable = cand.tpot_c1_observable and ref.tpot_c1_observable
+    busiest = cand.busiest_levels() | ref.busiest_levels()
     return Comparison(
         candidate=cand, reference=ref, baselines=reports[2:], rounds=len(cand.rounds),
-        throughput_ratios=_ratios(cand.throughput, ref.throughput),
-        tpot_ratios=_ratios(cand.tpot_c1, ref.tpot_c1) if observable else None,
-        e2el_ratios=_ratios(cand.e2el_c1, ref.e2el_c1),
+        throughput_ratios=_ratios(cand.throughput_by_round(busiest), ref.throughput_by_round(busiest)),
+        tpot_ratios=_ratios(cand.tpot_c1_by_round(), ref.tpot_c1_by_round()) if observable else None,
+        e2el_ratios=_ratios(cand.e2el_c1_by_round(), ref.e2el_c1_by_round()),
         memory_ratio=cand.peak_memory_bytes / ref.peak_memory_bytes
         if cand.peak_memory_bytes is not None and ref.peak_memory_bytes else None,
         greedy_agreement=greedy_agreement(completions[0], completions[1]),
@@ -235,8 +273,10 @@ def compare(reports: list[SideReport], completions: list[list[str]], workload: W
     )
 
 
-def judge(comparison: Comparison, gates: GateSpec, recipe_id: str, *, final: bool) -> list[GateResult]:
-    """The gates over a comparison (``final`` false: a performance gate inside its spread stays undecided)."""
+def judge(comparison: Comparison, gates: GateSpec, recipe_id: str, *, final: bool,
+          workload: WorkloadSpec) -> list[GateResult]:
+    """The gates over a comparison by the workload's decision rule (``final`` false: a performance gate whose
+    bounds hold its limit stays undecided)."""
     cand, ref = comparison.candidate, comparison.reference
     unobservable = [f"{r.role}: {r.all_at_once_c1[0]} of {r.all_at_once_c1[1]} requests got all their tokens at once"
                     for r in (cand, ref) if r.levels_c1 and not r.tpot_c1_observable]
@@ -249,7 +289,35 @@ def judge(comparison: Comparison, gates: GateSpec, recipe_id: str, *, final: boo
                           perplexity_increase=comparison.perplexity_increase,
                           failed_requests=cand.failed_requests + ref.failed_requests,
                           e2el_ratio=comparison.e2el_ratios, tpot_unobservable="; ".join(unobservable) or None,
-                          final=final)
+                          final=final, rule=decision_rule(workload))
+
+
+def levels_to_measure(waiting: list[GateResult], candidate: SideReport, reference: SideReport,
+                      concurrencies: list[int]) -> list[int]:
+    """The levels another round measures: those an undecided gate depends on. The latency gate reads
+    concurrency 1; the throughput gate every level that was a round's busiest on either side (a level never the
+    busiest cannot move the maximum it takes)."""
+    names = {gate.name for gate in waiting}
+    wanted: set[int] = set()
+    if "max_tpot_ratio" in names and 1 in concurrencies:
+        wanted.add(1)
+    if "min_throughput_ratio" in names:
+        wanted |= candidate.busiest_levels() | reference.busiest_levels()
+    return [concurrency for concurrency in concurrencies if concurrency in wanted]
+
+
+def keep_decided(results: list[GateResult], decided: dict[str, GateResult]) -> list[GateResult]:
+    """``results`` with each performance gate decided at an earlier look kept as it was then (its levels were
+    not measured again), and the newly decided ones added to ``decided``."""
+    kept = []
+    for result in results:
+        if result.name in decided:
+            kept.append(decided[result.name])
+            continue
+        if result.rounds is not None and result.decision == "clear":
+            decided[result.name] = result
+        kept.append(result)
+    return kept
 
 
 def validate(candidate: ServerSide, reference: ServerSide, *, workload: WorkloadSpec, gates: GateSpec,
@@ -270,16 +338,22 @@ def validate(candidate: ServerSide, reference: ServerSide, *, workload: Workload
     runs[1].results = _read_cached(reference_accuracy_cache)
     for baseline_run in runs[2:]:  # ungated: speed and memory beside the candidate, no accuracy runs
         baseline_run.results = SideAccuracy(accuracy=[], completions=[])
-    reference_cached = runs[1].results is not None
+    runs[1].accuracy_cached = reference_cached = runs[1].results is not None
     prompt_texts = [p.text for p in prompts]
     run_id = datetime.now(timezone.utc).strftime("%H%M%S")
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    started = time.perf_counter()
+    # What the next round measures: every side at every level until the first look, then only the gated sides at
+    # the levels an undecided gate depends on.
+    measuring, levels = runs, list(workload.concurrency)
+    decided: dict[str, GateResult] = {}  # performance gates decided at a look: final
     with ExitStack() as stack, Progress(*columns, transient=False, console=stderr) as progress:
         servers = _Servers(stack, sides, logs_dir, health_timeout_s, keep_servers_up)
+        kept_since = started if servers.kept else None
         tasks = {run.side.role: progress.add_task(f"{run.side.role}: waiting", total=None) for run in runs}
         round_index = 0
         while True:
-            for run, concurrencies in _turns(runs, workload.concurrency, round_index, per_level=bool(servers.kept)):
+            for run, concurrencies in _turns(measuring, levels, round_index, per_level=bool(servers.kept)):
                 _measure_turn(run, concurrencies, round_index, servers, workload, requests,
                               prompts=prompt_texts, tokenizer_dir=tokenizer_dir, progress=progress,
                               task=tasks[run.side.role], run_id=run_id)
@@ -291,15 +365,23 @@ def validate(candidate: ServerSide, reference: ServerSide, *, workload: Workload
             if round_index < workload.repeats:
                 continue
             final = round_index >= workload.max_repeats
-            reports = [run.report() for run in runs]
+            reports = [run.report(servers.held_so_far(run.side.role, kept_since)) for run in runs]
             comparison = compare(reports, [run.results.completions for run in runs if run.results], workload)
-            gate_results = judge(comparison, gates, recipe_id, final=final)
+            gate_results = keep_decided(judge(comparison, gates, recipe_id, final=final, workload=workload),
+                                        decided)
             waiting = undecided(gate_results)
             if not waiting:
                 break
-            progress.console.print(f"inside the spread after {round_index} rounds: "
-                                   + ", ".join(f"{g.name} {g.measured:.3f} ({g.spread_label}, limit {g.limit:g})"
-                                               for g in waiting) + " — measuring another round")
+            measuring = runs[:2]
+            levels = levels_to_measure(waiting, reports[0], reports[1], workload.concurrency)
+            progress.console.print(
+                f"undecided after {round_index} rounds: "
+                + ", ".join(f"{g.name} {g.measured:.3f} (bounds {g.bound_low:.3f}–{g.bound_high:.3f}, limit "
+                            f"{g.limit:g})" for g in waiting)
+                + f" — measuring round {round_index + 1} at concurrency {', '.join(map(str, levels))}")
+    verdict_s = time.perf_counter() - started
+    reports = [run.report(servers.held_s[run.side.role]) for run in runs]
+    comparison = compare(reports, [run.results.completions for run in runs if run.results], workload)
     notes = [note for side in sides for note in side.notes]
     if target_id == "cpu":
         notes.append(CPU_TARGET_NOTE)
@@ -327,7 +409,8 @@ def validate(candidate: ServerSide, reference: ServerSide, *, workload: Workload
     return ValidationReport(
         recipe=recipe_id, target=target_id, workload=workload, comparison=comparison, gates=gate_results,
         passed=all(g.passed for g in gate_results), notes=notes,
-        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"), decision=decision_rule(workload),
+        verdict_s=round(verdict_s, 3),
     )
 
 
@@ -354,7 +437,9 @@ def _measure_turn(run: _SideRun, concurrencies: list[int], round_index: int, ser
             run.capabilities = probe_capabilities(endpoint, probe_prompt=prompts[0], api=workload.api)
         if run.results is None:
             progress.update(task, description=f"{role}: accuracy")
+            accuracy_started = time.perf_counter()
             run.results = _measure_accuracy(endpoint, workload, prompts, tokenizer_dir, run.capabilities)
+            run.accuracy_s = time.perf_counter() - accuracy_started
         with UsageSampler(endpoint.base_url, endpoint.pid) as sampler:
             for concurrency in concurrencies:
                 progress.update(task, description=f"{role}: round {round_index + 1}, concurrency {concurrency}")

@@ -12,9 +12,11 @@ from pydantic import BaseModel, computed_field
 from enginesmith.reports import Objective, ReportView, TableView, gate_table, markdown_table
 from enginesmith.reports.measures import (
     BenchmarkResult,
+    DecisionRule,
     GateResult,
     Perplexity,
     ServerCapabilities,
+    SideCost,
     Spread,
     TaskScore,
     fmt_ratio,
@@ -38,30 +40,71 @@ class SideReport(BaseModel):
     capabilities: ServerCapabilities
     log_path: str | None = None
     perplexity: Perplexity | None = None
+    cost: SideCost | None = None  # None in reports from before it was recorded
 
     @property
     def rounds(self) -> list[int]:
         return sorted({level.round for level in self.levels})
 
+    def by_round(self, value: Callable[[list[BenchmarkResult]], float | None]) -> dict[int, float]:
+        """``value`` of each round's levels, for the rounds where it has one (a round after the first look measures
+        only the levels an undecided gate needs)."""
+        found = {r: value([lv for lv in self.levels if lv.round == r]) for r in self.rounds}
+        return {r: v for r, v in found.items() if v is not None}
+
     def _per_round(self, value: Callable[[list[BenchmarkResult]], float | None]) -> Spread | None:
-        return Spread.of([value([lv for lv in self.levels if lv.round == r]) for r in self.rounds])
+        return Spread.of(list(self.by_round(value).values()))
+
+    def busiest_levels(self) -> set[int]:
+        """The concurrencies that were the busiest level of a round that measured the whole sweep."""
+        sweep = {level.concurrency for level in self.levels}
+        busiest = set()
+        for r in self.rounds:
+            levels = [lv for lv in self.levels if lv.round == r]
+            if {lv.concurrency for lv in levels} == sweep:
+                concurrency = max(levels, key=lambda level: level.output_throughput).concurrency
+                if concurrency is not None:
+                    busiest.add(concurrency)
+        return busiest
+
+    def throughput_by_round(self, busiest: set[int] | None = None) -> dict[int, float]:
+        """Each round's maximum output throughput over its levels (tokens/s), for the rounds that measured every
+        level that was ever the busiest (``busiest``, default this side's own): a round that measured concurrency
+        1 alone, for the latency gate, says nothing of the maximum."""
+        needed = self.busiest_levels() if busiest is None else busiest
+
+        def maximum(levels: list[BenchmarkResult]) -> float | None:
+            if not needed <= {lv.concurrency for lv in levels}:
+                return None
+            return max(level.output_throughput for level in levels)
+        return self.by_round(maximum)
 
     @property
     def throughput(self) -> Spread:
         """Maximum output throughput over the concurrency sweep (tokens/s), one value per round."""
-        spread = self._per_round(lambda levels: max(level.output_throughput for level in levels))
+        spread = Spread.of(list(self.throughput_by_round().values()))
         assert spread is not None
         return spread
 
+    @staticmethod
+    def _at_c1(metric: str) -> Callable[[list[BenchmarkResult]], float | None]:
+        return lambda levels: next((getattr(lv, metric) for lv in levels if lv.concurrency == 1), None)
+
+    def tpot_c1_by_round(self) -> dict[int, float]:
+        return self.by_round(self._at_c1("median_tpot_ms"))
+
+    def e2el_c1_by_round(self) -> dict[int, float]:
+        return self.by_round(self._at_c1("median_e2el_ms"))
+
     @property
     def tpot_c1(self) -> Spread | None:
-        """Median TPOT at concurrency 1 (ms), one value per round."""
-        return self._per_round(lambda levels: next((lv.median_tpot_ms for lv in levels if lv.concurrency == 1), None))
+        """Median TPOT at concurrency 1 (ms), one value per round that measured it."""
+        return Spread.of(list(self.tpot_c1_by_round().values()))
 
     @property
     def e2el_c1(self) -> Spread | None:
-        """Median end-to-end latency at concurrency 1 (ms), one value per round."""
-        return self._per_round(lambda levels: next((lv.median_e2el_ms for lv in levels if lv.concurrency == 1), None))
+        """Median end-to-end latency at concurrency 1 (ms), one value per round that measured it."""
+        return Spread.of(list(self.e2el_c1_by_round().values()))
 
     def at_peak(self, metric: str) -> Spread | None:
         """A level metric (``median_ttft_ms``, ``p99_itl_ms``, …) at each round's busiest level."""
@@ -168,6 +211,8 @@ class ValidationReport(BaseModel):
     artefact_key: str | None = None  # the artefact the candidate served (None: a URL candidate)
     key: str | None = None  # the validation stage key, where a plan computed one: what the registry stores it under
     cell: str | None = None  # the plan's cell id, where a plan validated it
+    decision: DecisionRule | None = None  # how the performance gates were decided (None: older reports)
+    verdict_s: float | None = None  # the whole validation's wall time, servers' start included
 
     def round_metrics(self) -> dict[str, Spread]:
         c = self.comparison
@@ -186,9 +231,31 @@ class ValidationReport(BaseModel):
 
     def measurement_summary(self) -> str:
         w = self.workload
-        return (f"{self.comparison.rounds} interleaved rounds (the sides take turns level by level, the order "
+        text = (f"{self.comparison.rounds} interleaved rounds (the sides take turns level by level, the order "
                 f"alternating); each level warmed up at its concurrency, then measured for at least "
                 f"{w.min_duration_s:g} s and {w.min_requests} requests.")
+        if self.decision is not None:
+            text += " " + self.decision.description
+        return text
+
+    def cost_table(self) -> TableView | None:
+        """What the verdict cost each side; None for reports from before it was recorded."""
+        sides = [side for side in self.comparison.sides if side.cost is not None]
+        if not sides:
+            return None
+        rows = []
+        for side in sides:
+            cost = side.cost
+            assert cost is not None
+            rows.append([f"{side.role}: {side.name}", str(cost.requests),
+                         f"{cost.measured_requests} in {cost.measure_s:.1f} s",
+                         f"{cost.warmup_requests} in {cost.warmup_s:.1f} s",
+                         "cached" if cost.accuracy_cached else f"{cost.accuracy_requests} in {cost.accuracy_s:.1f} s",
+                         f"{cost.held_s:.1f} s", "—" if cost.gpu_s is None else f"{cost.gpu_s:.0f} ({cost.gpus} GPUs)"])
+        total = "" if self.verdict_s is None else f" The verdict took {self.verdict_s:.1f} s in all."
+        return TableView(caption=f"What the verdict cost.{total}",
+                         columns=["side", "requests", "measured", "warm-up", "accuracy", "server up", "GPU-s"],
+                         rows=rows)
 
     def workload_summary(self) -> str:
         w = self.workload
@@ -209,7 +276,8 @@ class ValidationReport(BaseModel):
         title = f"Validation of {self.cell}" if self.cell else f"Validation: {self.recipe} on {self.target}"
         return ReportView(kind=self.kind, title=title, passed=self.passed, summary=f"{self.recipe} on {self.target}; "
                                                                           f"{self.workload_summary()}",
-                          tables=[self.comparison_table(), gate_table(self.gates)], notes=notes,
+                          tables=[self.comparison_table(), gate_table(self.gates),
+                                  *([cost] if (cost := self.cost_table()) else [])], notes=notes,
                           throughput_ratio=fmt_ratio(c.throughput_ratios), tpot_ratio=fmt_ratio(c.tpot_ratios))
 
     def markdown(self) -> str:
@@ -221,6 +289,9 @@ class ValidationReport(BaseModel):
             lines += ["", f"Greedy agreement (first {self.comparison.greedy_agreement_tokens} tokens): "
                           f"{self.comparison.greedy_agreement:.1%}"]
         lines += ["", *markdown_table(gate_table(self.gates))]
+        cost = self.cost_table()
+        if cost is not None:
+            lines += ["", cost.caption, "", *markdown_table(cost)]
         if self.notes:
             lines += ["", *(f"- {note}" for note in self.notes)]
         return "\n".join(lines) + "\n"

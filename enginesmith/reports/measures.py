@@ -110,18 +110,64 @@ class GateResult(BaseModel):
     high: float | None = None
     rounds: int | None = None
     decision: Decision = "clear"
+    # The interval the sequential test put around the ratio at this look (``DecisionRule``); None before it existed
+    # and for gates measured once.
+    bound_low: float | None = None
+    bound_high: float | None = None
 
     @property
     def decided_by(self) -> str:
+        bounds = "" if self.bound_low is None or self.bound_high is None else \
+            f" (bounds {self.bound_low:.3f}–{self.bound_high:.3f})"
         if self.decision == "inside":
-            return "inside the spread: re-measuring"
+            return f"limit inside the bounds{bounds}: re-measuring"
         if self.decision == "median":
-            return f"inside the spread after {self.rounds} rounds: decided on the median"
-        return f"clear of the spread over {self.rounds} rounds" if self.rounds else "measured once (deterministic)"
+            return f"limit inside the bounds after {self.rounds} rounds{bounds}: decided on the median"
+        return f"clear of the bounds over {self.rounds} rounds{bounds}" if self.rounds else \
+            "measured once (deterministic)"
 
     @property
     def spread_label(self) -> str:
         return "" if self.low is None or self.high is None else f"{self.low:.3f}–{self.high:.3f}"
+
+
+class DecisionRule(BaseModel):
+    """How the performance gates were decided: a sequential test on the per-round ratios, spent over a fixed
+    number of looks. Kept in the report so a reader can check every verdict from the rounds' values."""
+
+    error_budget: float  # per gate: the chance of a verdict on the wrong side of a limit, over all looks
+    first_look: int  # rounds measured before the first look (workload.repeats)
+    looks: int  # looks allowed: one after each round from first_look to workload.max_repeats
+    round_noise: float  # σ of a ratio's log per round assumed beforehand, worth prior_rounds rounds
+    prior_rounds: int
+
+    @property
+    def description(self) -> str:
+        return (f"Sequential test per performance gate on the mean of the per-round log ratios: their variance is "
+                f"pooled with a prior of {self.prior_rounds} rounds at σ = {self.round_noise:g}, and the gate is "
+                f"decided once the one-sided Student-t bound at {self.error_budget:g} / {self.looks} (its share of "
+                f"the error budget {self.error_budget:g}, spent evenly over {self.looks} looks, from round "
+                f"{self.first_look} on) lies wholly on one side of the limit. A level no undecided gate depends on "
+                f"is not measured again; a gate still undecided after the last look is decided on the median, and "
+                f"says so. The budget holds while the rounds' own noise is at most σ = {self.round_noise:g} "
+                f"(independent, normal per-round log ratios).")
+
+
+class SideCost(BaseModel):
+    """What one side spent on the verdict: requests sent, seconds of measurement, warm-up and accuracy, and the
+    device time it held (GPU-seconds on a GPU target; None on the CPU)."""
+
+    requests: int  # every request: measured, warm-up and accuracy
+    measured_requests: int
+    warmup_requests: int
+    accuracy_requests: int  # 0 where the results came from the cache
+    measure_s: float
+    warmup_s: float
+    accuracy_s: float
+    accuracy_cached: bool = False
+    held_s: float  # its server up (started to stopped)
+    gpus: int = 0
+    gpu_s: float | None = None  # held_s × gpus on a GPU target
 
 
 class TaskScore(BaseModel):

@@ -162,6 +162,10 @@ def validate(cell: Cell, artefact_dir: Path, checkpoint: Checkpoint, config: Pip
                             reference_gpus=served_tp * cell.pp)
     candidate.env.update(placement.candidate_env)
     reference.env.update(placement.reference_env)
+    if not cell.target.is_cpu:  # what each side's GPU-seconds count
+        candidate.gpus, reference.gpus = cell.tp * cell.pp, served_tp * cell.pp
+        for baseline in baselines:
+            baseline.gpus = reference.gpus
     # Only deterministic results (greedy accuracy and completions) are reused across cells; performance is
     # measured in every run, interleaved with the candidate's.
     accuracy_key = stage_key("reference-accuracy", {
