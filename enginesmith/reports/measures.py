@@ -95,8 +95,8 @@ class BenchmarkResult(BaseModel):
     warmup_steady: bool | None = None  # None: no warm-up asked for
 
 
-# clear: the margin is larger than the spread (either way); inside: undecided, measure more rounds;
-# median: still inside the spread when no more rounds were allowed, decided on the median.
+# clear: the bounds lie wholly on one side of the limit; inside: undecided, measure more rounds;
+# median: still undecided when no more rounds were allowed, decided on the median.
 Decision = Literal["clear", "inside", "median"]
 
 
