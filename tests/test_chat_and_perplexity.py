@@ -84,3 +84,11 @@ def test_a_local_task_file_scores_the_same_by_enginesmith_and_by_lm_eval(vllm_cp
     shipped, _ = task_exact_match(vllm_cpu_server, "addition", limit=40)
     assert ours.task == theirs.task == str(local) and ours.examples == theirs.examples == 40
     assert ours.value == theirs.value == shipped.value >= 0.8
+    # What validation runs (#32): one lm-eval pass, its logged answers scored by our rule as well: the same two
+    # scores as the two passes above, from 40 requests instead of 80.
+    from validation.accuracy import shipped_task_scores
+
+    scores, asked = shipped_task_scores(vllm_cpu_server, str(local), tiny_model_dir, api="completions")
+    assert [(s.source, s.value, s.examples) for s in scores] == [("enginesmith", ours.value, 40),
+                                                                  ("lm-eval", theirs.value, 40)]
+    assert asked == 40

@@ -1,5 +1,7 @@
 """Accuracy through the same API on both sides: the shipped task's greedy exact match, greedy agreement
-with the reference, and lm-evaluation-harness (``local-completions``) where it is installed.
+with the reference, and lm-evaluation-harness (``local-completions``) where it is installed. Where it is, a
+shipped task is asked once, by lm-eval, and its logged answers are scored by lm-eval and by our own rule alike
+(two scores, one set of requests); without it, our own client asks.
 
 Log-likelihood tasks run only against a server that has shown it returns prompt logprobs
 (``ServerCapabilities.prompt_logprobs``): trtllm-serve does not, and its scores would sit at chance.
@@ -13,6 +15,7 @@ import re
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -147,10 +150,25 @@ def process_results(doc, results):
 """
 
 
-def lm_eval_task(endpoint: Endpoint, task: str, tokenizer_dir: Path, limit: int | None = None) -> TaskScore:
+def shipped_task_scores(endpoint: Endpoint, task: str, tokenizer_dir: Path, *, api: Api) -> tuple[list[TaskScore], int]:
+    """A shipped or local task's scores and the requests they took: with lm-eval installed, one lm-eval run whose
+    answers our rule scores too (``enginesmith`` then ``lm-eval``); without it, our own client's exact match."""
+    if not lm_eval_available():
+        score, _ = task_exact_match(endpoint, task, api=api)
+        return [score], score.examples
+    harness, answers = lm_eval_task(endpoint, task, tokenizer_dir, with_answers=True)
+    spec = task_spec(task)
+    hits = sum(answer_matches(text, doc["answer"], spec, aliases=doc.get("aliases")) for doc, text in answers)
+    ours = TaskScore(task=task, metric="exact_match" if spec.match == "exact" else "word_match",
+                     value=hits / len(answers), examples=len(answers), source="enginesmith")
+    return [ours, harness], len(answers)
+
+
+def lm_eval_task(endpoint: Endpoint, task: str, tokenizer_dir: Path, limit: int | None = None, *,
+                 with_answers: bool = False) -> Any:
     """Run a shipped or local task file (generate_until) through lm-eval, offline: ``local-completions`` for
     completion tasks, ``local-chat-completions`` with the server's chat template for chat tasks, scored by the task's
-    own rule."""
+    own rule. With ``with_answers``: ``(score, [(doc, answer text), …])``, the answers as lm-eval received them."""
     spec = task_spec(task)
     metric = "exact_match" if spec.match == "exact" else "word_match"
     with tempfile.TemporaryDirectory() as include_dir:
@@ -159,9 +177,12 @@ def lm_eval_task(endpoint: Endpoint, task: str, tokenizer_dir: Path, limit: int 
         Path(include_dir, f"{name}.yaml").write_text(
             TASK_YAML.format(name=name, data=task_eval_path(task), max_tokens=spec.max_tokens, scoring=scoring))
         Path(include_dir, "enginesmith_scoring.py").write_text(WORD_SCORING_MODULE.format(task=task))
-        value, count = _run_lm_eval(endpoint, name, tokenizer_dir, chat=spec.api == "chat", metric=metric,
-                                    include_dir=include_dir, limit=limit)
-    return TaskScore(task=task, metric=metric, value=value, examples=count or limit or 0, source="lm-eval")
+        value, count, samples = _run_lm_eval(endpoint, name, tokenizer_dir, chat=spec.api == "chat", metric=metric,
+                                             include_dir=include_dir, limit=limit, log_samples=with_answers)
+    score = TaskScore(task=task, metric=metric, value=value, examples=count or limit or 0, source="lm-eval")
+    if not with_answers:
+        return score
+    return score, [(sample["doc"], str(sample["resps"][0][0])) for sample in samples]
 
 
 def lm_eval_registry_task(endpoint: Endpoint, task: AccuracyTask, tokenizer_dir: Path, *, api: Api,
@@ -170,16 +191,18 @@ def lm_eval_registry_task(endpoint: Endpoint, task: AccuracyTask, tokenizer_dir:
     the Hub). Generation tasks go through the workload's API; log-likelihood tasks through ``local-completions``,
     which needs a server that returns prompt logprobs."""
     chat = api == "chat" and not task.needs_prompt_logprobs
-    value, count = _run_lm_eval(endpoint, task.name, tokenizer_dir, chat=chat, metric=None, include_dir=None,
-                                limit=limit)
+    value, count, _ = _run_lm_eval(endpoint, task.name, tokenizer_dir, chat=chat, metric=None, include_dir=None,
+                                   limit=limit)
     return TaskScore(task=task.name, metric=task.output_type, value=value, examples=count or limit or 0,
                      source="lm-eval")
 
 
 def _run_lm_eval(endpoint: Endpoint, name: str, tokenizer_dir: Path, *, chat: bool, metric: str | None,
-                 include_dir: str | None, limit: int | None) -> tuple[float, int]:
+                 include_dir: str | None, limit: int | None,
+                 log_samples: bool = False) -> tuple[float, int, list[dict[str, Any]]]:
     """lm-eval's ``simple_evaluate`` against the server; the task's value for ``metric`` (None: its first metric,
-    e.g. gsm8k's ``exact_match,strict-match``) and how many examples it scored."""
+    e.g. gsm8k's ``exact_match,strict-match``), how many examples it scored, and its logged samples (with
+    ``log_samples``; else none)."""
     import os
 
     from lm_eval import simple_evaluate
@@ -194,11 +217,12 @@ def _run_lm_eval(endpoint: Endpoint, name: str, tokenizer_dir: Path, *, chat: bo
                     "tokenizer": str(tokenizer_dir), "tokenized_requests": False, "num_concurrent": 4,
                     "max_retries": 2},
         tasks=[name], task_manager=TaskManager(include_path=include_dir) if include_dir else TaskManager(),
-        limit=limit, log_samples=False, apply_chat_template=chat,
+        limit=limit, log_samples=log_samples, apply_chat_template=chat,
     )
     assert results is not None
     metrics = results["results"][name]
     value = next(v for k, v in metrics.items() if isinstance(v, int | float) and "stderr" not in k and k != "alias"
                  and (metric is None or k.startswith(metric)))
     count = results.get("n-samples", {}).get(name, {}).get("effective", 0)
-    return float(value), int(count)
+    samples = list((results.get("samples") or {}).get(name, [])) if log_samples else []
+    return float(value), int(count), samples

@@ -47,9 +47,8 @@ from validation.accuracy import (
     greedy_completions,
     lm_eval_available,
     lm_eval_registry_task,
-    lm_eval_task,
     perplexity,
-    task_exact_match,
+    shipped_task_scores,
 )
 from validation.gates import decision_rule, evaluate_gates, undecided
 from validation.loadgen import LevelPlan, probe_capabilities, run_level
@@ -186,24 +185,25 @@ def _write_cached(path: Path, results: SideAccuracy) -> None:
 def _measure_accuracy(endpoint: Endpoint, workload: WorkloadSpec, prompts: list[str], tokenizer_dir: Path,
                       capabilities: ServerCapabilities) -> SideAccuracy:
     accuracy: list[TaskScore] = []
+    task_requests = 0
     for task in map(resolve_task, workload.accuracy_tasks):
         if task.source != "lm-eval":
-            accuracy.append(task_exact_match(endpoint, task.name, api=task_spec(task.name).api)[0])
-            if lm_eval_available():
-                accuracy.append(lm_eval_task(endpoint, task.name, tokenizer_dir))
+            scores, asked = shipped_task_scores(endpoint, task.name, tokenizer_dir, api=task_spec(task.name).api)
+            accuracy += scores
+            task_requests += asked
         elif not task.checked:
             raise UserError(f"accuracy task {task.name!r} is an lm-eval task, and lm-eval is not installed here",
                             where="workload.accuracy_tasks", hint="pip install 'enginesmith[validation]'")
         elif capabilities.prompt_logprobs or not task.needs_prompt_logprobs:
             accuracy.append(lm_eval_registry_task(endpoint, task, tokenizer_dir, api=workload.api))
+            task_requests += accuracy[-1].examples
     completions = greedy_completions(endpoint, prompts[:GREEDY_AGREEMENT_PROMPTS], workload.greedy_agreement_tokens,
                                      api=workload.api)
     measured_perplexity = None
     if workload.perplexity_text is not None and capabilities.prompt_logprobs:
         windows = perplexity_windows(read_paragraphs(workload.perplexity_text), tokenizer_dir)
         measured_perplexity = perplexity(endpoint, windows, text=workload.perplexity_text)
-    requests = sum(score.examples for score in accuracy) + len(completions) + (
-        measured_perplexity.paragraphs if measured_perplexity else 0)
+    requests = task_requests + len(completions) + (measured_perplexity.paragraphs if measured_perplexity else 0)
     return SideAccuracy(accuracy=accuracy, completions=completions, perplexity=measured_perplexity,
                         requests=requests)
 
@@ -351,6 +351,12 @@ def validate(candidate: ServerSide, reference: ServerSide, *, workload: Workload
         servers = _Servers(stack, sides, logs_dir, health_timeout_s, keep_servers_up)
         kept_since = started if servers.kept else None
         tasks = {run.side.role: progress.add_task(f"{run.side.role}: waiting", total=None) for run in runs}
+        if servers.kept:
+            _score_all_at_once(runs, servers, workload, prompts=prompt_texts, tokenizer_dir=tokenizer_dir,
+                               progress=progress, tasks=tasks)
+            if not reference_cached and reference_accuracy_cache is not None and runs[1].results is not None:
+                _write_cached(reference_accuracy_cache, runs[1].results)
+            reference_cached = True
         round_index = 0
         while True:
             for run, concurrencies in _turns(measuring, levels, round_index, per_level=bool(servers.kept)):
@@ -427,24 +433,44 @@ def _turns(runs: list[_SideRun], concurrencies: list[int], round_index: int, *,
     return [(run, list(concurrencies)) for run in order(round_index)]
 
 
+def _probe_and_score(run: _SideRun, endpoint: Endpoint, workload: WorkloadSpec, *, prompts: list[str],
+                     tokenizer_dir: Path, progress: Progress, task: TaskID) -> None:
+    """What a side needs once: its capabilities, and its accuracy unless it is known (cached, or a baseline)."""
+    run.log_path = str(endpoint.log_path) if endpoint.log_path else None
+    if run.capabilities is None:
+        run.capabilities = probe_capabilities(endpoint, probe_prompt=prompts[0], api=workload.api)
+    if run.results is None:
+        progress.update(task, description=f"{run.side.role}: accuracy")
+        accuracy_started = time.perf_counter()
+        run.results = _measure_accuracy(endpoint, workload, prompts, tokenizer_dir, run.capabilities)
+        run.accuracy_s = time.perf_counter() - accuracy_started
+
+
+def _score_all_at_once(runs: list[_SideRun], servers: _Servers, workload: WorkloadSpec, *, prompts: list[str],
+                       tokenizer_dir: Path, progress: Progress, tasks: dict[str, TaskID]) -> None:
+    """With every server up, the sides' accuracy runs at the same time before the rounds: it is no measurement of
+    speed (greedy answers, scored), and on a device the servers share it keeps every server busy."""
+    with ThreadPoolExecutor(max_workers=len(runs)) as pool:
+        for future in [pool.submit(_probe_and_score, run, servers.kept[run.side.role], workload, prompts=prompts,
+                                   tokenizer_dir=tokenizer_dir, progress=progress, task=tasks[run.side.role])
+                       for run in runs]:
+            future.result()
+
+
 def _measure_turn(run: _SideRun, concurrencies: list[int], round_index: int, servers: _Servers,
                   workload: WorkloadSpec, requests: list[tuple[str, int, int]], *, prompts: list[str],
                   tokenizer_dir: Path, progress: Progress, task: TaskID, run_id: str) -> None:
     role = run.side.role
     with servers.up(run.side, round_index) as endpoint:
-        run.log_path = str(endpoint.log_path) if endpoint.log_path else None
-        if run.capabilities is None:
-            run.capabilities = probe_capabilities(endpoint, probe_prompt=prompts[0], api=workload.api)
-        if run.results is None:
-            progress.update(task, description=f"{role}: accuracy")
-            accuracy_started = time.perf_counter()
-            run.results = _measure_accuracy(endpoint, workload, prompts, tokenizer_dir, run.capabilities)
-            run.accuracy_s = time.perf_counter() - accuracy_started
+        _probe_and_score(run, endpoint, workload, prompts=prompts, tokenizer_dir=tokenizer_dir, progress=progress,
+                         task=task)
+        capabilities = run.capabilities
+        assert capabilities is not None
         with UsageSampler(endpoint.base_url, endpoint.pid) as sampler:
             for concurrency in concurrencies:
                 progress.update(task, description=f"{role}: round {round_index + 1}, concurrency {concurrency}")
                 level = run_level(endpoint, requests, LevelPlan.from_workload(workload, concurrency),
-                                  capabilities=run.capabilities, seed=round_index,
+                                  capabilities=capabilities, seed=round_index,
                                   label=f"{run_id}-{role}-r{round_index + 1}-c{concurrency}",
                                   on_done=lambda: progress.advance(task))
                 run.levels.append(level.model_copy(update={"round": round_index}))
