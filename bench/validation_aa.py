@@ -9,7 +9,13 @@ a real model whose decode is engine work. ``--model tiny`` runs the 1.7 MB tiny 
 are so short that each request is mostly HTTP and Python scheduling, and on a 2-core machine two such servers
 and the client contend for the same cores; seen there: ratios 0.83–1.24 across runs (±10–25 % per round).
 
+``--slowed`` is the other half of the proof: the candidate is the same model started with ``--max-num-seqs 1`` (at
+concurrency 4 it serves one request at a time), judged as the nightly judges SmolLM2 cells (its rounds, its
+sequential test and its gates: throughput ≥ 0.7, latency ≤ 1.4); it must fail, and the JSON says whether it did and
+after how many rounds.
+
 Usage: python bench/validation_aa.py [--model smollm2|tiny|DIR] [--repeats 4] [--min-duration 5] [--tolerance 0.05]
+                                     [--slowed]
 """
 
 from __future__ import annotations
@@ -40,6 +46,8 @@ def main() -> None:
     parser.add_argument("--input-len", type=int, default=16)
     parser.add_argument("--output-len", type=int, default=16)
     parser.add_argument("--tolerance", type=float, default=0.05, help="the A/A target: every ratio within 1 ± this")
+    parser.add_argument("--slowed", action="store_true",
+                        help="candidate with --max-num-seqs 1, judged by the SmolLM2 config's rounds and gates")
     args = parser.parse_args()
 
     if args.model == "smollm2":
@@ -54,11 +62,23 @@ def main() -> None:
                             num_prompts=64, concurrency=[1, 4], warmup_requests=8, warmup_max_s=10,
                             min_duration_s=args.min_duration, min_requests=32, repeats=args.repeats,
                             max_repeats=args.max_repeats, greedy_agreement_tokens=8)
-    # Gates at the A/A target: a ratio whose margin is inside the spread makes validation measure more rounds.
+    # Gates at the A/A target: a ratio whose bounds hold its limit makes validation measure more rounds.
     gates = GateSpec(min_throughput_ratio=1 - args.tolerance, max_tpot_ratio=1 + args.tolerance)
     recipe = reference_recipe(model_dir, on_cpu=True, profile=BuildProfile(max_batch_size=16))
-    sides = [ServerSide(role=role, name=model_dir.name, runtime="vllm-cpu", recipe=recipe, root=model_dir)
-             for role in ("candidate", "reference")]
+    candidate_recipe = recipe
+    if args.slowed:
+        from enginesmith.config import load_pipeline_config
+
+        shipped = load_pipeline_config(Path(__file__).resolve().parents[1] / "configs" / "examples" /
+                                       "smollm2-cpu.yaml")
+        workload = workload.model_copy(update={key: getattr(shipped.workload, key) for key in (
+            "repeats", "max_repeats", "error_budget", "round_noise")})
+        gates = GateSpec(min_throughput_ratio=shipped.gates.min_throughput_ratio,
+                         max_tpot_ratio=shipped.gates.max_tpot_ratio)
+        candidate_recipe = reference_recipe(model_dir, on_cpu=True, profile=BuildProfile(max_batch_size=1))
+    sides = [ServerSide(role="candidate", name=model_dir.name, runtime="vllm-cpu", recipe=candidate_recipe,
+                        root=model_dir),
+             ServerSide(role="reference", name=model_dir.name, runtime="vllm-cpu", recipe=recipe, root=model_dir)]
     with tempfile.TemporaryDirectory(prefix="validation-aa-") as out:
         report = validate(sides[0], sides[1], workload=workload, gates=gates, recipe_id="bf16", target_id="cpu",
                           tokenizer_dir=model_dir, out_dir=Path(out))
@@ -76,13 +96,17 @@ def main() -> None:
            if spread is None or abs(spread.median - 1) > args.tolerance]
     verdict = (f"A/A holds: throughput and {latency_name} within 1.00 ± {args.tolerance:g}" if not off
                else "A/A off: " + ", ".join(off))
+    if args.slowed:
+        throughput_gate = next(g for g in report.gates if g.name == "min_throughput_ratio")
+        verdict = (f"slowed candidate {'fails' if not report.passed else 'PASSED'}: throughput gate "
+                   f"{'pass' if throughput_gate.passed else 'fail'} ({throughput_gate.decided_by})")
     print(json.dumps({
         "throughput_ratio": comparison.throughput_ratio, "tpot_ratio": comparison.tpot_ratio,
         "e2el_ratio": comparison.e2el_ratio,
         "spread": {name: spread.relative_half_range if spread else None
                    for name, spread in (("throughput", comparison.throughput_ratios), ("tpot", comparison.tpot_ratios),
                                         ("e2el", comparison.e2el_ratios))},
-        "rounds": comparison.rounds, "verdict": verdict,
+        "rounds": comparison.rounds, "passed": report.passed, "verdict": verdict,
     }))
 
 
