@@ -4,6 +4,7 @@ round (tests/paced_server.py): the only way to make a machine "slow down mid-run
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -77,7 +78,7 @@ def test_after_the_first_look_only_the_levels_of_undecided_gates_are_measured_an
     """#32: verdicts from fewer requests. The candidate's single requests are 0.6× and 1.6× the reference's TPOT in
     alternate rounds (the latency gate, limit 1.0, cannot be decided), while at concurrency 2 both sides decode alike
     (the throughput gate, limit 0.5, is decided at the first look). Every round after the first look measures
-    concurrency 1 alone, the ungated baseline is measured in the first rounds only, and the report says what each
+    concurrency 1 alone, the ungated baseline is measured in the first round only, and the report says what each
     side's verdict cost."""
     def candidate_pace(round_number: int, concurrency: int) -> float:
         return (0.006 if round_number % 2 else 0.016) if concurrency == 1 else 0.01
@@ -98,15 +99,34 @@ def test_after_the_first_look_only_the_levels_of_undecided_gates_are_measured_an
         measured = [(level.round, level.concurrency) for level in side.levels]
         swept = [(r, c) for r in range(first_look) for c in (1, 2)]
         assert measured == swept + [(r, 1) for r in range(first_look, last)]
-    # What the servers saw agrees: nothing at concurrency 2 after the first look, the baseline nothing after it at all.
+    # What the servers saw agrees: nothing at concurrency 2 after the first look, the baseline nothing after round 1.
     assert {c for r, c in candidate.levels_seen if r > first_look} == {1}
-    assert {r for r, _ in baseline.levels_seen} == set(range(1, first_look + 1))
+    assert {r for r, _ in baseline.levels_seen} == {1}
     cost = report.comparison.candidate.cost
     assert cost is not None and cost.measured_requests == sum(lv.completed for lv in report.comparison.candidate.levels)
     assert cost.requests == cost.measured_requests + cost.warmup_requests + cost.accuracy_requests
     assert cost.accuracy_requests > 0 and cost.gpu_s is None  # the cpu target holds no GPU
     assert report.decision is not None and report.decision.looks == last - first_look + 1
     assert "What the verdict cost" in report.markdown() and report.verdict_s is not None
+
+
+def test_a_later_rounds_warm_up_is_one_batch_when_it_matches_what_the_level_measured():
+    """#32: a server measured at a level before needs one warm-up batch when that batch's throughput matches the
+    earlier measurement (within the tolerance, generous here so load cannot decide it); otherwise it warms up until
+    two batches agree, as on its first turn."""
+    capabilities = ServerCapabilities(vllm_extensions=True, prompt_logprobs=False)
+    plan = LevelPlan(concurrency=2, min_requests=8, warmup_requests=4, warmup_max_s=5.0, warmup_tolerance=0.5)
+    with PacedServer("r", lambda r: 0.01) as server:
+        endpoint = external_endpoint(server.url)
+        prompts = [("1+1=", 4, 4)]
+        first = run_level(endpoint, prompts, plan, capabilities=capabilities, label="run-r-r1-c2")
+        seeded = run_level(endpoint, prompts, replace(plan, warmup_steady_at=first.output_throughput),
+                           capabilities=capabilities, label="run-r-r2-c2")
+        unlike = run_level(endpoint, prompts, replace(plan, warmup_steady_at=100 * first.output_throughput),
+                           capabilities=capabilities, label="run-r-r3-c2")
+    batch = max(plan.warmup_requests, 4 * plan.concurrency)
+    assert first.warmup_requests >= 2 * batch and seeded.warmup_requests == batch
+    assert unlike.warmup_requests >= 2 * batch and seeded.warmup_steady and unlike.warmup_steady
 
 
 def test_a_level_that_cannot_reach_its_minimum_requests_names_the_level_and_what_it_reached():

@@ -109,6 +109,9 @@ class LevelPlan:
     warmup_requests: int = 0
     warmup_max_s: float = 60.0
     warmup_tolerance: float = 0.1
+    # The output throughput this server measured at this level in an earlier round: a first warm-up batch within the
+    # tolerance of it is steady already (the server was warm at this level; one batch brings it back).
+    warmup_steady_at: float | None = None
     api: Api = "completions"
 
     @classmethod
@@ -249,11 +252,12 @@ class WarmUp:
 async def _warm_up(client: aiohttp.ClientSession, endpoint: Endpoint, prompts: Sequence[tuple[str, int, int]],
                    plan: LevelPlan, capabilities: ServerCapabilities, run_id: str) -> WarmUp:
     """Batches at the level's concurrency until two batches' output throughputs agree within the tolerance (or
-    ``warmup_max_s`` has passed). Warm-up request ids are ``<run_id>-warmup-<i>``, counted across batches."""
+    ``warmup_max_s`` has passed); the first batch is compared with ``warmup_steady_at`` where the level was
+    measured before. Warm-up request ids are ``<run_id>-warmup-<i>``, counted across batches."""
     batch = LevelPlan(concurrency=plan.concurrency, min_requests=max(plan.warmup_requests, 4 * plan.concurrency),
                       timeout_s=plan.timeout_s, api=plan.api)
     started = time.perf_counter()
-    previous: float | None = None
+    previous: float | None = plan.warmup_steady_at
     sent = 0
     while True:
         records, duration = await _send_for(client, endpoint, prompts, batch, capabilities, seed=0,

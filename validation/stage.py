@@ -8,7 +8,8 @@ only its deterministic results (greedy accuracy, greedy completions) may be cach
 After ``workload.repeats`` rounds the gates are judged by the sequential test of ``validation.gates`` (a fixed
 error budget spent over one look per round, up to ``workload.max_repeats``); while a performance gate is
 undecided another round measures the levels it depends on (concurrency 1 for the latency gate, the busiest
-levels for the throughput gate) and nothing else: the baselines, which are not gated, only the first rounds.
+levels for the throughput gate) and nothing else; the baselines, which are not gated, are measured in the first
+round alone. A warm-up in a later round is steady at once when its first batch matches what the level measured.
 Each side's accuracy runs once per cell. The report says what the verdict cost (requests, seconds, GPU-seconds).
 """
 
@@ -18,7 +19,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import AbstractContextManager, ExitStack, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -343,9 +344,8 @@ def validate(candidate: ServerSide, reference: ServerSide, *, workload: Workload
     run_id = datetime.now(timezone.utc).strftime("%H%M%S")
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     started = time.perf_counter()
-    # What the next round measures: every side at every level until the first look, then only the gated sides at
-    # the levels an undecided gate depends on.
-    measuring, levels = runs, list(workload.concurrency)
+    # What the next round measures: every level until the first look, then the levels an undecided gate depends on.
+    levels = list(workload.concurrency)
     decided: dict[str, GateResult] = {}  # performance gates decided at a look: final
     with ExitStack() as stack, Progress(*columns, transient=False, console=stderr) as progress:
         servers = _Servers(stack, sides, logs_dir, health_timeout_s, keep_servers_up)
@@ -359,6 +359,8 @@ def validate(candidate: ServerSide, reference: ServerSide, *, workload: Workload
             reference_cached = True
         round_index = 0
         while True:
+            # The ungated baselines are reported beside the first round, never judged: one round is all they need.
+            measuring = runs if round_index == 0 else runs[:2]
             for run, concurrencies in _turns(measuring, levels, round_index, per_level=bool(servers.kept)):
                 _measure_turn(run, concurrencies, round_index, servers, workload, requests,
                               prompts=prompt_texts, tokenizer_dir=tokenizer_dir, progress=progress,
@@ -378,7 +380,6 @@ def validate(candidate: ServerSide, reference: ServerSide, *, workload: Workload
             waiting = undecided(gate_results)
             if not waiting:
                 break
-            measuring = runs[:2]
             levels = levels_to_measure(waiting, reports[0], reports[1], workload.concurrency)
             progress.console.print(
                 f"undecided after {round_index} rounds: "
@@ -404,7 +405,8 @@ def validate(candidate: ServerSide, reference: ServerSide, *, workload: Workload
             notes.append(f"{side_report.role} returns no prompt logprobs: generation tasks only{skipped}.")
     if baselines:
         notes.append("Baselines (" + ", ".join(f"{b.role}: {b.name}" for b in baselines) + ") are measured for "
-                     "speed and memory in the same rounds; they are not gated, so no accuracy is run on them.")
+                     "speed and memory in the first round, interleaved with the others; they are not gated, so no "
+                     "accuracy is run on them and no second round.")
     unsteady = sorted({f"{r.role} c={lv.concurrency}" for r in reports for lv in r.levels if lv.warmup_steady is False})
     if unsteady:
         notes.append(f"warm-up did not reach a steady throughput within {workload.warmup_max_s:g} s for "
@@ -469,7 +471,11 @@ def _measure_turn(run: _SideRun, concurrencies: list[int], round_index: int, ser
         with UsageSampler(endpoint.base_url, endpoint.pid) as sampler:
             for concurrency in concurrencies:
                 progress.update(task, description=f"{role}: round {round_index + 1}, concurrency {concurrency}")
-                level = run_level(endpoint, requests, LevelPlan.from_workload(workload, concurrency),
+                plan = LevelPlan.from_workload(workload, concurrency)
+                measured_before = [lv.output_throughput for lv in run.levels if lv.concurrency == concurrency]
+                if measured_before:
+                    plan = replace(plan, warmup_steady_at=measured_before[-1])
+                level = run_level(endpoint, requests, plan,
                                   capabilities=capabilities, seed=round_index,
                                   label=f"{run_id}-{role}-r{round_index + 1}-c{concurrency}",
                                   on_done=lambda: progress.advance(task))
