@@ -2,11 +2,11 @@
 
 Both sides run `enginesmith validate --config CONFIG --cell CELL` as a fresh process from their own code: a git
 worktree of ``--candidate`` (default HEAD, frozen for the whole run whatever happens to the checkout meanwhile) and
-one of ``--baseline`` (default 3763fa3, before the sequential decision), using this checkout's environments. Each side quantises and builds the cell once with its own code (not timed), then the
-validations alternate (new, old, old, new, …), each from an empty reference-accuracy cache, so every run pays what
-the first cell of a night pays. The config is each side's own shipped ``configs/examples/smollm2-cpu.yaml`` (the
-workloads differ only in their rounds), with the fetched SmolLM2 model and a registry and work directory of the
-bench's own.
+one of ``--baseline`` (default 3763fa3, before the sequential decision), using this checkout's environments. Each
+side quantises and builds the cell once with its own code (not timed), then the validations alternate (new, old,
+old, new, …), each from an empty reference-accuracy cache, so every run pays what the first cell of a night pays.
+The config is each side's own shipped ``configs/examples/smollm2-cpu.yaml`` (the workloads differ only in their
+rounds), with the fetched SmolLM2 model and a registry and work directory of the bench's own.
 
 Prints each run (wall seconds, rounds, requests, the gate verdicts), the medians with their spread, and last one
 JSON line with the ratio of the medians (target #32: new / old ≤ 0.70).
