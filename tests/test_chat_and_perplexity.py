@@ -92,3 +92,46 @@ def test_a_local_task_file_scores_the_same_by_enginesmith_and_by_lm_eval(vllm_cp
     assert [(s.source, s.value, s.examples) for s in scores] == [("enginesmith", ours.value, 40),
                                                                   ("lm-eval", theirs.value, 40)]
     assert asked == 40
+
+
+def test_scoring_a_side_imports_nothing_after_the_threads_imports_are_done(vllm_cpu_server, tiny_model_dir, tmp_path):
+    """Validation scores the sides in threads at once; a module two threads import together can reach one of them
+    half-initialised (CI saw ``module 'transformers' has no attribute 'AutoTokenizer'`` from lm-eval). In a fresh
+    interpreter, after ``import_for_threads`` in the calling thread, scoring a side as validation does (its
+    capabilities, a task through lm-eval and our rule, perplexity) imports no module: nothing is left for two
+    threads to race on."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from enginesmith.assets import task_eval_path
+
+    task = tmp_path / "sums.jsonl"  # a few of the shipped addition questions, as a local task file: asked the same way
+    task.write_text("\n".join(task_eval_path("addition").read_text().splitlines()[:8]) + "\n")
+    script = f"""
+import json, sys
+from pathlib import Path
+from enginesmith.assets import read_paragraphs
+from validation.accuracy import import_for_threads, perplexity, shipped_task_scores
+from validation.loadgen import probe_capabilities
+from validation.server import Endpoint
+from validation.workloads import perplexity_windows
+
+tokenizer = Path({str(tiny_model_dir)!r})
+endpoint = Endpoint(base_url={vllm_cpu_server.base_url!r}, model={vllm_cpu_server.model!r})
+import_for_threads(tokenizer)
+before = set(sys.modules)
+probe_capabilities(endpoint, probe_prompt="1+1=", api="completions")
+scores, asked = shipped_task_scores(endpoint, {str(task)!r}, tokenizer, api="completions")
+windows = perplexity_windows(read_paragraphs("builtin:pydocs")[:2], tokenizer)
+perplexity(endpoint, windows, text="builtin:pydocs")
+print(json.dumps({{"new": sorted(set(sys.modules) - before), "asked": asked}}))
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, cwd=tmp_path,
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert result.returncode == 0, result.stderr[-3000:]
+    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    assert seen["asked"] > 0
+    assert seen["new"] == [], f"imported on first use, after import_for_threads: {seen['new']}"

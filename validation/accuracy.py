@@ -106,6 +106,27 @@ def lm_eval_available() -> bool:
     return True
 
 
+# Imported by a side's scoring on first use: httpx's transports and the event loop backend they run on; with lm-eval,
+# its model and task modules, the json builder that reads a task file, and what its metrics and seeding import.
+FIRST_USE_MODULES = ("anyio._backends._asyncio", "anyio.streams.tls", "anyio.to_thread", "httpcore._async.http2",
+                     "httpcore._backends.anyio", "sniffio")
+LM_EVAL_FIRST_USE_MODULES = ("datasets.packaged_modules.json", "lm_eval.evaluator", "lm_eval.models.openai_completions",
+                             "lm_eval.tasks", "scipy.io", "torch.backends.xnnpack")
+
+
+def import_for_threads(tokenizer_dir: Path) -> None:
+    """Import, in the calling thread, what scoring a side imports on first use. transformers and lm-eval import
+    their parts lazily, and a module two threads import at once can be handed half-initialised to one of them
+    (``module 'transformers' has no attribute 'AutoTokenizer'``): sides scored at the same time call this first."""
+    import importlib
+
+    from transformers import AutoTokenizer
+
+    AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    for module in FIRST_USE_MODULES + (LM_EVAL_FIRST_USE_MODULES if lm_eval_available() else ()):
+        importlib.import_module(module)
+
+
 TASK_YAML = """task: {name}
 dataset_path: json
 dataset_kwargs:

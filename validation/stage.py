@@ -46,6 +46,7 @@ from enginesmith.tasks import resolve_task, task_spec
 from validation.accuracy import (
     greedy_agreement,
     greedy_completions,
+    import_for_threads,
     lm_eval_available,
     lm_eval_registry_task,
     perplexity,
@@ -452,6 +453,7 @@ def _score_all_at_once(runs: list[_SideRun], servers: _Servers, workload: Worklo
                        tokenizer_dir: Path, progress: Progress, tasks: dict[str, TaskID]) -> None:
     """With every server up, the sides' accuracy runs at the same time before the rounds: it is no measurement of
     speed (greedy answers, scored), and on a device the servers share it keeps every server busy."""
+    import_for_threads(tokenizer_dir)
     with ThreadPoolExecutor(max_workers=len(runs)) as pool:
         for future in [pool.submit(_probe_and_score, run, servers.kept[run.side.role], workload, prompts=prompts,
                                    tokenizer_dir=tokenizer_dir, progress=progress, task=tasks[run.side.role])
