@@ -237,7 +237,9 @@ def _run_lm_eval(endpoint: Endpoint, name: str, tokenizer_dir: Path, *, chat: bo
                     "base_url": f"{endpoint.base_url}{API_PATHS['chat' if chat else 'completions']}",
                     "tokenizer": str(tokenizer_dir), "tokenized_requests": False, "num_concurrent": 4,
                     "max_retries": 2},
-        tasks=[name], task_manager=TaskManager(include_path=include_dir) if include_dir else TaskManager(),
+        # A shipped task's own directory alone: indexing lm-eval's thousands of task files takes seconds a call.
+        tasks=[name], task_manager=(TaskManager(include_path=include_dir, include_defaults=False) if include_dir
+                                    else TaskManager()),
         limit=limit, log_samples=log_samples, apply_chat_template=chat,
     )
     assert results is not None
