@@ -6,8 +6,7 @@
 # Safe to run twice: the second run finds every cell in the registry and rebuilds nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/setup.sh
-./scripts/setup-vllm-cpu.sh
+./scripts/setup-all.sh
 
 export PREFECT_HOME="${PREFECT_HOME:-$PWD/.enginesmith/prefect}"
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=600 PREFECT_SERVER_ANALYTICS_ENABLED=false DO_NOT_TRACK=1

@@ -72,7 +72,9 @@ class Workers:
         from prefect.client.schemas.filters import WorkerFilter, WorkerFilterStatus
 
         log_path = self.log_dir / f"worker-{name}.log"
-        env = {**os.environ, **self.env, **(env or {}), "PREFECT_API_URL": self.api_url}
+        # A test's worker polls its pool every second (Prefect's default is 10 s): a run waits for an event, not a poll.
+        env = {**os.environ, "PREFECT_WORKER_QUERY_SECONDS": "1", **self.env, **(env or {}),
+               "PREFECT_API_URL": self.api_url}
         with log_path.open("w") as log:
             process = subprocess.Popen([sys.executable, "-m", "prefect", "worker", "start", "--pool", pool,
                                         "--type", "process", "--name", name], cwd=REPO_ROOT, env=env, stdout=log,

@@ -57,6 +57,48 @@ def test_a_wheel_whose_digest_is_not_the_pinned_one_is_refused(tmp_path, monkeyp
     assert not (tmp_path / MODEL_ID).exists()
 
 
+def test_two_fetches_of_one_model_convert_it_once_the_second_waiting_for_the_first(tmp_path, monkeypatch):
+    """Two processes fetching one model into one directory (two test workers, two nightlies on a node): the second
+    waits on the first's lock, then finds the model in place and converts nothing. The conversion is replaced by one
+    that writes a current checkpoint once the second fetch is seen waiting."""
+    import logging
+    import threading
+
+    model = wheel_models.wheel_model(MODEL_ID)
+    second_waits = threading.Event()
+    conversions: list[str] = []
+
+    class WaitSeen(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "waiting for another fetch" in record.getMessage():
+                second_waits.set()
+
+    def convert(wheel_model, out_dir: Path) -> Path:  # type: ignore[no-untyped-def]
+        conversions.append(threading.current_thread().name)
+        assert second_waits.wait(timeout=120), "the second fetch never waited on the lock"
+        out_dir.mkdir(parents=True)
+        (out_dir / "config.json").write_text("{}")
+        (out_dir / wheel_models.PROVENANCE).write_text(json.dumps(wheel_models._expected_provenance(wheel_model)))
+        return out_dir
+
+    monkeypatch.setattr(wheel_models, "_fetch_and_convert", convert)
+    handler = WaitSeen()
+    logging.getLogger("enginesmith.locks").addHandler(handler)
+    results: dict[str, Path] = {}
+    try:
+        first = threading.Thread(target=lambda: results.update(first=wheel_models.fetch_wheel_model(
+            MODEL_ID, dest_root=tmp_path)), name="first")
+        first.start()
+        while not conversions and first.is_alive():  # until the first holds the lock and is converting
+            first.join(timeout=0.05)
+        results["second"] = wheel_models.fetch_wheel_model(MODEL_ID, dest_root=tmp_path)
+        first.join(timeout=120)
+    finally:
+        logging.getLogger("enginesmith.locks").removeHandler(handler)
+    assert conversions == ["first"]
+    assert results == {"first": tmp_path / model.id, "second": tmp_path / model.id}
+
+
 def test_a_file_that_is_not_a_gguf_model_is_refused_naming_it(tmp_path):
     from enginesmith.checkpoints.gguf import convert_gguf
 

@@ -320,7 +320,7 @@ def test_setup_gpu_node_refuses_an_unknown_environment(tmp_path):
 
 @pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed")
 def test_setup_scripts_are_shellcheck_clean():
-    scripts = [str(REPO_ROOT / "scripts" / name) for name in ("setup-gpu-node.sh", "setup-vllm-cpu.sh")]
+    scripts = [str(REPO_ROOT / "scripts" / name) for name in ("setup-gpu-node.sh", "setup-vllm-cpu.sh", "setup-all.sh")]
     done = subprocess.run(["shellcheck", *scripts], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout
 

