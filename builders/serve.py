@@ -24,14 +24,9 @@ VLLM_CPU_PYTHON_ENV = "ENGINESMITH_VLLM_CPU_PYTHON"
 # The interpreter running enginesmith (its onnx extra serves encoder artefacts: validation.embeddings_server).
 ENGINESMITH_PYTHON = "{enginesmith_python}"
 VLLM_CPU_MODULE = "vllm.entrypoints.openai.api_server"
-# vllm-cpu's fix-ups: KV cache space in GiB, no Hub, no telemetry; and its one worker inside the engine process (the
-# uni executor, vLLM's own layout at tp 1 on a GPU). vllm-cpu swaps uni for a worker process of its own unless
-# VLLM_ENABLE_V1_MULTIPROCESSING is 0 (the API server still runs the engine in a process of its own): every process
-# imports torch and vLLM before the next starts, so the one fewer takes ~9 s off each start of the tiny model on 2
-# cores (27 s against 32-40 s), with the same throughput within the runs' spread (4 runs each, c=4).
+# vllm-cpu's fix-ups: KV cache space in GiB, no Hub, no telemetry.
 VLLM_CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
-                "DO_NOT_TRACK": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-VLLM_CPU_EXECUTOR_ARGS = ["--distributed-executor-backend", "uni"]
+                "DO_NOT_TRACK": "1"}
 TRTLLM_OPTIONS_FILE = "trtllm-serve.yaml"
 # Hugging Face's own server, from the vllm-cpu environment (transformers 5.x with its serving extra).
 TRANSFORMERS_CLI = "{transformers_cli}"
@@ -117,8 +112,8 @@ def vllm_cpu_recipe(model_path: str, profile: BuildProfile) -> ServeRecipe:
     # --enforce-eager: on a small CPU, torch.compile's warm-up costs about a minute per start (init 50-60 s
     # against 1 s eager); candidate and reference run alike, so the comparison is unaffected.
     argv = [VLLM_CPU_PYTHON, "-m", VLLM_CPU_MODULE, "--model", model_path, "--dtype",
-            "bfloat16", "--enforce-eager", *VLLM_CPU_EXECUTOR_ARGS, "--host", "{host}", "--port", "{port}",
-            "--served-model-name", "{model_name}"]
+            "bfloat16", "--enforce-eager", "--host", "{host}", "--port", "{port}", "--served-model-name",
+            "{model_name}"]
     if profile.max_batch_size is not None:
         argv += ["--max-num-seqs", str(profile.max_batch_size)]
     if profile.max_seq_len is not None:

@@ -243,12 +243,11 @@ def compare_servers(candidate: Endpoint, reference: Endpoint, retrieval_set: Ret
 
 def vllm_cpu_embedding_recipe(model_dir: Path) -> ServeRecipe:
     """vllm-cpu's pooling runner on a sentence-transformers directory, in float32 (the reference's precision)."""
-    from builders.serve import VLLM_CPU_ENV, VLLM_CPU_EXECUTOR_ARGS, VLLM_CPU_MODULE, VLLM_CPU_PYTHON
+    from builders.serve import VLLM_CPU_ENV, VLLM_CPU_MODULE, VLLM_CPU_PYTHON
 
     return ServeRecipe(runtime="vllm-cpu", env=dict(VLLM_CPU_ENV), argv=[
         VLLM_CPU_PYTHON, "-m", VLLM_CPU_MODULE, "--model", str(model_dir), "--runner", "pooling", "--dtype",
-        "float32", "--enforce-eager", *VLLM_CPU_EXECUTOR_ARGS, "--host", "{host}", "--port", "{port}",
-        "--served-model-name", "{model_name}",
+        "float32", "--enforce-eager", "--host", "{host}", "--port", "{port}", "--served-model-name", "{model_name}",
     ])
 
 
