@@ -24,7 +24,9 @@ VLLM_CPU_PYTHON_ENV = "ENGINESMITH_VLLM_CPU_PYTHON"
 # The interpreter running enginesmith (its onnx extra serves encoder artefacts: validation.embeddings_server).
 ENGINESMITH_PYTHON = "{enginesmith_python}"
 VLLM_CPU_MODULE = "vllm.entrypoints.openai.api_server"
-# vllm-cpu's fix-ups: KV cache space in GiB, no Hub, no telemetry.
+# vllm-cpu's fix-ups: KV cache space in GiB, no Hub, no telemetry. Its default executor stays: the uni one (the
+# worker inside the engine process) started ~9 s sooner alone, but two such servers at once on 2 cores starved
+# each other (3-4 tok/s against 47 during the accuracy phase; SmolLM2's verdict 1169 s against 527 s).
 VLLM_CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
                 "DO_NOT_TRACK": "1"}
 TRTLLM_OPTIONS_FILE = "trtllm-serve.yaml"
