@@ -6,7 +6,7 @@
 # beforehand; they are installed into a scratch directory, never into the image's own environment.
 # Writes its logs and the pytest report under $OUT (default: .enginesmith/gpu-check).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 OUT="${OUT:-.enginesmith/gpu-check}"
 mkdir -p "$OUT"
 PYTHON="${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}"

