@@ -160,14 +160,33 @@ def test_warm_up_runs_at_the_levels_concurrency(serve):
     concurrency = 8
     double = serve(hold_warmup_until=concurrency)
     plan = LevelPlan(concurrency=concurrency, min_requests=concurrency, warmup_requests=concurrency,
-                     warmup_max_s=0.0)  # one warm-up batch
+                     warmup_max_s=60.0, warmup_tolerance=100.0)  # any second batch agrees with the first
     result = run_level(double.endpoint, [("x", 4, 2)], plan, capabilities=CAPABILITIES, label="run1")
 
     assert double.max_warmup_in_flight == concurrency  # all at once, and never more than the level's concurrency
     warmup_ids = [i for i in double.request_ids if "warmup" in i]
-    assert sorted(warmup_ids) == sorted(f"run1-warmup-{i}" for i in range(4 * concurrency))
-    assert result.warmup_requests == 4 * concurrency and result.completed == concurrency
+    assert sorted(warmup_ids) == sorted(f"run1-warmup-{i}" for i in range(2 * 4 * concurrency))  # two batches
+    assert result.warmup_requests == 2 * 4 * concurrency and result.warmup_steady
+    assert result.completed == concurrency
     assert sorted(i for i in double.request_ids if "warmup" not in i) == sorted(f"run1-{i}" for i in range(concurrency))
+
+
+def test_a_spent_warm_up_budget_starts_no_request_once_each_slot_has_had_one(serve):
+    """#32: the warm-up's time budget holds inside a batch. Here it is spent before the first request ends (a zero
+    budget), so the warm-up is one request per slot, not a batch of 4 × concurrency: on a slow server (transformers
+    serve on two cores, about 16 s a warm-up request) that batch ran 254 s over a 10-s budget."""
+    concurrency = 4
+    double = serve(hold_warmup_until=concurrency)
+    plan = LevelPlan(concurrency=concurrency, min_requests=concurrency, warmup_requests=concurrency,
+                     warmup_max_s=0.0)
+    result = run_level(double.endpoint, [("x", 4, 2)], plan, capabilities=CAPABILITIES, label="run2")
+
+    assert double.max_warmup_in_flight == concurrency
+    warmup_ids = [i for i in double.request_ids if "warmup" in i]
+    assert sorted(warmup_ids) == sorted(f"run2-warmup-{i}" for i in range(concurrency))
+    assert result.warmup_requests == concurrency and result.warmup_steady is False
+    assert result.completed == concurrency
+    assert sorted(i for i in double.request_ids if "warmup" not in i) == sorted(f"run2-{i}" for i in range(concurrency))
 
 
 def test_request_rate_schedule_is_computed_once_monotone_and_at_the_asked_rate():

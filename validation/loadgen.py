@@ -18,7 +18,7 @@ import random
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import aiohttp
@@ -113,6 +113,10 @@ class LevelPlan:
     # tolerance of it is steady already (the server was warm at this level; one batch brings it back).
     warmup_steady_at: float | None = None
     api: Api = "completions"
+    # A time budget for sending: once it has passed and every slot has had a request, no new one starts, and the
+    # level ends with what it sent (min_requests then does not apply). The warm-up's batches run under it: a slow
+    # server's batch must not run far past warmup_max_s.
+    send_budget_s: float | None = None
 
     @classmethod
     def from_workload(cls, workload: WorkloadSpec, concurrency: int) -> LevelPlan:
@@ -215,11 +219,16 @@ async def _send_for(client: aiohttp.ClientSession, endpoint: Endpoint, prompts: 
         if on_done:
             on_done()
 
+    budget_spent = False
+
     def stop(sent: int) -> bool:
+        nonlocal budget_spent
         elapsed_s = time.perf_counter() - bench_start
         # Every request failing fast must not flood the server for the whole minimum duration.
         enough = sent >= target and (elapsed_s >= plan.min_duration_s or failed >= target)
-        return enough or elapsed_s > plan.timeout_s
+        if plan.send_budget_s is not None and sent >= plan.concurrency and elapsed_s >= plan.send_budget_s:
+            budget_spent = True
+        return enough or budget_spent or elapsed_s > plan.timeout_s
 
     def start_request(index: int) -> None:
         tasks.append(asyncio.create_task(one(index)))
@@ -230,7 +239,7 @@ async def _send_for(client: aiohttp.ClientSession, endpoint: Endpoint, prompts: 
     for task in pending:
         task.cancel()
     duration = time.perf_counter() - bench_start
-    if pending or len(tasks) < target:
+    if pending or (len(tasks) < target and not budget_spent):
         completed = sum(r.success for r in records)
         raise LevelIncompleteError(
             f"{id_prefix} at concurrency {plan.concurrency}: {len(records)} of {max(target, len(tasks))} "
@@ -253,15 +262,20 @@ async def _warm_up(client: aiohttp.ClientSession, endpoint: Endpoint, prompts: S
                    plan: LevelPlan, capabilities: ServerCapabilities, run_id: str) -> WarmUp:
     """Batches at the level's concurrency until two batches' output throughputs agree within the tolerance (or
     ``warmup_max_s`` has passed); the first batch is compared with ``warmup_steady_at`` where the level was
-    measured before. Warm-up request ids are ``<run_id>-warmup-<i>``, counted across batches."""
+    measured before. Warm-up request ids are ``<run_id>-warmup-<i>``, counted across batches.
+
+    No request starts after ``warmup_max_s`` once each slot has had one: a batch is cut short there (on a slow
+    server one batch of ``4 × concurrency`` requests could otherwise take many times the budget)."""
     batch = LevelPlan(concurrency=plan.concurrency, min_requests=max(plan.warmup_requests, 4 * plan.concurrency),
                       timeout_s=plan.timeout_s, api=plan.api)
     started = time.perf_counter()
     previous: float | None = plan.warmup_steady_at
     sent = 0
     while True:
-        records, duration = await _send_for(client, endpoint, prompts, batch, capabilities, seed=0,
-                                            id_prefix=f"{run_id}-warmup", first_index=sent, on_done=None)
+        left_s = max(0.0, plan.warmup_max_s - (time.perf_counter() - started))
+        records, duration = await _send_for(client, endpoint, prompts, replace(batch, send_budget_s=left_s),
+                                            capabilities, seed=0, id_prefix=f"{run_id}-warmup", first_index=sent,
+                                            on_done=None)
         sent += len(records)
         throughput = sum(r.output_tokens for r in records if r.success) / duration
         if previous is not None and abs(throughput - previous) <= plan.warmup_tolerance * previous:
