@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,8 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
+
+from spread import spread  # noqa: E402  (bench/, this script's own directory)
 
 from tests.conftest import write_tiny_matrix  # noqa: E402  (after the path set-up)
 from tests.prefect_processes import running_prefect_server  # noqa: E402
@@ -66,9 +67,6 @@ def last_nightly_run_s(api_url: str) -> float:
     assert run.start_time is not None and run.end_time is not None
     return (run.end_time - run.start_time).total_seconds()
 
-
-def spread(values: list[float]) -> dict[str, float]:
-    return {"median": round(statistics.median(values), 4), "min": round(min(values), 4), "max": round(max(values), 4)}
 
 
 def main() -> None:

