@@ -68,6 +68,25 @@ def test_int4_awq_exports_true_head_size_and_group_size(int4_output, tiny_model_
     assert hf_quant["quant_algo"] == "W4A16_AWQ" and hf_quant["group_size"] == 128
 
 
+def test_int8_smoothquant_exports_both_formats_and_folds_for_the_cpu(tiny_quantized, tmp_path):
+    """int8-sq (SmoothQuant, per-channel weights) by ModelOpt on the CPU: both exports name the algorithm, the
+    dequantised export reproduces the fake-quant model, and the cpu artefact folds it into plain BF16 weights."""
+    int8 = tiny_quantized("int8-sq")
+    out = Path(int8["out_dir"])
+    hf_quant = json.loads((out / "hf" / "hf_quant_config.json").read_text())["quantization"]
+    trtllm = json.loads((out / "trtllm" / "config.json").read_text())["quantization"]
+    assert hf_quant["quant_algo"] == trtllm["quant_algo"] == "W8A8_SQ_PER_CHANNEL"
+    quality = int8["quality"]
+    assert quality["export_dequant_rel_err"] is not None
+    assert quality["export_dequant_rel_err"] <= quality["logits_rel_err"] < 0.5
+    built = run_cli("build", str(out), "--target", "cpu", "--kind", "hf-quantized", "--out", str(tmp_path / "cpu"),
+                    "--json")
+    assert built.returncode == 0, built.stderr[-2000:]
+    assert json.loads(built.stdout)["lineage"]["recipe"] == "int8-sq"
+    config = json.loads((tmp_path / "cpu" / "model" / "config.json").read_text())
+    assert "quantization_config" not in config and config["torch_dtype"] == "bfloat16"
+
+
 @pytest.mark.parametrize("output_name", ["fp8_output", "int4_output"])
 def test_dequantised_export_reproduces_fake_quant_within_report_error(output_name, request):
     quality = request.getfixturevalue(output_name)["quality"]
