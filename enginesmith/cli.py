@@ -376,8 +376,9 @@ def serve(
     """Serve an artefact with its runtime, in the foreground (OpenAI-compatible API)."""
     import shlex
 
-    from builders.serve import UNRESOLVED_VLLM_CPU_PYTHON, render
+    from builders.serve import UNRESOLVED_VLLM_CPU_PYTHON, render, with_flags
     from builders.stage import read_artefact
+    from registry.pull import read_pull_record
 
     artefact = read_artefact(artefact_dir)
     if artefact is None:
@@ -390,9 +391,15 @@ def serve(
         raise UserError(f"the artefact has no {runtime!r} runtime", where="--runtime",
                         hint=f"it has: {', '.join(recipes)}")
     chosen = recipes[runtime] if runtime else artefact.serve[0]
+    # A directory pulled for an SLO serves the profile chosen for it (its flags on the recipe it was measured on).
+    record = read_pull_record(artefact_dir)
+    profile = record.profile if record is not None and record.profile is not None else None
+    profile_flags = profile.args if profile is not None and profile.runtime == chosen.runtime else []
+
     def rendered(resolve_runtime: bool) -> tuple[list[str], dict[str, str]]:
-        return render(chosen, artefact_dir=artefact_dir.resolve(), host=host, port=port,
-                      model_name=artefact.lineage.model_id, resolve_runtime=resolve_runtime)
+        argv, env = render(chosen, artefact_dir=artefact_dir.resolve(), host=host, port=port,
+                           model_name=artefact.lineage.model_id, resolve_runtime=resolve_runtime)
+        return with_flags(argv, profile_flags), env
 
     try:
         argv, env = rendered(resolve_runtime=True)
@@ -407,7 +414,9 @@ def serve(
         words = [arg if arg == UNRESOLVED_VLLM_CPU_PYTHON else shlex.quote(arg) for arg in argv]
         print(" ".join([*(f"{k}={shlex.quote(v)}" for k, v in env.items()), *words]))
         return
-    stderr.print(f"serving {artefact.lineage.model_id} ({artefact.kind}, {chosen.runtime}) on http://{host}:{port}/v1")
+    with_profile = f", profile {profile.name} chosen for {profile.slo}" if profile_flags and profile else ""
+    stderr.print(f"serving {artefact.lineage.model_id} ({artefact.kind}, {chosen.runtime}{escape(with_profile)}) on "
+                 f"http://{host}:{port}/v1")
     os.execvpe(argv[0], argv, {**os.environ, **env})
 
 

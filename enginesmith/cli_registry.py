@@ -22,7 +22,9 @@ if TYPE_CHECKING:  # imported where used, so that `enginesmith --help` stays qui
     from rich.progress import Progress, TaskID
 
     from registry.history import BuildEntry, CellHistory, ModelHistory
-    from registry.resolve import Constraints, Machine, Resolution
+    from registry.manifest import Manifest
+    from registry.pull import ChosenProfile
+    from registry.resolve import Candidate, Constraints, Machine, Resolution
     from registry.store import RegistryStore
     from registry.transfer import RateLimiter
 
@@ -48,6 +50,13 @@ AllowSameSmOption = Annotated[bool, typer.Option(
 )]
 ObjectiveOption = Annotated[str, typer.Option(
     "--objective", help="Rank by the validation report's throughput or latency.",
+)]
+SloOption = Annotated[str | None, typer.Option(
+    "--slo", help="Latency bounds a serving profile must meet, e.g. 'ttft_p95<=500ms,tpot_p95<=40ms' (ttft, tpot, "
+                  "e2el; p50, p90, p95, p99; ms or s): the profile with the most goodput that meets them is chosen.",
+)]
+ConcurrencyOption = Annotated[int | None, typer.Option(
+    "--concurrency", min=1, help="With --slo: judge the profiles at this many requests in flight only.",
 )]
 RuntimeVersionOption = Annotated[str | None, typer.Option(
     "--runtime-version", help="The TensorRT-LLM version the engine will run on (default: the installed one).",
@@ -191,18 +200,24 @@ def resolve(
     tp: TpOption = None,
     allow_same_sm: AllowSameSmOption = False,
     objective: ObjectiveOption = "throughput",
+    slo: SloOption = None,
+    concurrency: ConcurrencyOption = None,
     runtime_version: RuntimeVersionOption = None,
     registry: RegistryOption = DEFAULT_REGISTRY,
     s3_endpoint: S3EndpointOption = None,
     json_output: JsonOption = False,
 ) -> None:
     """List every artefact of a model with whether it runs here (and why not), and the one pull would choose.
-    Exits 1 when none would be chosen (nothing here runs the model), so a job can gate on it."""
+    Exits 1 when none would be chosen (nothing here runs the model, or no profile meets --slo), so a job can gate
+    on it.
+
+    Example: enginesmith resolve smollm2-135m-instruct --slo 'ttft_p95<=500ms' --concurrency 4"""
     from registry.choose import resolve_model
     from registry.names import check_name
 
     store = _open_store(registry, s3_endpoint)
-    machine, constraints = _machine_and_constraints(recipe, target, tp, allow_same_sm, objective, runtime_version)
+    machine, constraints = _machine_and_constraints(recipe, target, tp, allow_same_sm, objective, runtime_version,
+                                                    slo, concurrency)
     result = resolve_model(store, check_name(model, "MODEL"), machine, constraints)
     if json_output:
         print_json({**result.resolution.model_dump(mode="json"),
@@ -230,6 +245,8 @@ def pull(
     tp: TpOption = None,
     allow_same_sm: AllowSameSmOption = False,
     objective: ObjectiveOption = "throughput",
+    slo: SloOption = None,
+    concurrency: ConcurrencyOption = None,
     runtime_version: RuntimeVersionOption = None,
     cache_dir: Annotated[Path | None, typer.Option(
         "--cache-dir", envvar="ENGINESMITH_CACHE_DIR", help="The blob cache shared by pulls.")] = None,
@@ -239,7 +256,9 @@ def pull(
     s3_endpoint: S3EndpointOption = None,
     json_output: JsonOption = False,
 ) -> None:
-    """Pull an artefact: fetch missing blobs (resuming, verified), lay the files out ready to serve."""
+    """Pull an artefact: fetch missing blobs (resuming, verified), lay the files out ready to serve. With --slo, the
+    serving profile chosen is recorded beside the files, and `enginesmith serve` starts it with that profile's
+    flags."""
     from rich.markup import escape
 
     from registry.cache import BlobCache, default_cache_dir
@@ -250,7 +269,8 @@ def pull(
     store = _open_store(str(from_bundle) if from_bundle else registry, s3_endpoint)
     ref = parse_ref(what, where="MODEL|REF")
     limiter = _limiter(limit_rate)
-    machine, constraints = _machine_and_constraints(recipe, target, tp, allow_same_sm, objective, runtime_version)
+    machine, constraints = _machine_and_constraints(recipe, target, tp, allow_same_sm, objective, runtime_version,
+                                                    slo, concurrency)
     try:
         choice = choose(store, ref, machine, constraints)
     except NothingRunsHere as nothing:
@@ -261,8 +281,10 @@ def pull(
             print_json(nothing.resolution)
         else:
             _print_resolution(nothing.resolution)
-            stderr.print(f"[bold red]error:[/] no artefact of {escape(ref.model)} runs on {machine.description}; "
-                         "nothing was fetched or written (name one with MODEL@KEY to pull it anyway)")
+            within = f" within the SLO {constraints.slo}" if constraints.slo is not None else ""
+            stderr.print(f"[bold red]error:[/] no artefact of {escape(ref.model)} runs on {machine.description}"
+                         f"{escape(within)}; nothing was fetched or written (name one with MODEL@KEY to pull it "
+                         "anyway)")
         raise typer.Exit(1) from None
     manifest, candidate = choice.manifest, choice.candidate
     for note in machine.notes if not json_output else []:
@@ -270,6 +292,7 @@ def pull(
     if not candidate.eligible and not json_output:
         stderr.print(f"[yellow]warning:[/] {manifest.ref} is {candidate.status} on {machine.description}: "
                      f"{'; '.join(candidate.reasons)}")
+    profile = _chosen_profile(manifest, candidate, constraints)
     cache = BlobCache(cache_dir or default_cache_dir())
     destination = dest or cache.default_dest(manifest.model, manifest.key)
     plan = plan_pull(manifest, cache, destination, store.location)
@@ -280,7 +303,7 @@ def pull(
     with _transfer_progress(enabled=not (json_output or dry_run), verb="pulling",
                             total_bytes=plan.bytes_to_fetch) as progress:
         result = pull_artefact(store, manifest, dest=destination, cache=cache, jobs=jobs, limiter=limiter,
-                               progress=progress, dry_run=dry_run)
+                               progress=progress, dry_run=dry_run, profile=profile)
     if json_output:
         print_json(result)
         return
@@ -298,6 +321,9 @@ def pull(
                  f"resumed {size_label(result.resumed_bytes)}, cached {size_label(result.cached_bytes)})")
     for label in result.refetched:
         stderr.print(f"[yellow]note:[/] {label} did not match its sha256 at first and was fetched again")
+    if profile is not None:
+        stdout.print(escape(f"serving profile {profile.name} ({' '.join(profile.args) or 'as built'}): it meets "
+                            f"{profile.slo} at c={profile.concurrency}; `enginesmith serve {result.dest}` starts it"))
 
 
 def promote(
@@ -476,6 +502,19 @@ def catalogue(
 # --- helpers ------------------------------------------------------------------------------------------
 
 
+def _chosen_profile(manifest: Manifest, candidate: Candidate, constraints: Constraints) -> ChosenProfile | None:
+    """The serving profile the resolver chose for the SLO, as the pulled directory records it."""
+    from enginesmith.reports import parse_report, serving_profiles_of
+    from registry.pull import ChosenProfile
+
+    choice = candidate.profile
+    if constraints.slo is None or choice is None or not choice.meets or choice.concurrency is None:
+        return None
+    profile = next(p for p in serving_profiles_of(parse_report(manifest.validation)) if p.name == choice.profile)
+    return ChosenProfile(name=profile.name, runtime=profile.runtime, args=profile.args, slo=str(constraints.slo),
+                         concurrency=choice.concurrency, goodput=choice.goodput)
+
+
 def _open_store(registry: str, s3_endpoint: str | None) -> RegistryStore:
     from registry.store import open_store
 
@@ -483,41 +522,60 @@ def _open_store(registry: str, s3_endpoint: str | None) -> RegistryStore:
 
 
 def _machine_and_constraints(recipe: str | None, target: str, tp: int | None, allow_same_sm: bool, objective: str,
-                             runtime_version: str | None) -> tuple[Machine, Constraints]:
+                             runtime_version: str | None, slo: str | None = None,
+                             concurrency: int | None = None) -> tuple[Machine, Constraints]:
+    from enginesmith.slo import parse_slo
     from registry.machine import describe_machine
     from registry.resolve import Constraints
 
     if objective not in ("throughput", "latency"):
         raise UserError(f"unknown objective {objective!r}", where="--objective", hint="use throughput or latency")
+    if concurrency is not None and slo is None:
+        raise UserError("--concurrency says where to judge an SLO, and no --slo was given", where="--concurrency",
+                        hint="add --slo, e.g. --slo 'ttft_p95<=500ms'")
     objective_value: Literal["throughput", "latency"] = "throughput" if objective == "throughput" else "latency"
+    parsed_slo = parse_slo(slo) if slo is not None else None  # before detecting the machine: a typo fails fast
     machine = describe_machine(target, runtime_version=runtime_version)
-    return machine, Constraints(recipe=recipe, tp=tp, allow_same_sm=allow_same_sm, objective=objective_value)
+    return machine, Constraints(recipe=recipe, tp=tp, allow_same_sm=allow_same_sm, objective=objective_value,
+                                slo=parsed_slo, concurrency=concurrency)
 
 
 def _print_resolution(resolution: Resolution) -> None:
     from rich.markup import escape
 
-    colour = {"runnable": "green", "same-sm-not-tuned": "yellow", "low-memory": "yellow", "incompatible": "red"}
+    colour = {"runnable": "green", "same-sm-not-tuned": "yellow", "misses-slo": "yellow", "low-memory": "yellow",
+              "incompatible": "red"}
+    slo = resolution.constraints.slo
     metric_name = "tok/s" if resolution.constraints.objective == "throughput" else "TPOT ms"
     rows = []
     for candidate in resolution.candidates:
         chosen = resolution.chosen is not None and candidate.key == resolution.chosen.key
-        detail = "; ".join(candidate.reasons + candidate.notes) or "-"
-        rows.append([
-            "→" if chosen else "", candidate.key[:12], candidate.kind, candidate.recipe, candidate.target,
-            f"{candidate.tp}×{candidate.pp}", size_label(candidate.total_bytes),
-            "-" if candidate.metric is None else f"{candidate.metric:,.1f}",
-            f"[{colour[candidate.status]}]{candidate.status}[/]", detail,
-        ])
-    stdout.print(table(f"{resolution.model} on {resolution.machine.description}",
-                       ["", "key", "kind", "recipe", "target", "tp×pp", "size", metric_name, "status", "why"], rows))
+        detail = escape("; ".join(candidate.reasons + candidate.notes) or "-")
+        row = ["→" if chosen else "", candidate.key[:12], candidate.kind, candidate.recipe, candidate.target,
+               f"{candidate.tp}×{candidate.pp}", size_label(candidate.total_bytes)]
+        if slo is not None:
+            profile = candidate.profile
+            meets = profile is not None and profile.meets
+            row += [escape(profile.profile) if meets and profile else "-",
+                    f"c={profile.concurrency}" if meets and profile else "-",
+                    f"{profile.goodput:.2f}" if meets and profile and profile.goodput is not None else "-",
+                    f"{profile.output_throughput:,.1f}" if meets and profile and profile.output_throughput else "-"]
+        else:
+            row.append("-" if candidate.metric is None else f"{candidate.metric:,.1f}")
+        rows.append([*row, f"[{colour[candidate.status]}]{candidate.status}[/]", detail])
+    columns = ["", "key", "kind", "recipe", "target", "tp×pp", "size"]
+    columns += ["profile", "at", "goodput req/s", "tok/s"] if slo is not None else [metric_name]
+    title = f"{resolution.model} on {resolution.machine.description}" + (f" for SLO {slo}" if slo else "")
+    stdout.print(table(escape(title), [*columns, "status", "why"], rows))
     for note in resolution.machine.notes:
         stdout.print(f"[yellow]note:[/] {escape(note)}")
     if resolution.chosen is not None:
-        stdout.print(f"chosen: [bold]{resolution.chosen.model}@{resolution.chosen.key[:12]}[/] "
-                     f"(by {resolution.constraints.objective})")
+        chosen_profile = resolution.chosen.profile
+        by = (f"profile {chosen_profile.profile} at c={chosen_profile.concurrency}: the most goodput within the SLO"
+              if chosen_profile is not None and chosen_profile.meets else f"by {resolution.constraints.objective}")
+        stdout.print(f"chosen: [bold]{resolution.chosen.model}@{resolution.chosen.key[:12]}[/] ({escape(by)})")
     elif resolution.candidates:
-        stdout.print("[red]nothing runnable here[/]")
+        stdout.print("[red]no profile meets the SLO here[/]" if slo is not None else "[red]nothing runnable here[/]")
 
 
 # The toolchain a build is known by, first found first, where no version changed since the previous build.

@@ -80,6 +80,17 @@ class PullPlan(BaseModel):
         return sum(b.size - b.partial_bytes for b in self.blobs if b.state != "cached")
 
 
+class ChosenProfile(BaseModel):
+    """The serving profile a pull chose for an SLO: the one ``enginesmith serve`` starts the files with."""
+
+    name: str
+    runtime: str  # the serve recipe it applies to
+    args: list[str]  # the flags it sets on that recipe's command
+    slo: str
+    concurrency: int  # the level at which it met the SLO with the most goodput
+    goodput: float | None  # requests/s within the SLO there
+
+
 class PullResult(BaseModel):
     model: str
     key: str
@@ -95,16 +106,25 @@ class PullResult(BaseModel):
     linked_files: int
     copied_files: int  # where the cache and the destination are on different filesystems
     plan: PullPlan
+    profile: ChosenProfile | None = None  # the serving profile chosen for an SLO (recorded beside the files)
 
 
 class PullRecord(BaseModel):
-    """``.enginesmith-pull.json`` in a pulled directory: where its files came from."""
+    """``.enginesmith-pull.json`` in a pulled directory: where its files came from (and, for an SLO, with which
+    serving profile to serve them)."""
 
     registry: str
     model: str
     key: str
     pulled: str
     manifest: Manifest
+    profile: ChosenProfile | None = None
+
+
+def read_pull_record(artefact_dir: Path) -> PullRecord | None:
+    """The record of a pulled directory; None for a directory pull did not write (a build's own output)."""
+    path = artefact_dir / PULL_RECORD_FILE
+    return PullRecord.model_validate_json(path.read_text()) if path.is_file() else None
 
 
 @dataclass
@@ -139,6 +159,7 @@ def pull_artefact(
     limiter: RateLimiter | None = None,
     progress: TransferProgress | None = None,
     dry_run: bool = False,
+    profile: ChosenProfile | None = None,
 ) -> PullResult:
     """Fetch what the cache lacks (``jobs`` blobs at a time) and lay the artefact out at ``dest``.
 
@@ -157,6 +178,7 @@ def pull_artefact(
         files=plan.files, total_bytes=plan.total_bytes,
         cached_bytes=sum(b.size for b in plan.blobs if b.state == "cached"),
         resumed_bytes=0, downloaded_bytes=0, refetched=[], linked_files=0, copied_files=0, plan=plan,
+        profile=profile,
     )
     if dry_run:
         return result
@@ -168,7 +190,7 @@ def pull_artefact(
         result.resumed_bytes = sum(s.resumed_bytes for s in stats)
         result.downloaded_bytes = sum(s.downloaded_bytes for s in stats)
         result.refetched = [blob.label for blob, s in zip(to_fetch, stats, strict=True) if s.refetched]
-        result.linked_files, result.copied_files = _lay_out(store.location, manifest, cache, dest)
+        result.linked_files, result.copied_files = _lay_out(store.location, manifest, cache, dest, profile)
     except OSError as exc:
         if is_disk_full(exc):
             raise disk_filled_error(cache.root, what=what, where=str(cache.root), hint=_DISK_HINT) from None
@@ -358,7 +380,8 @@ def _read_only_filesystem(path: Path) -> bool:
     return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
 
 
-def _lay_out(registry: str, manifest: Manifest, cache: BlobCache, dest: Path) -> tuple[int, int]:
+def _lay_out(registry: str, manifest: Manifest, cache: BlobCache, dest: Path,
+             profile: ChosenProfile | None = None) -> tuple[int, int]:
     """Build the artefact directory next to ``dest`` and rename it into place; returns (linked, copied) files."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     staging = dest.parent / f".{dest.name}.{uuid.uuid4().hex[:12]}.partial"
@@ -375,7 +398,7 @@ def _lay_out(registry: str, manifest: Manifest, cache: BlobCache, dest: Path) ->
                 copied += 1
         (staging / ARTEFACT_FILE).write_text(manifest.artefact.model_dump_json(indent=2) + "\n")
         record = PullRecord(registry=registry, model=manifest.model, key=manifest.key, pulled=utc_timestamp(),
-                            manifest=manifest)
+                            manifest=manifest, profile=profile)
         (staging / PULL_RECORD_FILE).write_text(record.model_dump_json(indent=2) + "\n")
         check_destination(dest)
         if dest.exists():

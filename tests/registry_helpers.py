@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from enginesmith.artefacts import ARTEFACT_FILE, Artefact, Lineage
+from enginesmith.artefacts import ARTEFACT_FILE, Artefact, Lineage, ServeRecipe
 from enginesmith.checkpoints.models import CheckpointFile
 from tests.conftest import REPO_ROOT, run_cli
 
@@ -57,6 +57,7 @@ def write_artefact(
     pp: int = 1,
     versions: dict[str, str] | None = None,
     created: str = "2026-01-01T00:00:00+00:00",
+    serve: list[ServeRecipe] | None = None,
 ) -> Path:
     """Write an artefact directory (``artefact.json`` plus its files) under ``root``; returns the directory."""
     files = tiny_files() if files is None else files
@@ -71,7 +72,7 @@ def write_artefact(
                         checkpoint_key="c" * 64, recipe=recipe, calibration_dataset="builtin:addition",
                         calibration_sha256="d" * 64),
         versions=versions or {"modelopt": "0.37.0", "torch": "2.13.0"},
-        files=records, created=created,
+        files=records, created=created, serve=serve or [],
     )
     directory = root / f"{model}-{key[:8]}"
     for path, body in files.items():

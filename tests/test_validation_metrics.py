@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from enginesmith.slo import parse_slo
 from enginesmith.specs import GateSpec, WorkloadSpec
 from validation.gates import evaluate_gates, judge, undecided
 from validation.loadgen import ArrivalSchedule
-from validation.metrics import SLO, RequestRecord, Spread, summarize
+from validation.metrics import RequestRecord, Spread, summarize
 from validation.sampling import kv_usage_from_metrics
 from validation.sse import record_from_stream
 
@@ -68,7 +69,7 @@ def _records() -> list[RequestRecord]:
 
 
 def test_summary_matches_hand_computed_values():
-    result = summarize(_records(), duration_s=2.0, concurrency=2, slo=SLO(ttft_ms=250, tpot_ms=30))
+    result = summarize(_records(), duration_s=2.0, concurrency=2, slo=parse_slo("ttft_p50<=250ms,tpot_p50<=30ms"))
     assert result.completed == 3 and result.failed == 1  # failed requests are counted, never dropped
     assert result.total_input_tokens == 30 and result.total_output_tokens == 9
     assert result.request_throughput == pytest.approx(1.5)

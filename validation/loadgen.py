@@ -26,8 +26,9 @@ import httpx
 
 from enginesmith.errors import UserError
 from enginesmith.reports.measures import ServerCapabilities
+from enginesmith.slo import Slo
 from enginesmith.specs import WorkloadSpec
-from validation.metrics import SLO, BenchmarkResult, RequestRecord, summarize
+from validation.metrics import BenchmarkResult, RequestRecord, summarize
 from validation.server import Endpoint
 from validation.sse import record_from_stream
 
@@ -286,7 +287,7 @@ async def _warm_up(client: aiohttp.ClientSession, endpoint: Endpoint, prompts: S
 
 
 async def _run_level(endpoint: Endpoint, prompts: Sequence[tuple[str, int, int]], plan: LevelPlan, *,
-                     capabilities: ServerCapabilities, seed: int, slo: SLO | None, run_id: str,
+                     capabilities: ServerCapabilities, seed: int, slo: Slo | None, run_id: str,
                      on_done: Callable[[], None] | None) -> BenchmarkResult:
     connector = aiohttp.TCPConnector(limit=max(plan.concurrency, 1) + 4)
     timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
@@ -302,7 +303,7 @@ async def _run_level(endpoint: Endpoint, prompts: Sequence[tuple[str, int, int]]
 
 
 def run_level(endpoint: Endpoint, prompts: Sequence[tuple[str, int, int]], plan: LevelPlan, *,
-              capabilities: ServerCapabilities, seed: int = 0, slo: SLO | None = None, label: str = "",
+              capabilities: ServerCapabilities, seed: int = 0, slo: Slo | None = None, label: str = "",
               on_done: Callable[[], None] | None = None) -> BenchmarkResult:
     """One load level of ``prompts`` ``(text, prompt_len, output_len)``: the warm-up, then the measurement.
 

@@ -19,10 +19,11 @@ import numpy as np
 from pydantic import BaseModel
 
 from enginesmith.reports.measures import BenchmarkResult, Spread
+from enginesmith.slo import Slo, meets_bounds
 
-__all__ = ["SLO", "BenchmarkResult", "RequestRecord", "Spread", "summarize"]
+__all__ = ["BenchmarkResult", "RequestRecord", "Spread", "summarize"]
 
-PERCENTILES = (50, 90, 99)
+PERCENTILES = (50, 90, 95, 99)
 
 
 class RequestRecord(BaseModel):
@@ -44,14 +45,6 @@ class RequestRecord(BaseModel):
         return (self.latency_s - self.ttft_s) / (self.output_tokens - 1)
 
 
-class SLO(BaseModel):
-    """Goodput SLOs in milliseconds (DistServe's definition: a request counts only if it meets all)."""
-
-    ttft_ms: float | None = None
-    tpot_ms: float | None = None
-    e2el_ms: float | None = None
-
-
 def _stats_ms(values_s: Sequence[float]) -> tuple[float, float, float]:
     """(mean, median, std) in ms; zeros for no values, as vLLM reports them."""
     if not values_s:
@@ -63,16 +56,6 @@ def _stats_ms(values_s: Sequence[float]) -> tuple[float, float, float]:
 def _percentile_ms(values_s: Sequence[float], percentile: float) -> float:
     """numpy's default (linear) interpolation, as vLLM uses."""
     return float(np.percentile(np.asarray(values_s, dtype=float) * 1000, percentile)) if values_s else 0.0
-
-
-def meets_slo(record: RequestRecord, slo: SLO) -> bool:
-    """A 1-token request's TPOT counts as 0 (vLLM)."""
-    checks = [
-        (slo.ttft_ms, record.ttft_s),
-        (slo.tpot_ms, record.tpot_s or 0.0),
-        (slo.e2el_ms, record.latency_s),
-    ]
-    return all(limit is None or value * 1000 <= limit for limit, value in checks)
 
 
 def max_output_tokens_per_second(records: Iterable[RequestRecord]) -> float:
@@ -93,7 +76,7 @@ def max_output_tokens_per_second(records: Iterable[RequestRecord]) -> float:
 
 
 def summarize(records: Sequence[RequestRecord], duration_s: float, *, concurrency: int | None = None,
-              request_rate: float | None = None, slo: SLO | None = None) -> BenchmarkResult:
+              request_rate: float | None = None, slo: Slo | None = None) -> BenchmarkResult:
     """Aggregate per-request records into one load level's result."""
     done = [r for r in records if r.success]
     ttfts = [r.ttft_s for r in done]
@@ -110,8 +93,8 @@ def summarize(records: Sequence[RequestRecord], duration_s: float, *, concurrenc
         for p in PERCENTILES
     }
     goodput = None
-    if slo is not None and any(v is not None for v in (slo.ttft_ms, slo.tpot_ms, slo.e2el_ms)):
-        goodput = sum(meets_slo(r, slo) for r in done) / duration_s
+    if slo is not None:
+        goodput = sum(meets_bounds(r.ttft_s, r.tpot_s or 0.0, r.latency_s, slo) for r in done) / duration_s
     return BenchmarkResult(
         concurrency=concurrency, request_rate=request_rate, duration=duration_s, completed=len(done),
         failed=len(records) - len(done), total_input_tokens=input_tokens, total_output_tokens=output_tokens,
@@ -125,7 +108,7 @@ def summarize(records: Sequence[RequestRecord], duration_s: float, *, concurrenc
         mean_e2el_ms=stats["e2el"][0], median_e2el_ms=stats["e2el"][1], std_e2el_ms=stats["e2el"][2],
         percentiles_ms=percentiles,
         all_at_once_requests=sum(1 for r in done if r.output_tokens > 1 and r.latency_s <= r.ttft_s), ttfts=ttfts,
-        errors=failure_summary(records),
+        tpots=[r.tpot_s or 0.0 for r in done], e2els=latencies, errors=failure_summary(records),
     )
 
 

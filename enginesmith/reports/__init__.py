@@ -11,12 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import BaseModel, ValidationError
 
 from enginesmith.plugins import load_env_plugins
 from enginesmith.reports.measures import GateResult, Spread
+
+if TYPE_CHECKING:
+    from enginesmith.reports.profiles import ServingProfile
 
 Objective = Literal["throughput", "latency"]
 # Reports written before they carried a kind are LLM reports.
@@ -73,6 +76,11 @@ class KindReport(Protocol):
         """What the resolver ranks by: the candidate's throughput (higher is better) or latency (lower)."""
         ...
 
+    def serving_profiles(self) -> list[ServingProfile]:
+        """The serving settings it was measured with and what each gave (``enginesmith.reports.profiles``); empty
+        where the kind has none."""
+        ...
+
     def view(self) -> ReportView: ...
 
     def markdown(self) -> str: ...
@@ -113,6 +121,15 @@ def parse_report(validation: Mapping[str, Any] | None) -> KindReport | str | Non
         field = ".".join(str(part) for part in first["loc"]) or "(top level)"
         return f"not a {kind} report: {field}: {first['msg']} ({exc.error_count()} problem(s))"
     return parsed
+
+
+def serving_profiles_of(report: KindReport | str | None) -> list[ServingProfile]:
+    """A parsed report's serving profiles; none for no report, an unreadable one, or a plug-in kind's report
+    written before the protocol asked for them."""
+    if report is None or isinstance(report, str):
+        return []
+    profiles = getattr(report, "serving_profiles", None)
+    return list(profiles()) if callable(profiles) else []
 
 
 def gate_table(gates: list[GateResult], measured_spec: str = ".3f") -> TableView:

@@ -17,6 +17,7 @@ from enginesmith.reports.measures import (
     ThroughputLevel,
     fmt_ratio,
 )
+from enginesmith.reports.profiles import ServingProfile
 
 CANDIDATE, BASELINE, REFERENCE = "candidate", "fp32-onnx", "reference"
 THROUGHPUT_PLOT = "throughput.png"
@@ -59,6 +60,9 @@ class EncoderValidationReport(BaseModel):
         candidate = self.side(CANDIDATE)
         return {"min_cosine": candidate.cosine_to_reference.min_cosine,
                 f"recall@{candidate.retrieval.k}": candidate.retrieval.recall_at_k}
+
+    def serving_profiles(self) -> list[ServingProfile]:
+        return []  # the encoder kind publishes no serving profiles yet
 
     def objective_value(self, objective: Objective) -> float | None:
         """Embeddings/s at the largest batch size, or the median request latency at the smallest."""

@@ -23,6 +23,7 @@ from enginesmith.reports.measures import (
     fmt_spread,
     fmt_value,
 )
+from enginesmith.reports.profiles import DEFAULT_PROFILE, ServingProfile, profile_from_levels, profile_table
 from enginesmith.specs import WorkloadSpec
 
 
@@ -213,6 +214,9 @@ class ValidationReport(BaseModel):
     cell: str | None = None  # the plan's cell id, where a plan validated it
     decision: DecisionRule | None = None  # how the performance gates were decided (None: older reports)
     verdict_s: float | None = None  # the whole validation's wall time, servers' start included
+    # The tuning sweep's profiles, measured after the gates passed (empty: none was asked for, or an older report;
+    # the candidate's own measurement is then the one profile, ``serving_profiles``).
+    profiles: list[ServingProfile] = []
 
     def round_metrics(self) -> dict[str, Spread]:
         c = self.comparison
@@ -225,6 +229,21 @@ class ValidationReport(BaseModel):
     def objective_value(self, objective: Objective) -> float | None:
         candidate = self.comparison.candidate
         return candidate.max_output_throughput if objective == "throughput" else candidate.tpot_c1_median_ms
+
+    def serving_profiles(self) -> list[ServingProfile]:
+        """The tuned profiles, or the candidate as validated (the serve recipe as built)."""
+        if self.profiles:
+            return self.profiles
+        candidate = self.comparison.candidate
+        gpus = candidate.cost.gpus if candidate.cost is not None else 0
+        return [profile_from_levels(DEFAULT_PROFILE, runtime=candidate.runtime, levels=candidate.levels,
+                                    target=self.target, gpus=gpus)]
+
+    def profile_table(self) -> TableView | None:
+        """The tuned profiles per concurrency; None without a tuning sweep."""
+        if not self.profiles:
+            return None
+        return profile_table(self.profiles)
 
     def side_names(self) -> list[str]:
         return [f"{s.role}: {s.name}" for s in self.comparison.sides]
@@ -277,7 +296,8 @@ class ValidationReport(BaseModel):
         return ReportView(kind=self.kind, title=title, passed=self.passed, summary=f"{self.recipe} on {self.target}; "
                                                                           f"{self.workload_summary()}",
                           tables=[self.comparison_table(), gate_table(self.gates),
-                                  *([cost] if (cost := self.cost_table()) else [])], notes=notes,
+                                  *([cost] if (cost := self.cost_table()) else []),
+                                  *([profiles] if (profiles := self.profile_table()) else [])], notes=notes,
                           throughput_ratio=fmt_ratio(c.throughput_ratios), tpot_ratio=fmt_ratio(c.tpot_ratios))
 
     def markdown(self) -> str:
@@ -292,6 +312,9 @@ class ValidationReport(BaseModel):
         cost = self.cost_table()
         if cost is not None:
             lines += ["", cost.caption, "", *markdown_table(cost)]
+        profiles = self.profile_table()
+        if profiles is not None:
+            lines += ["", profiles.caption, "", *markdown_table(profiles)]
         if self.notes:
             lines += ["", *(f"- {note}" for note in self.notes)]
         return "\n".join(lines) + "\n"

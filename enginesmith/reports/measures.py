@@ -86,6 +86,10 @@ class BenchmarkResult(BaseModel):
     # TPOT then reads 0 and says nothing about decoding speed.
     all_at_once_requests: int = 0
     ttfts: list[float] = []  # per completed request, in seconds (as vLLM's --save-detailed)
+    # Per completed request too, in seconds, in the order of ``ttfts`` (a one-token request's TPOT is 0, as vLLM
+    # counts it for goodput): goodput under any SLO is computed from them (enginesmith.reports.profiles).
+    tpots: list[float] = []
+    e2els: list[float] = []
     errors: list[str] = []
     # Ours: which measurement round this level belongs to, and the warm-up that preceded it (at the same
     # concurrency, in batches, until two batches' output throughputs agreed within the workload's tolerance).
