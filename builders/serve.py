@@ -201,25 +201,6 @@ def render(recipe: ServeRecipe, *, artefact_dir: Path, host: str, port: int, mod
     return argv, dict(recipe.env)
 
 
-def with_flags(argv: list[str], flags: list[str]) -> list[str]:
-    """``argv`` with ``flags`` (``["--max-num-seqs", "4", …]``) set: a flag it has gets the new value in place, any
-    other is appended. A serving profile's flags are applied so, never as a second copy of a flag."""
-    result = list(argv)
-    index = 0
-    while index < len(flags):
-        flag = flags[index]
-        has_value = index + 1 < len(flags) and not flags[index + 1].startswith("--")
-        value = [flags[index + 1]] if has_value else []
-        if flag in result:
-            at = result.index(flag)
-            old_has_value = at + 1 < len(result) and not result[at + 1].startswith("--")
-            result[at:at + 1 + old_has_value] = [flag, *value]
-        else:
-            result += [flag, *value]
-        index += 1 + has_value
-    return result
-
-
 VLLM_ARGCHECK_SCRIPT = Path(__file__).with_name("vllm_argcheck.py")
 
 

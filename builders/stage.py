@@ -30,6 +30,7 @@ from enginesmith.artefacts import (
     Lineage,
     QuantizedCheckpoint,
     ServeRecipe,
+    artefact_runtimes,
 )
 from enginesmith.checkpoints.digest import file_sha256
 from enginesmith.checkpoints.models import CheckpointFile
@@ -166,16 +167,6 @@ def _build_into(request: BuildRequest, staging: Path, build_gpu: GpuInfo | None,
     )
     (staging / ARTEFACT_FILE).write_text(artefact.model_dump_json(indent=2))
     return artefact
-
-
-def artefact_runtimes(kind: ArtefactKind, recipe: RecipeSpec, target: TargetSpec) -> list[str]:
-    """The runtimes that serve an artefact of this kind, recipe and target, first the one validation measures."""
-    if kind == "trtllm-engine":
-        return ["trtllm-tensorrt"]
-    if target.is_cpu:
-        return ["vllm-cpu"]
-    support = recipe.support.get("hf-quantized")
-    return list(support.runtimes) if support else []
 
 
 def serve_recipes(kind: ArtefactKind, recipe: RecipeSpec, profile: BuildProfile, runtimes: list[str], *,

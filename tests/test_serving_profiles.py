@@ -189,7 +189,7 @@ def test_resolve_and_pull_choose_the_profile_an_slo_asks_for_and_serve_starts_it
 
 
 def test_the_served_command_carries_the_chosen_profiles_flags_once(tmp_path):
-    from builders.serve import with_flags
+    from enginesmith.artefacts import with_flags
 
     argv = ["python", "-m", "vllm", "--model", "m", "--max-num-seqs", "16", "--enforce-eager", "--port", "1"]
     assert with_flags(argv, ["--max-num-seqs", "1"]) == [*argv[:6], "1", *argv[7:]]

@@ -95,7 +95,7 @@ def _serving(side: ServerSide, log_path: Path, health_timeout_s: float) -> Itera
         yield endpoint
 
 
-class _Servers:
+class Servers:
     """Every side's server, kept up for the whole run (they take turns under load) or, where they cannot share
     the device, started for each round and stopped after it."""
 
@@ -211,7 +211,7 @@ def _measure_accuracy(endpoint: Endpoint, workload: WorkloadSpec, prompts: list[
 
 
 @dataclass
-class _SideRun:
+class SideRun:
     """What has been measured of one side so far."""
 
     side: ServerSide
@@ -336,7 +336,7 @@ def validate(candidate: ServerSide, reference: ServerSide, *, workload: Workload
     requests = [(p.text, p.prompt_len, p.output_len) for p in prompts]
     logs_dir = out_dir / "logs"
     sides = [candidate, reference, *(baselines or [])]
-    runs = [_SideRun(side) for side in sides]
+    runs = [SideRun(side) for side in sides]
     runs[1].results = _read_cached(reference_accuracy_cache)
     for baseline_run in runs[2:]:  # ungated: speed and memory beside the candidate, no accuracy runs
         baseline_run.results = SideAccuracy(accuracy=[], completions=[])
@@ -349,7 +349,7 @@ def validate(candidate: ServerSide, reference: ServerSide, *, workload: Workload
     levels = list(workload.concurrency)
     decided: dict[str, GateResult] = {}  # performance gates decided at a look: final
     with ExitStack() as stack, Progress(*columns, transient=False, console=stderr) as progress:
-        servers = _Servers(stack, sides, logs_dir, health_timeout_s, keep_servers_up)
+        servers = Servers(stack, sides, logs_dir, health_timeout_s, keep_servers_up)
         kept_since = started if servers.kept else None
         tasks = {run.side.role: progress.add_task(f"{run.side.role}: waiting", total=None) for run in runs}
         if servers.kept:
@@ -362,8 +362,8 @@ def validate(candidate: ServerSide, reference: ServerSide, *, workload: Workload
         while True:
             # The ungated baselines are reported beside the first round, never judged: one round is all they need.
             measuring = runs if round_index == 0 else runs[:2]
-            for run, concurrencies in _turns(measuring, levels, round_index, per_level=bool(servers.kept)):
-                _measure_turn(run, concurrencies, round_index, servers, workload, requests,
+            for run, concurrencies in turns(measuring, levels, round_index, per_level=bool(servers.kept)):
+                measure_turn(run, concurrencies, round_index, servers, workload, requests,
                               prompts=prompt_texts, tokenizer_dir=tokenizer_dir, progress=progress,
                               task=tasks[run.side.role], run_id=run_id)
                 if run is runs[1] and not reference_cached and run.results is not None:
@@ -423,12 +423,12 @@ def validate(candidate: ServerSide, reference: ServerSide, *, workload: Workload
     )
 
 
-def _turns(runs: list[_SideRun], concurrencies: list[int], round_index: int, *,
-           per_level: bool) -> list[tuple[_SideRun, list[int]]]:
+def turns(runs: list[SideRun], concurrencies: list[int], round_index: int, *,
+           per_level: bool) -> list[tuple[SideRun, list[int]]]:
     """The order of one round. With every server up, the sides take turns level by level (A B at the first
     level, B A at the next, and the other way round in the next round), so the two measurements a ratio pairs
     are seconds apart; servers started per round take whole-round turns (A B, then B A)."""
-    def order(index: int) -> list[_SideRun]:
+    def order(index: int) -> list[SideRun]:
         return runs if index % 2 == 0 else runs[::-1]
 
     if per_level:
@@ -436,7 +436,7 @@ def _turns(runs: list[_SideRun], concurrencies: list[int], round_index: int, *,
     return [(run, list(concurrencies)) for run in order(round_index)]
 
 
-def _probe_and_score(run: _SideRun, endpoint: Endpoint, workload: WorkloadSpec, *, prompts: list[str],
+def _probe_and_score(run: SideRun, endpoint: Endpoint, workload: WorkloadSpec, *, prompts: list[str],
                      tokenizer_dir: Path, progress: Progress, task: TaskID) -> None:
     """What a side needs once: its capabilities, and its accuracy unless it is known (cached, or a baseline)."""
     run.log_path = str(endpoint.log_path) if endpoint.log_path else None
@@ -449,7 +449,7 @@ def _probe_and_score(run: _SideRun, endpoint: Endpoint, workload: WorkloadSpec, 
         run.accuracy_s = time.perf_counter() - accuracy_started
 
 
-def _score_all_at_once(runs: list[_SideRun], servers: _Servers, workload: WorkloadSpec, *, prompts: list[str],
+def _score_all_at_once(runs: list[SideRun], servers: Servers, workload: WorkloadSpec, *, prompts: list[str],
                        tokenizer_dir: Path, progress: Progress, tasks: dict[str, TaskID]) -> None:
     """With every server up, the sides' accuracy runs at the same time before the rounds: it is no measurement of
     speed (greedy answers, scored), and on a device the servers share it keeps every server busy."""
@@ -461,7 +461,7 @@ def _score_all_at_once(runs: list[_SideRun], servers: _Servers, workload: Worklo
             future.result()
 
 
-def _measure_turn(run: _SideRun, concurrencies: list[int], round_index: int, servers: _Servers,
+def measure_turn(run: SideRun, concurrencies: list[int], round_index: int, servers: Servers,
                   workload: WorkloadSpec, requests: list[tuple[str, int, int]], *, prompts: list[str],
                   tokenizer_dir: Path, progress: Progress, task: TaskID, run_id: str) -> None:
     role = run.side.role

@@ -108,7 +108,8 @@ class LlmKind:
 
     def run(self, cell: PlannedCell, context: CellContext, stage: StageRunner) -> CellRun:
         """pull → quantize (here, or on the pool of the SKU ``quantize_on`` names, handed over through the
-        registry) → build → validate. With ``until="quantize"``: pull, quantise and stash for the building node."""
+        registry) → build → validate → tune (the config's serving sweep, once the gates passed). With
+        ``until="quantize"``: pull, quantise and stash for the building node."""
         assert isinstance(cell, Cell)
         if context.until == QUANTIZE_STAGE:
             return quantize_and_stash(cell, context, stage)
@@ -119,6 +120,8 @@ class LlmKind:
                              done=llm_steps.built_artefact_dir(cell, work) / ARTEFACT_FILE, retries=1)
         report = stage("validate", llm_steps.validate_json, cell, artefact_dir, checkpoint, config, work,
                        retries=TRANSIENT_RETRIES)
+        if cell.tuning:  # the serving profiles it is published with (a cell that failed its gates keeps its report)
+            report = stage("tune", llm_steps.tune, cell, artefact_dir, config, work, report, retries=TRANSIENT_RETRIES)
         return CellRun(artefact_dir=artefact_dir, report=report)
 
     def dispatch(self, config_path: str, cell: PlannedCell) -> Dispatch:

@@ -158,10 +158,11 @@ def _calibration_check(config: PipelineConfig) -> Check:
 
 
 def serve_commands(cell: Cell) -> list[list[str]]:
-    """The vLLM serve arguments validation would start for this cell: the reference (and the candidate, where
-    vLLM serves it), rendered as vLLM sees them."""
+    """The vLLM serve arguments validation would start for this cell: the reference (and the candidate and each
+    serving profile its tuning sweep measures, where vLLM serves it), rendered as vLLM sees them."""
     from builders.serve import ServedMemory, reference_recipe, vllm_serve_arguments
-    from builders.stage import artefact_runtimes, serve_recipes
+    from builders.stage import serve_recipes
+    from enginesmith.artefacts import artefact_runtimes, with_flags
 
     def served(bytes_per_param: float) -> ServedMemory | None:
         if cell.model.params_b is None or cell.target.is_cpu:
@@ -173,9 +174,14 @@ def serve_commands(cell: Cell) -> list[list[str]]:
         cell.model.params_b * 1e9, SERVED_REFERENCE_BYTES, cell.target, tp=cell.tp, pp=cell.pp)
     recipes = [reference_recipe(Path(CHECKPOINT_PLACEHOLDER), on_cpu=cell.target.is_cpu, profile=cell.profile,
                                 tp=served_tp, pp=cell.pp, memory=served(SERVED_REFERENCE_BYTES))]
-    recipes += serve_recipes(cell.kind, cell.recipe, cell.profile,
-                             artefact_runtimes(cell.kind, cell.recipe, cell.target), tp=cell.tp, pp=cell.pp,
-                             memory=served(cell.recipe.weight_bytes_per_param))
+    candidates = serve_recipes(cell.kind, cell.recipe, cell.profile,
+                               artefact_runtimes(cell.kind, cell.recipe, cell.target), tp=cell.tp, pp=cell.pp,
+                               memory=served(cell.recipe.weight_bytes_per_param))
+    recipes += candidates
+    if cell.tuning and candidates:  # each serving profile of the sweep: the measured recipe with its flags
+        measured = candidates[0]
+        recipes += [measured.model_copy(update={"argv": with_flags(measured.argv, point.args)})
+                    for point in cell.tuning]
     return [vllm_serve_arguments(r, artefact_dir=Path(ARTEFACT_PLACEHOLDER)) for r in recipes
             if r.runtime in ("vllm", "vllm-cpu")]
 
@@ -249,7 +255,7 @@ def _memory_check(need: MemoryNeed, cell: Cell) -> Check:
 
 
 def _runtime_check(cell: Cell) -> Check:
-    from builders.stage import artefact_runtimes
+    from enginesmith.artefacts import artefact_runtimes
 
     runtimes = artefact_runtimes(cell.kind, cell.recipe, cell.target)
     if not runtimes:

@@ -23,6 +23,7 @@ from pipeline.steps import ARTEFACTS_DIR, QUANTIZED_DIR, REFERENCE_DIR, REPORTS_
 if TYPE_CHECKING:
     from enginesmith.reports.llm import ValidationReport
     from registry.stages import StashedQuantized, StashResult
+    from validation.placement import Placement
 
 log = logging.getLogger(__name__)
 
@@ -127,9 +128,7 @@ def build(cell: Cell, quantized: QuantizedCheckpoint, work: Path, config: Pipeli
 def validate(cell: Cell, artefact_dir: Path, checkpoint: Checkpoint, config: PipelineConfig,
              work: Path) -> ValidationReport:
     from builders.serve import ServedMemory, baseline_recipe, installed_runtime_version, reference_recipe
-    from enginesmith.gpus import visible_gpus
     from enginesmith.memory import GIB, SERVED_REFERENCE_BYTES, reference_tp
-    from validation.placement import CPU_BIND_ENV, place_sides
     from validation.report import write_report
     from validation.stage import ServerSide
     from validation.stage import validate as run_validation
@@ -158,10 +157,7 @@ def validate(cell: Cell, artefact_dir: Path, checkpoint: Checkpoint, config: Pip
                            recipe=reference_serve, root=source)
     baselines = [ServerSide(role="baseline", name=name, runtime=name, recipe=baseline_recipe(name, source), root=source)
                  for name in config.workload.baselines]
-    visible = [] if cell.target.is_cpu else [gpu.uuid for gpu in visible_gpus()]
-    placement = place_sides(on_cpu=cell.target.is_cpu, visible_uuids=visible, candidate_gpus=cell.tp * cell.pp,
-                            reference_gpus=served_tp * cell.pp, cpu_cores=sorted(os.sched_getaffinity(0)),
-                            cpu_bind=os.environ.get(CPU_BIND_ENV))
+    placement = _placement(cell, reference_gpus=served_tp * cell.pp)
     candidate.env.update(placement.candidate_env)
     reference.env.update(placement.reference_env)
     if not cell.target.is_cpu:  # what each side's GPU-seconds count
@@ -188,6 +184,54 @@ def validate(cell: Cell, artefact_dir: Path, checkpoint: Checkpoint, config: Pip
     report.artefact_key, report.key, report.cell = artefact.key, cell.key, cell.id
     write_report(report, out_dir)
     return report
+
+
+def _placement(cell: Cell, *, reference_gpus: int) -> Placement:
+    """Where the cell's servers run on this node: the candidate's and the reference's devices (or cores)."""
+    from enginesmith.gpus import visible_gpus
+    from validation.placement import CPU_BIND_ENV, place_sides
+
+    visible = [] if cell.target.is_cpu else [gpu.uuid for gpu in visible_gpus()]
+    return place_sides(on_cpu=cell.target.is_cpu, visible_uuids=visible, candidate_gpus=cell.tp * cell.pp,
+                       reference_gpus=reference_gpus, cpu_cores=sorted(os.sched_getaffinity(0)),
+                       cpu_bind=os.environ.get(CPU_BIND_ENV))
+
+
+def tune(cell: Cell, artefact_dir: Path, config: PipelineConfig, work: Path,
+         report: dict[str, object]) -> dict[str, object]:
+    """A passed cell's serving profiles: its tuning sweep measured on the candidate's devices and added to its
+    validation report (rewritten where validation wrote it). A cell without a sweep, or one that failed its gates,
+    keeps its report as it was."""
+    from enginesmith.reports.llm import ValidationReport
+    from enginesmith.tuning import tuning_levels
+    from validation.report import write_report
+    from validation.tuning import Sweep, measure_profiles
+
+    parsed = ValidationReport.model_validate(report)
+    if not cell.tuning or not parsed.passed or config.tuning is None:
+        return report
+    artefact = read_artefact(artefact_dir)
+    if artefact is None or not artefact.serve:
+        raise UserError(f"cell {cell.id} has no built artefact to tune", where=str(artefact_dir),
+                        hint="build it first: enginesmith build QUANTIZED --config CONFIG --cell " + cell.id)
+    levels, min_duration_s, min_requests = tuning_levels(config.tuning, config.workload)
+    sweep = Sweep(points=cell.tuning, concurrency=levels, rounds=config.tuning.rounds, min_duration_s=min_duration_s,
+                  min_requests=min_requests, budget_s=config.tuning.budget_s)
+    placement = _placement(cell, reference_gpus=0)
+    out_dir = work / REPORTS_DIR / cell.stage_keys.validation[:16]
+    gpus = 0 if cell.target.is_cpu else cell.tp * cell.pp
+    # The points share the candidate's devices: on a GPU they cannot be up together, so each takes its turn alone.
+    result = measure_profiles(sweep, artefact.serve[0], artefact_dir.resolve(), name=cell.model.id,
+                              workload=config.workload, tokenizer_dir=tokenizer_dir(artefact_dir, cell.kind),
+                              out_dir=out_dir / "tuning", target_id=cell.target.id, gpus=gpus,
+                              env=placement.candidate_env, keep_servers_up=cell.target.is_cpu)
+    parsed.profiles = result.profiles
+    parsed.notes += [f"Serving profiles: {len(result.profiles)} points of the tuning sweep "
+                     f"({', '.join(p.name for p in result.profiles)}) on the candidate's "
+                     f"{'cores' if cell.target.is_cpu else 'GPUs'}, {result.rounds} interleaved rounds at concurrency "
+                     f"{', '.join(map(str, levels))}, {result.seconds:.0f} s.", *result.notes]
+    write_report(parsed, out_dir)
+    return parsed.model_dump(mode="json")
 
 
 def validate_json(cell: Cell, artefact_dir: Path, checkpoint: Checkpoint, config: PipelineConfig,
