@@ -256,11 +256,13 @@ def stage_keys(
     validation = stage_key("validate", {
         "build": build,
         "reference": {"checkpoint": checkpoint, "runtime": _runtime(target, tools)},
-        "workload": config.workload,
+        "workload": config.workload.keyed(),
         "gates": {
             "min_throughput_ratio": config.gates.min_throughput_ratio,
             "max_tpot_ratio": config.gates.max_tpot_ratio,
             "max_accuracy_drop_points": config.gates.max_drop_for(recipe.id),
+            **({"min_goodput_ratio": config.gates.min_goodput_ratio}
+               if config.gates.min_goodput_ratio is not None else {}),
         },
         # Only when there are local task files, so the keys of configs without them stay as they were.
         **({"task_files": task_fingerprints} if task_fingerprints else {}),

@@ -12,6 +12,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from enginesmith.errors import UserError
+from enginesmith.slo import Slo, parse_slo
+
 ArtefactKind = Literal["trtllm-engine", "hf-quantized"]
 ARTEFACT_KINDS: tuple[ArtefactKind, ...] = ("trtllm-engine", "hf-quantized")
 # Encoders (embedding models) take the ONNX road: the graph itself on onnxruntime's CPU provider, or a TensorRT
@@ -352,6 +355,27 @@ class WorkloadSpec(StrictModel):
     perplexity_text: str | None = Field(
         None, description="held-out text whose perplexity both servers compute from prompt logprobs: "
         "'builtin:<name>' or a text file (one paragraph a line)")
+    slo: str | None = Field(
+        None, description="latency bounds for goodput (vLLM's: requests/s within every bound), e.g. "
+                          "'ttft_p95<=500ms,tpot_p95<=40ms'; each level reports its goodput, and the gate "
+                          "min_goodput_ratio compares the sides'")
+
+    @field_validator("slo")
+    @classmethod
+    def _slo_parses(cls, text: str | None) -> str | None:
+        if text is not None:
+            try:
+                parse_slo(text, where="workload.slo")
+            except UserError as exc:
+                raise ValueError(f"{exc.message} ({exc.hint})") from None
+        return text
+
+    def parsed_slo(self) -> Slo | None:
+        return None if self.slo is None else parse_slo(self.slo, where="workload.slo")
+
+    def keyed(self) -> dict[str, object]:
+        """The workload as a stage key takes it: a field added after keys were recorded enters only when set."""
+        return self.model_dump(mode="json", exclude={"slo"} if self.slo is None else set())
 
     @model_validator(mode="after")
     def _rounds_in_order(self) -> WorkloadSpec:
@@ -365,6 +389,8 @@ class GateSpec(StrictModel):
 
     min_throughput_ratio: float = Field(0.9, gt=0)
     max_tpot_ratio: float = Field(1.15, gt=0)
+    min_goodput_ratio: float | None = Field(
+        None, gt=0, description="candidate's most goodput over the levels / reference's, per round, at workload.slo")
     max_accuracy_drop_points: dict[str, float] = Field(
         default_factory=lambda: {"bf16": 0.5, "fp8": 1.0, "fp8-kv": 1.0, "int4-awq": 5.0, "w4a8-awq": 5.0,
                                  "nvfp4": 3.0, "int8-sq": 3.0}
@@ -493,6 +519,13 @@ class PipelineConfig(StrictModel):
     tuning: TuningSpec | None = Field(None, description="serving profiles to measure after a cell passes (#33)")
     plugins: list[str] = Field(default_factory=list, description="modules that register cell kinds")
     kinds: dict[str, dict[str, Any]] = Field(default_factory=dict, description="a plug-in kind's section, by name")
+
+    @model_validator(mode="after")
+    def _goodput_needs_an_slo(self) -> PipelineConfig:
+        if self.gates.min_goodput_ratio is not None and self.workload.slo is None:
+            raise ValueError("gates.min_goodput_ratio compares goodput at workload.slo, and there is none: add "
+                             "workload.slo, e.g. 'ttft_p95<=500ms,tpot_p95<=40ms'")
+        return self
 
     @model_validator(mode="after")
     def _unique_model_ids(self) -> PipelineConfig:

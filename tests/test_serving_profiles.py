@@ -231,3 +231,26 @@ def test_an_slo_no_profile_meets_prints_why_each_missed_exits_1_and_writes_nothi
 def test_a_profile_is_judged_only_on_slos_it_can_answer():
     slo = Slo(terms=[SloTerm(metric="e2el", percentile=90, bound_ms=10_000)])
     assert all(judge_profile(p, slo).meets for p in _sweep_profiles())
+
+
+def test_the_catalogue_shows_each_profile_and_draws_the_frontier_which_the_browser_loads(tmp_path):
+    from tests.conftest import chromium_page, needs_chromium
+
+    registry, key = _publish_swept(tmp_path)
+    out = tmp_path / "site"
+    written = run_cli("catalogue", "--out", str(out), "--registry", registry)
+    assert written.returncode == 0, written.stderr
+    page_path = out / "models" / "swept" / f"{key}.html"
+    frontier = out / "models" / "swept" / key / "frontier.png"
+    assert frontier.stat().st_size > 10_000
+    text = page_path.read_text()
+    assert "Serving profiles measured on cpu" in text and all(f"max_num_seqs={n}" in text for n in (1, 4, 16))
+    needs_chromium()
+    with chromium_page(lambda url: url.startswith("file://")) as (page, blocked):
+        page.goto(page_path.as_uri())
+        image = page.locator('img[src$="frontier.png"]')
+        image.scroll_into_view_if_needed()
+        assert image.evaluate("img => img.complete && img.naturalWidth") > 500  # loaded and decoded
+        rows = page.locator("table", has_text="Serving profiles measured on").locator("tbody tr")
+        assert rows.count() == 6  # three profiles × two concurrencies
+    assert blocked == []

@@ -200,3 +200,48 @@ def paced_artefact(root: Path, tokenizer_from: Path, *, seconds_per_token: float
                         runtimes=[serve.runtime], serve=[serve], files=[], created="2026-12-02T00:00:00+00:00")
     (root / ARTEFACT_FILE).write_text(artefact.model_dump_json())
     return root
+
+
+def test_goodput_at_the_workloads_slo_is_reported_and_gated(tiny_model_dir, tmp_path):
+    """#33 item 2: each level's goodput at ``workload.slo`` (requests/s within every bound, vLLM's definition), its
+    ratio per round, and the gate ``min_goodput_ratio``. A candidate whose requests take four times as long misses
+    the E2EL bound the reference meets: its goodput is near zero and the gate fails clear; an equal pair passes.
+    Margins far outside the load's noise: the bound is five times an equal side's 30-ms request, half the slowed
+    one's 300 ms."""
+    slo_workload = WORKLOAD.model_copy(update={"slo": "e2el_p95<=150ms", "repeats": 2, "max_repeats": 2})
+    gates = WIDE_GATES.model_copy(update={"min_goodput_ratio": 0.8})
+
+    def run(candidate_pace: float, out: Path):  # type: ignore[no-untyped-def]
+        with PacedServer("c", lambda r: candidate_pace) as candidate, PacedServer("r", lambda r: 0.01) as reference:
+            return validate(ServerSide(role="candidate", name="c", runtime="double", url=candidate.url),
+                            ServerSide(role="reference", name="r", runtime="double", url=reference.url),
+                            workload=slo_workload, gates=gates, recipe_id="fp8", target_id="cpu",
+                            tokenizer_dir=tiny_model_dir, out_dir=out)
+
+    equal = run(0.01, tmp_path / "equal")
+    goodput = _gate(equal, "min_goodput_ratio")
+    assert goodput.passed and goodput.measured is not None and 0.8 < goodput.measured < 1.25, goodput
+    assert all(level.request_goodput is not None for level in equal.comparison.candidate.levels)
+    assert "max goodput (req/s within e2el_p95<=150ms)" in equal.markdown()
+    slower = run(0.1, tmp_path / "slower")  # 3 token gaps × 100 ms: past the 150-ms bound on every request
+    goodput = _gate(slower, "min_goodput_ratio")
+    assert not slower.passed and not goodput.passed and goodput.decision == "clear"
+    assert goodput.measured is not None and goodput.measured < 0.1
+
+
+def test_a_goodput_gate_without_an_slo_and_a_bad_slo_are_refused_when_the_config_loads(write_config, tiny_model_dir):
+    from enginesmith.config import load_pipeline_config
+    from enginesmith.errors import ConfigError
+
+    base = f"""
+version: 1
+name: goodput
+models: [{{id: tiny-llama, repo: {tiny_model_dir}}}]
+matrix: [{{models: [tiny-llama], recipes: [fp8], targets: [cpu], kinds: [hf-quantized]}}]
+"""
+    with pytest.raises(ConfigError) as no_slo:
+        load_pipeline_config(write_config(base + "gates: {min_goodput_ratio: 0.9}\n"))
+    assert "workload.slo" in no_slo.value.render() and "min_goodput_ratio" in no_slo.value.render()
+    with pytest.raises(ConfigError) as bad:
+        load_pipeline_config(write_config(base + "workload: {slo: 'ttft_p95<=500parsecs'}\n"))
+    assert "workload.slo" in bad.value.render() and "unknown unit 'parsecs'" in bad.value.render()

@@ -117,12 +117,15 @@ def evaluate_gates(
     e2el_ratio: Spread | None = None,
     tpot_unobservable: str | None = None,
     perplexity_increase: float | None = None,
+    goodput_ratio: Spread | None = None,
+    slo: str | None = None,
     final: bool = True,
     rule: DecisionRule = SINGLE_LOOK,
 ) -> list[GateResult]:
-    """Throughput ratio ≥ min, TPOT ratio ≤ max, each task's accuracy drop ≤ the recipe's limit, no failed
-    requests. A measure that could not be taken fails its gate (never passes silently). With ``final`` false,
-    a performance gate whose bounds (``rule``) hold its limit comes back undecided (``decision == "inside"``).
+    """Throughput ratio ≥ min, TPOT ratio ≤ max, goodput ratio ≥ min (where the gates ask for it), each task's
+    accuracy drop ≤ the recipe's limit, no failed requests. A measure that could not be taken fails its gate (never
+    passes silently). With ``final`` false, a performance gate whose bounds (``rule``) hold its limit comes back
+    undecided (``decision == "inside"``).
 
     Where TPOT at concurrency 1 is not observable (``tpot_unobservable`` says why), the latency gate holds the
     median end-to-end latency at concurrency 1 to the same limit instead, and says so.
@@ -141,6 +144,10 @@ def evaluate_gates(
         GateResult(name="failed_requests", measured=float(failed_requests), limit=0.0, passed=failed_requests == 0,
                    detail="requests that failed on either side"),
     ]
+    if gates.min_goodput_ratio is not None:
+        results.insert(2, _performance_gate(
+            "min_goodput_ratio", goodput_ratio, gates.min_goodput_ratio, at_least=True, final=final, rule=rule,
+            detail=f"candidate's most goodput over the levels (requests/s within {slo}) / reference's, per round"))
     limit = gates.max_drop_for(recipe_id)
     for task, drop in sorted(accuracy_drops_points.items()):
         results.append(GateResult(name=f"accuracy_drop:{task}", measured=drop, limit=limit, passed=drop <= limit,

@@ -266,6 +266,8 @@ def compare(reports: list[SideReport], completions: list[list[str]], workload: W
     return Comparison(
         candidate=cand, reference=ref, baselines=reports[2:], rounds=len(cand.rounds),
         throughput_ratios=_ratios(cand.throughput_by_round(busiest), ref.throughput_by_round(busiest)),
+        goodput_ratios=_ratios(cand.goodput_by_round(busiest), ref.goodput_by_round(busiest))
+        if workload.slo is not None else None,
         tpot_ratios=_ratios(cand.tpot_c1_by_round(), ref.tpot_c1_by_round()) if observable else None,
         e2el_ratios=_ratios(cand.e2el_c1_by_round(), ref.e2el_c1_by_round()),
         memory_ratio=cand.peak_memory_bytes / ref.peak_memory_bytes
@@ -291,19 +293,20 @@ def judge(comparison: Comparison, gates: GateSpec, recipe_id: str, *, final: boo
                           perplexity_increase=comparison.perplexity_increase,
                           failed_requests=cand.failed_requests + ref.failed_requests,
                           e2el_ratio=comparison.e2el_ratios, tpot_unobservable="; ".join(unobservable) or None,
+                          goodput_ratio=comparison.goodput_ratios, slo=workload.slo,
                           final=final, rule=decision_rule(workload))
 
 
 def levels_to_measure(waiting: list[GateResult], candidate: SideReport, reference: SideReport,
                       concurrencies: list[int]) -> list[int]:
     """The levels another round measures: those an undecided gate depends on. The latency gate reads
-    concurrency 1; the throughput gate every level that was a round's busiest on either side (a level never the
-    busiest cannot move the maximum it takes)."""
+    concurrency 1; the throughput and goodput gates every level that was a round's busiest on either side (a level
+    never the busiest cannot move the maximum they take)."""
     names = {gate.name for gate in waiting}
     wanted: set[int] = set()
     if "max_tpot_ratio" in names and 1 in concurrencies:
         wanted.add(1)
-    if "min_throughput_ratio" in names:
+    if names & {"min_throughput_ratio", "min_goodput_ratio"}:
         wanted |= candidate.busiest_levels() | reference.busiest_levels()
     return [concurrency for concurrency in concurrencies if concurrency in wanted]
 
@@ -477,7 +480,7 @@ def measure_turn(run: SideRun, concurrencies: list[int], round_index: int, serve
                 measured_before = [lv.output_throughput for lv in run.levels if lv.concurrency == concurrency]
                 if measured_before:
                     plan = replace(plan, warmup_steady_at=measured_before[-1])
-                level = run_level(endpoint, requests, plan,
+                level = run_level(endpoint, requests, plan, slo=workload.parsed_slo(),
                                   capabilities=capabilities, seed=round_index,
                                   label=f"{run_id}-{role}-r{round_index + 1}-c{concurrency}",
                                   on_done=lambda: progress.advance(task))

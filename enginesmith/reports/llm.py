@@ -23,7 +23,14 @@ from enginesmith.reports.measures import (
     fmt_spread,
     fmt_value,
 )
-from enginesmith.reports.profiles import DEFAULT_PROFILE, ServingProfile, profile_from_levels, profile_table
+from enginesmith.reports.profiles import (
+    DEFAULT_PROFILE,
+    FRONTIER_PLOT,
+    ServingProfile,
+    plot_frontier,
+    profile_from_levels,
+    profile_table,
+)
 from enginesmith.specs import WorkloadSpec
 
 
@@ -78,6 +85,18 @@ class SideReport(BaseModel):
             if not needed <= {lv.concurrency for lv in levels}:
                 return None
             return max(level.output_throughput for level in levels)
+        return self.by_round(maximum)
+
+    def goodput_by_round(self, busiest: set[int] | None = None) -> dict[int, float]:
+        """Each round's most goodput over its levels (requests/s within the workload's SLO), for the rounds that
+        measured every level that was ever the busiest (as ``throughput_by_round``); none without an SLO."""
+        needed = self.busiest_levels() if busiest is None else busiest
+
+        def maximum(levels: list[BenchmarkResult]) -> float | None:
+            goodputs = [level.request_goodput for level in levels]
+            if not needed <= {lv.concurrency for lv in levels} or None in goodputs:
+                return None
+            return max(g for g in goodputs if g is not None)
         return self.by_round(maximum)
 
     @property
@@ -167,6 +186,7 @@ class Comparison(BaseModel):
     throughput_ratios: Spread | None
     tpot_ratios: Spread | None  # None where either side's TPOT at c=1 is not observable
     e2el_ratios: Spread | None  # median E2EL at c=1, candidate / reference
+    goodput_ratios: Spread | None = None  # the most goodput over the levels at the workload's SLO (None: no SLO)
     memory_ratio: float | None
     greedy_agreement: float | None
     greedy_agreement_tokens: int
@@ -362,6 +382,9 @@ class ValidationReport(BaseModel):
         paths.append(out_dir / "ttft.png")
         figure.savefig(paths[-1], dpi=100)
         plt.close(figure)
+        if self.profiles:
+            paths.append(plot_frontier(self.profiles, out_dir / FRONTIER_PLOT,
+                                       title=f"{self.recipe} on {self.target}: serving profiles"))
         return paths
 
 
@@ -384,6 +407,10 @@ def comparison_rows(report: ValidationReport) -> list[list[str]]:
                                 for s in sides), fmt_value(c.memory_ratio, ".3f")],
         ["KV-cache usage, max", *(fmt_value(s.kv_cache_usage_max, ".1%") for s in sides), ""],
     ]
+    if report.workload.slo is not None:
+        rows.insert(3, [f"max goodput (req/s within {report.workload.slo})",
+                        *(fmt_spread(Spread.of(list(s.goodput_by_round().values())), ".2f") for s in sides),
+                        fmt_ratio(c.goodput_ratios)])
     for key in ("median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "p99_itl_ms"):
         rows.append([f"{key} at peak", *(fmt_spread(s.at_peak(key)) for s in sides), ""])
     if any(s.perplexity for s in sides):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from pathlib import Path
 
 from pydantic import BaseModel
 
@@ -19,6 +20,7 @@ from enginesmith.reports.measures import BenchmarkResult, Spread, fmt_spread
 from enginesmith.slo import METRIC_LABELS, Slo, meets_bounds
 
 DEFAULT_PROFILE = "as-built"
+FRONTIER_PLOT = "frontier.png"
 
 
 class LevelSamples(BaseModel):
@@ -202,3 +204,38 @@ def linear_percentile(values: Sequence[float], percentile: float) -> float:
     rank = (len(ordered) - 1) * percentile / 100
     low, high = math.floor(rank), math.ceil(rank)
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def plot_frontier(profiles: Sequence[ServingProfile], path: Path, *, title: str) -> Path:
+    """The serving frontier: output throughput against p95 TTFT and p95 TPOT, one line per profile through its
+    concurrencies (medians over the rounds, bars from min to max). Needs matplotlib."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, panels = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    for metric, axes in zip(("ttft", "tpot"), panels, strict=True):
+        for profile in profiles:
+            levels = [level for level in profile.levels if getattr(level, f"{metric}_p95_ms") is not None]
+            if not levels:
+                continue
+            latency = [getattr(level, f"{metric}_p95_ms") for level in levels]
+            throughput = [level.output_throughput for level in levels]
+            axes.errorbar([s.median for s in latency], [s.median for s in throughput],
+                          xerr=[[s.median - s.low for s in latency], [s.high - s.median for s in latency]],
+                          yerr=[[s.median - s.low for s in throughput], [s.high - s.median for s in throughput]],
+                          marker="o", capsize=3, label=profile.name)
+            for level, x, y in zip(levels, latency, throughput, strict=True):
+                axes.annotate(f"c={level.concurrency}", (x.median, y.median), textcoords="offset points",
+                              xytext=(4, 4), fontsize=8)
+        axes.set_xlabel(f"p95 {METRIC_LABELS[metric]} (ms)")
+        axes.grid(alpha=0.3)
+    panels[0].set_ylabel("output tokens/s")
+    panels[0].legend(fontsize=8)
+    first = profiles[0]
+    figure.suptitle(f"{title} ({first.runtime} on {first.target}, {first.rounds} rounds, min–max)")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path

@@ -168,7 +168,7 @@ def validate(cell: Cell, artefact_dir: Path, checkpoint: Checkpoint, config: Pip
     # measured in every run, interleaved with the candidate's.
     accuracy_key = stage_key("reference-accuracy", {
         "checkpoint": checkpoint.key, "runtime": reference.runtime, "target": cell.target.id,
-        "workload": config.workload, "parallel": {"tp": served_tp, "pp": cell.pp},
+        "workload": config.workload.keyed(), "parallel": {"tp": served_tp, "pp": cell.pp},
         "task_files": task_fingerprints(config.workload.accuracy_tasks)})
     out_dir = work / REPORTS_DIR / cell.stage_keys.validation[:16]
     tokenizer = tokenizer_dir(artefact_dir, cell.kind)
