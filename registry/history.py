@@ -26,8 +26,9 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import BaseModel, Field, ValidationError, computed_field
 
 from enginesmith.plan import cell_id
-from enginesmith.reports import parse_report
+from enginesmith.reports import parse_report, serving_profiles_of
 from enginesmith.reports.measures import Spread
+from enginesmith.reports.profiles import DEFAULT_PROFILE, ServingProfile
 from registry.catalog import READ_THREADS, list_model
 from registry.errors import IntegrityError
 from registry.manifest import parse_timestamp, utc_timestamp
@@ -100,6 +101,9 @@ class CellOutcome(BaseModel):
     calibration_sha256: str | None = None
     versions: dict[str, str] = {}
     metrics: dict[str, MetricSpread] = {}  # keys from HIGHER_IS_BETTER
+    # The serving frontier it was published with: per profile and concurrency, output tokens/s and p95 TPOT (ms)
+    # per round, keyed ``<profile>@c=<n> tok/s`` and ``<profile>@c=<n> p95 TPOT ms`` (``frontier_metrics``).
+    frontier: dict[str, MetricSpread] = {}
     accuracy: dict[str, FiniteFloat] = {}  # task → the candidate's score (0..1)
     gates: list[GateVerdict] = []
     passed: bool | None = None  # the gate verdict; None where validation never ran
@@ -277,6 +281,7 @@ def outcome_from_report(
     its measures are per-round ratios, which are accuracy, and its gates (``enginesmith.reports``). A report this
     version cannot read leaves them out, as does a measurement that is not a finite number."""
     metrics: dict[str, MetricSpread] = {}
+    frontier: dict[str, MetricSpread] = {}
     accuracy: dict[str, float] = {}
     gates: list[GateVerdict] = []
     passed: bool | None = None
@@ -285,6 +290,8 @@ def outcome_from_report(
         metrics = {name: MetricSpread(values=spread.values) for name, spread in parsed.round_metrics().items()
                    if spread.values and all(math.isfinite(v) for v in spread.values)}
         accuracy = {name: value for name, value in parsed.accuracy().items() if math.isfinite(value)}
+        # A swept cell's profiles; an unswept one's single profile is its candidate, which the ratios follow already.
+        frontier = frontier_metrics([p for p in serving_profiles_of(parsed) if p.name != DEFAULT_PROFILE])
         gates = [GateVerdict.model_validate(gate.model_dump()) for gate in parsed.gates]
         passed = parsed.passed
     lineage = artefact.lineage if artefact is not None else None
@@ -292,9 +299,23 @@ def outcome_from_report(
         model=model, cell=cell, recipe=recipe, target=target, kind=kind, status=status, key=key, recorded=now(),
         flow_run=flow_run, commit_sha=lineage.commit_sha if lineage else "",
         calibration_sha256=lineage.calibration_sha256 if lineage else None,
-        versions=dict(artefact.versions) if artefact is not None else {}, metrics=metrics, accuracy=accuracy,
-        gates=gates, passed=passed, reason=reason,
+        versions=dict(artefact.versions) if artefact is not None else {}, metrics=metrics, frontier=frontier,
+        accuracy=accuracy, gates=gates, passed=passed, reason=reason,
     )
+
+
+FRONTIER_THROUGHPUT, FRONTIER_TPOT = "tok/s", "p95 TPOT ms"
+
+
+def frontier_metrics(profiles: list[ServingProfile]) -> dict[str, MetricSpread]:
+    """Each profile's output throughput and p95 TPOT per concurrency, per round: what history follows of a frontier."""
+    found: dict[str, MetricSpread] = {}
+    for profile in profiles:
+        for level in profile.levels:
+            for name, spread in ((FRONTIER_THROUGHPUT, level.output_throughput), (FRONTIER_TPOT, level.tpot_p95_ms)):
+                if spread is not None and spread.values and all(math.isfinite(v) for v in spread.values):
+                    found[f"{profile.name}@c={level.concurrency} {name}"] = MetricSpread(values=spread.values)
+    return found
 
 
 def manifest_cell_id(manifest: Manifest) -> str:
@@ -327,9 +348,10 @@ def find_regressions(before: CellOutcome, after: CellOutcome, against: str, agai
     median moved the worse way by more than ``before.half_range + after.half_range``: a move inside the two spreads
     is no difference (the validation gates read their margins the same way). Where either side has fewer rounds its
     spread says nothing (one round has half range 0), so the metric is flagged only when it moved the worse way by
-    more than ``SINGLE_ROUND_TOLERANCE`` (10 %) of the earlier median, and by more than the spreads there are. A
-    task score (``accuracy``) is flagged as ``accuracy:<task>`` when it dropped by more than
-    ``accuracy_drop_tolerance(task)``: one point, half a point for a cosine (``min_cosine``).
+    more than ``SINGLE_ROUND_TOLERANCE`` (10 %) of the earlier median, and by more than the spreads there are. The
+    serving frontier's throughput and p95 TPOT per profile and concurrency are flagged alike
+    (``frontier <profile>@c=<n> tok/s``). A task score (``accuracy``) is flagged as ``accuracy:<task>`` when it
+    dropped by more than ``accuracy_drop_tolerance(task)``: one point, half a point for a cosine (``min_cosine``).
     """
     found = []
     for metric, higher_is_better in HIGHER_IS_BETTER.items():
@@ -337,18 +359,32 @@ def find_regressions(before: CellOutcome, after: CellOutcome, against: str, agai
         if old is None or new is None:
             continue
         worse_by = (old.median - new.median) if higher_is_better else (new.median - old.median)
-        allowed = old.half_range + new.half_range
-        if min(len(old.values), len(new.values)) < MIN_ROUNDS_FOR_SPREAD:
-            allowed = max(allowed, SINGLE_ROUND_TOLERANCE * abs(old.median))
-        if worse_by > allowed:
+        if worse_by > _allowed_move(old, new):
             found.append(Regression(metric=metric, against=against, against_key=against_key, before=old.median,
                                     after=new.median))
+    for metric, old in before.frontier.items():
+        new = after.frontier.get(metric)
+        if new is None:
+            continue
+        worse_by = (old.median - new.median) if metric.endswith(FRONTIER_THROUGHPUT) else (new.median - old.median)
+        if worse_by > _allowed_move(old, new):
+            found.append(Regression(metric=f"frontier {metric}", against=against, against_key=against_key,
+                                    before=old.median, after=new.median))
     for task, old_score in before.accuracy.items():
         new_score = after.accuracy.get(task)
         if new_score is not None and old_score - new_score > accuracy_drop_tolerance(task):
             found.append(Regression(metric=f"accuracy:{task}", against=against, against_key=against_key,
                                     before=old_score, after=new_score))
     return found
+
+
+def _allowed_move(old: MetricSpread, new: MetricSpread) -> float:
+    """How far a metric may move the worse way and be no difference: its two spreads together, and where either
+    was measured in one round, at least ``SINGLE_ROUND_TOLERANCE`` of the earlier median."""
+    allowed = old.half_range + new.half_range
+    if min(len(old.values), len(new.values)) < MIN_ROUNDS_FOR_SPREAD:
+        allowed = max(allowed, SINGLE_ROUND_TOLERANCE * abs(old.median))
+    return allowed
 
 
 def accuracy_drop_tolerance(task: str) -> float:

@@ -18,6 +18,7 @@ from registry.history import (
     ChannelMove,
     GateVerdict,
     MetricSpread,
+    describe_regression,
     find_regressions,
     load_history,
     outcome_entry,
@@ -166,6 +167,32 @@ def test_a_tpot_rise_is_the_regression_and_accuracy_drops_beyond_a_point() -> No
     faster = outcome("2026-11-02T02:00:00+00:00", [1.0], tpot=[0.7, 0.7], accuracy=0.495)
     assert [r.metric for r in find_regressions(before, slower, "previous", "")] == ["tpot_ratio", "accuracy:addition"]
     assert find_regressions(before, faster, "previous", "") == []
+
+
+def test_a_frontier_that_moved_the_worse_way_beyond_its_spread_is_flagged_per_profile_and_level() -> None:
+    """#33: history follows each serving profile's throughput and p95 TPOT per concurrency, with the rule the ratios
+    have: a move inside the two nights' spreads is no difference."""
+    from enginesmith.reports.llm import ValidationReport
+    from tests.test_serving_profiles import _sweep_profiles
+
+    def night(recorded: str, slow_down: float):  # type: ignore[no-untyped-def]
+        report = ValidationReport.model_validate(llm_report([1.0, 1.0]))
+        profiles = _sweep_profiles()
+        batched = profiles[1].levels[1]  # max_num_seqs=4 at c=4
+        batched.output_throughput = batched.output_throughput.model_copy(
+            update={"values": [v / slow_down for v in batched.output_throughput.values]})
+        report.profiles = profiles
+        return outcome_from_report(model=MODEL, cell=CELL, recipe="fp8", target="cpu", kind="hf-quantized",
+                                   key="", status="built", report=report.model_dump(mode="json"),
+                                   flow_run=recorded).model_copy(update={"recorded": recorded})
+
+    before = night("2026-11-01T02:00:00+00:00", 1.0)
+    assert set(before.frontier) >= {"max_num_seqs=4@c=4 tok/s", "max_num_seqs=1@c=1 p95 TPOT ms"}
+    same = find_regressions(before, night("2026-11-02T02:00:00+00:00", 1.0), "previous", "")
+    assert same == []
+    slower = find_regressions(before, night("2026-11-02T02:00:00+00:00", 1.5), "previous", "")
+    assert [r.metric for r in slower] == ["frontier max_num_seqs=4@c=4 tok/s"]
+    assert describe_regression(slower[0]) == "frontier max_num_seqs=4@c=4 tok/s −33% vs previous"
 
 
 def test_metric_spread_is_median_and_half_range() -> None:
