@@ -1,4 +1,5 @@
-"""A cell's history as PNG plots: one per metric, over the builds' dates (matplotlib, imported here only).
+"""A cell's history as PNG plots: one per metric, over the builds' dates, and for a swept cell one of its serving
+profiles' throughput per concurrency (matplotlib, imported here only).
 
 Each point is one build: its median with bars from the lowest to the highest round. A build whose gates failed
 is drawn as a red cross, one that passed as a green dot, one never validated as a grey dot; a build that
@@ -11,7 +12,7 @@ from __future__ import annotations
 from datetime import datetime
 from pathlib import Path
 
-from registry.history import HIGHER_IS_BETTER, BuildEntry, CellHistory
+from registry.history import FRONTIER_THROUGHPUT, HIGHER_IS_BETTER, BuildEntry, CellHistory
 from registry.manifest import parse_timestamp
 from registry.names import safe_file_name
 
@@ -69,7 +70,47 @@ def write_history_plots(history: CellHistory, out_dir: Path) -> list[Path]:
         paths.append(out_dir / f"{safe_file_name(metric)}.png")
         figure.savefig(paths[-1], dpi=100)
         plt.close(figure)
+    frontier = sorted({name for build in history.builds for name in build.outcome.frontier
+                       if name.endswith(FRONTIER_THROUGHPUT)})
+    if frontier:
+        paths.append(_plot_frontier_history(history, frontier, out_dir / FRONTIER_HISTORY_PLOT))
     return paths
+
+
+FRONTIER_HISTORY_PLOT = "frontier-history.png"
+
+
+def _plot_frontier_history(history: CellHistory, metrics: list[str], path: Path) -> Path:
+    """Each serving profile's output throughput at each concurrency over the builds: a line per profile and level,
+    medians with bars from the lowest to the highest round; a build that regressed on one is ringed."""
+    import matplotlib.pyplot as plt
+    from matplotlib.dates import date2num
+
+    figure, axes = plt.subplots(figsize=(7, 4))
+    for metric in metrics:
+        shown = [(float(date2num(moment)), build, spread) for build in history.builds
+                 if (spread := build.outcome.frontier.get(metric)) is not None and (moment := _moment(build))]
+        if not shown:
+            continue
+        medians = [spread.median for _, _, spread in shown]
+        axes.errorbar([date for date, _, _ in shown], medians,
+                      yerr=[[m - min(s.values) for m, (_, _, s) in zip(medians, shown, strict=True)],
+                            [max(s.values) - m for m, (_, _, s) in zip(medians, shown, strict=True)]],
+                      marker="o", capsize=3, label=metric.removesuffix(f" {FRONTIER_THROUGHPUT}"))
+        for date, build, spread in shown:
+            if any(r.metric == f"frontier {metric}" for r in build.regressions):
+                axes.scatter([date], [spread.median], s=220, facecolors="none", edgecolors="tab:orange",
+                             linewidths=2, zorder=3)
+    axes.xaxis_date()
+    axes.set_xlabel("build (UTC)")
+    axes.set_ylabel("output tokens/s")
+    axes.legend(fontsize=7)
+    axes.set_title(f"{history.cell}: serving profiles over the builds (bars: min–max over rounds)", fontsize=9)
+    figure.autofmt_xdate()
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path
 
 
 def _moment(build: BuildEntry) -> datetime | None:

@@ -355,3 +355,23 @@ def test_the_shipped_config_keys_every_cell_as_recorded(smollm2_dir, tmp_path):
 
     config = "configs/examples/smollm2-cpu.yaml"
     assert planned_keys(config, tmp_path, {MODEL_ID: smollm2_dir}) == RECORDED[config]
+
+
+@pytest.mark.slow
+@pytest.mark.real_matrix
+def test_the_catalogue_the_nightly_wrote_shows_the_fp8_frontier_in_a_browser(fp8_profiles, smollm2_plan,
+                                                                             smollm2_config):
+    """#33: the nightly's catalogue page of the published fp8 artefact has its three profiles and the frontier
+    plot, which chromium loads."""
+    from tests.conftest import chromium_page, needs_chromium
+
+    key = smollm2_plan[FP8]["key"]
+    page_path = smollm2_config.parent / "work" / "catalogue" / "models" / MODEL_ID / f"{key}.html"
+    assert all(name in page_path.read_text() for name in SWEPT)
+    needs_chromium()
+    with chromium_page(lambda url: url.startswith("file://")) as (page, blocked):
+        page.goto(page_path.as_uri())
+        frontier = page.locator('img[src$="frontier.png"]')
+        frontier.scroll_into_view_if_needed()
+        assert frontier.evaluate("img => img.complete && img.naturalWidth") > 500
+    assert blocked == []

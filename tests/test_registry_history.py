@@ -169,7 +169,7 @@ def test_a_tpot_rise_is_the_regression_and_accuracy_drops_beyond_a_point() -> No
     assert find_regressions(before, faster, "previous", "") == []
 
 
-def test_a_frontier_that_moved_the_worse_way_beyond_its_spread_is_flagged_per_profile_and_level() -> None:
+def test_a_frontier_that_moved_the_worse_way_beyond_its_spread_is_flagged_per_profile_and_level(tmp_path: Path) -> None:
     """#33: history follows each serving profile's throughput and p95 TPOT per concurrency, with the rule the ratios
     have: a move inside the two nights' spreads is no difference."""
     from enginesmith.reports.llm import ValidationReport
@@ -190,9 +190,18 @@ def test_a_frontier_that_moved_the_worse_way_beyond_its_spread_is_flagged_per_pr
     assert set(before.frontier) >= {"max_num_seqs=4@c=4 tok/s", "max_num_seqs=1@c=1 p95 TPOT ms"}
     same = find_regressions(before, night("2026-11-02T02:00:00+00:00", 1.0), "previous", "")
     assert same == []
-    slower = find_regressions(before, night("2026-11-02T02:00:00+00:00", 1.5), "previous", "")
+    slowed = night("2026-11-02T02:00:00+00:00", 1.5)
+    slower = find_regressions(before, slowed, "previous", "")
     assert [r.metric for r in slower] == ["frontier max_num_seqs=4@c=4 tok/s"]
     assert describe_regression(slower[0]) == "frontier max_num_seqs=4@c=4 tok/s −33% vs previous"
+    # The catalogue's cell page plots the frontier over the builds, beside the other metrics.
+    store = LocalStore(tmp_path / "registry")
+    for recorded in (before, slowed):
+        record_outcome(store, recorded)
+    [cell] = load_history(store, MODEL).cells
+    assert [r.metric for r in cell.builds[1].regressions] == ["frontier max_num_seqs=4@c=4 tok/s"]
+    paths = write_history_plots(cell, tmp_path / "plots")
+    assert tmp_path / "plots" / "frontier-history.png" in paths
 
 
 def test_metric_spread_is_median_and_half_range() -> None:
