@@ -475,6 +475,7 @@ class TuningSpec(StrictModel):
     rounds: int = Field(2, ge=1, le=10, description="interleaved rounds: every profile measured once per round")
     min_duration_s: float | None = Field(None, ge=0, description="per level and round (default: the workload's)")
     min_requests: int | None = Field(None, ge=1, description="per level and round (default: the workload's)")
+    warmup_max_s: float | None = Field(None, gt=0, description="each level's warm-up at most (default: the workload's)")
     budget_s: float = Field(900, gt=0, description="measuring time for the whole sweep: a round that would run past "
                                                    "it is not started")
 

@@ -151,8 +151,9 @@ def smollm2_config(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
     this run, the slow tier's longest, costs the same on a loaded machine (each extra look measured both sides
     again). Transformers serve, the slowest side and ungated, is measured in the first round alone. The sequential
     looks are proven by test_validation_rounds.py and test_validation_e2e.py. Its serving sweep keeps its three
-    profiles, levels and rounds with four requests and two seconds a level (the shipped eight and four: one sequence
-    at a time at four in flight serves a request in a whole request's time, the level the sweep waits on most)."""
+    profiles, levels and rounds with four requests, two seconds and at most four seconds of warm-up a level (the
+    shipped eight, four and the workload's ten: one sequence at a time at four in flight serves a request in a whole
+    request's time, and its warm-up batches of sixteen ran to their budget)."""
     root = tmp_path_factory.mktemp("smollm2-matrix")
     text = (CONFIGS / "examples" / "smollm2-cpu.yaml").read_text()
     for shipped, here in (("../../.enginesmith/models/smollm2-135m-instruct", str(smollm2_dir)),
@@ -161,7 +162,7 @@ def smollm2_config(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
                           ("recipes: [bf16, fp8, int4-awq]", "recipes: [fp8, int4-awq]"),
                           ("max_repeats: 4", "max_repeats: 2"),
                           ("  min_duration_s: 4\n  min_requests: 8\n  budget_s",
-                           "  min_duration_s: 2\n  min_requests: 4\n  budget_s")):
+                           "  min_duration_s: 2\n  min_requests: 4\n  warmup_max_s: 4\n  budget_s")):
         assert shipped in text
         text = text.replace(shipped, here)
     path = root / "smollm2-cpu.yaml"

@@ -37,6 +37,7 @@ class Sweep:
     min_duration_s: float
     min_requests: int
     budget_s: float
+    warmup_max_s: float | None = None  # None: the workload's
 
 
 @dataclass(frozen=True)
@@ -53,8 +54,8 @@ def measure_profiles(sweep: Sweep, candidate: ServeRecipe, artefact_dir: Path, *
                      health_timeout_s: float = 600) -> SweepResult:
     """Serve ``artefact_dir`` with each point of ``sweep`` (``candidate`` with the point's flags) and measure every
     point in interleaved rounds at the sweep's levels; one profile per point."""
-    measured = workload.model_copy(update={"min_duration_s": sweep.min_duration_s,
-                                           "min_requests": sweep.min_requests})
+    measured = workload.model_copy(update={"min_duration_s": sweep.min_duration_s, "min_requests": sweep.min_requests,
+                                           "warmup_max_s": sweep.warmup_max_s or workload.warmup_max_s})
     prompts = build_prompts(measured, tokenizer_dir)
     requests = [(p.text, p.prompt_len, p.output_len) for p in prompts]
     prompt_texts = [p.text for p in prompts]

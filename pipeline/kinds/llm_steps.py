@@ -216,7 +216,7 @@ def tune(cell: Cell, artefact_dir: Path, config: PipelineConfig, work: Path,
                         hint="build it first: enginesmith build QUANTIZED --config CONFIG --cell " + cell.id)
     levels, min_duration_s, min_requests = tuning_levels(config.tuning, config.workload)
     sweep = Sweep(points=cell.tuning, concurrency=levels, rounds=config.tuning.rounds, min_duration_s=min_duration_s,
-                  min_requests=min_requests, budget_s=config.tuning.budget_s)
+                  min_requests=min_requests, budget_s=config.tuning.budget_s, warmup_max_s=config.tuning.warmup_max_s)
     placement = _placement(cell, reference_gpus=0)
     out_dir = work / REPORTS_DIR / cell.stage_keys.validation[:16]
     gpus = 0 if cell.target.is_cpu else cell.tp * cell.pp
