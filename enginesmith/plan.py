@@ -266,8 +266,10 @@ def stage_keys(
         },
         # Only when there are local task files, so the keys of configs without them stay as they were.
         **({"task_files": task_fingerprints} if task_fingerprints else {}),
-        # Only for a cell with a sweep: its profiles are published with it (the same keys otherwise).
-        **({"tuning": config.tuning} if config.tuning is not None and config.tuning.applies_to(recipe.id) else {}),
+        # Only for a cell with a sweep: its profiles are published with it (the same keys otherwise). Its unset
+        # fields stay out, so a field added later leaves the keys of sections that do not set it as they were.
+        **({"tuning": config.tuning.model_dump(mode="json", exclude_none=True)}
+           if config.tuning is not None and config.tuning.applies_to(recipe.id) else {}),
     })
     return StageKeys(checkpoint=checkpoint, quantize=quantize, build=build, validation=validation)
 
