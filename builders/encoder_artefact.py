@@ -16,7 +16,7 @@ from pydantic import BaseModel
 
 from builders.serve import ENGINESMITH_PYTHON
 from builders.stage import finished_artefact
-from enginesmith.artefacts import ARTEFACT_FILE, Artefact, GpuInfo, Lineage, ServeRecipe
+from enginesmith.artefacts import ARTEFACT_FILE, Artefact, GpuInfo, Lineage, ServeRecipe, artefact_record_bytes
 from enginesmith.checkpoints.digest import file_sha256
 from enginesmith.checkpoints.models import CheckpointFile
 from enginesmith.errors import UserError
@@ -122,5 +122,5 @@ def _build_into(request: EncoderBuildRequest, staging: Path, build_gpu: GpuInfo 
                for p in sorted(staging.rglob("*")) if p.is_file()],
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
     )
-    (staging / ARTEFACT_FILE).write_text(artefact.model_dump_json(indent=2))
+    (staging / ARTEFACT_FILE).write_bytes(artefact_record_bytes(artefact))
     return artefact

@@ -30,6 +30,7 @@ from enginesmith.artefacts import (
     Lineage,
     QuantizedCheckpoint,
     ServeRecipe,
+    artefact_record_bytes,
     artefact_runtimes,
 )
 from enginesmith.checkpoints.digest import file_sha256
@@ -165,7 +166,7 @@ def _build_into(request: BuildRequest, staging: Path, build_gpu: GpuInfo | None,
                for p in sorted(staging.rglob("*")) if p.is_file()],
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
     )
-    (staging / ARTEFACT_FILE).write_text(artefact.model_dump_json(indent=2))
+    (staging / ARTEFACT_FILE).write_bytes(artefact_record_bytes(artefact))
     return artefact
 
 

@@ -145,6 +145,12 @@ class Artefact(BaseModel):
         return self.tp * self.pp
 
 
+def artefact_record_bytes(artefact: Artefact) -> bytes:
+    """``artefact.json`` as the build stage writes it and pull lays it out: one rendering, so a signature over a
+    built directory holds for its pulled copy."""
+    return (artefact.model_dump_json(indent=2) + "\n").encode()
+
+
 def artefact_runtimes(kind: ArtefactKind, recipe: RecipeSpec, target: TargetSpec) -> list[str]:
     """The runtimes that serve an artefact of this kind, recipe and target, first the one validation measures."""
     if kind == "trtllm-engine":

@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # imported where used, so that `enginesmith --help` stays qui
     from registry.manifest import Manifest
     from registry.pull import ChosenProfile
     from registry.resolve import Candidate, Constraints, Machine, Resolution
+    from registry.signing import SigningKey, Trust
     from registry.store import RegistryStore
     from registry.transfer import RateLimiter
 
@@ -58,6 +59,10 @@ SloOption = Annotated[str | None, typer.Option(
 ConcurrencyOption = Annotated[int | None, typer.Option(
     "--concurrency", min=1, help="With --slo: judge the profiles at this many requests in flight only.",
 )]
+TrustOption = Annotated[list[Path] | None, typer.Option(
+    "--trust", envvar="ENGINESMITH_TRUST", help="Accept only artefacts signed by these keys: a PEM public key, a "
+    "directory of them, or a trust YAML (keys: {name: path}, channels: {prod: [name]}); repeatable.",
+)]
 RuntimeVersionOption = Annotated[str | None, typer.Option(
     "--runtime-version", help="The TensorRT-LLM version the engine will run on (default: the installed one).",
 )]
@@ -86,22 +91,32 @@ def publish(
         "--validation", help="The validation report (JSON) to keep in the manifest.")] = None,
     channel: Annotated[list[str] | None, typer.Option(
         "--channel", help="Channels to move to this artefact if it is newer (repeatable; default: latest).")] = None,
+    sign_key: Annotated[Path | None, typer.Option(
+        "--sign-key", help="Sign with this elliptic-curve private key (PEM, mode 600).")] = None,
+    sign_key_env: Annotated[str | None, typer.Option(
+        "--sign-key-env", help="Sign with the PEM private key held in this environment variable.")] = None,
+    passphrase_env: Annotated[str | None, typer.Option(
+        "--passphrase-env", help="The environment variable holding the signing key's passphrase.")] = None,
+    signature: Annotated[Path | None, typer.Option(
+        "--signature", help="Keep this model-signing bundle, made over the directory before publishing.")] = None,
     jobs: JobsOption = 4,
     limit_rate: LimitRateOption = None,
     registry: RegistryOption = DEFAULT_REGISTRY,
     s3_endpoint: S3EndpointOption = None,
     json_output: JsonOption = False,
 ) -> None:
-    """Publish an artefact: upload the blobs the registry lacks, then the manifest, then move its channels."""
+    """Publish an artefact: upload the blobs the registry lacks, then the manifest, then move its channels. With a
+    signing key, the manifest names an OpenSSF model-signing bundle over what a pull lays out."""
     from registry.publish import DEFAULT_CHANNELS, publish_artefact
 
     store = _open_store(registry, s3_endpoint)
     report = _read_json_file(validation, "--validation") if validation else None
     limiter = _limiter(limit_rate)
+    signing_key = _signing_key(sign_key, sign_key_env, passphrase_env)
     with _transfer_progress(enabled=not json_output, verb="uploading") as progress:
         result = publish_artefact(store, artefact_dir, key=key, validation=report,
                                   channels=channel or list(DEFAULT_CHANNELS), jobs=jobs, limiter=limiter,
-                                  progress=progress)
+                                  progress=progress, signing_key=signing_key, signature=signature)
     if json_output:
         print_json(result)
         return
@@ -111,6 +126,8 @@ def publish(
                      f"({size_label(result.uploaded_bytes)}), {result.reused_blobs} already there")
     else:
         stdout.print(f"{result.model}@{result.key[:12]} is already published in {result.registry}: nothing uploaded")
+    if result.signer is not None:
+        stdout.print(f"  signed by key {result.signer[:16]} ({result.signature_covers})")
     for change in result.channels:
         if change.moved:
             stdout.print(f"  {change.model}:{change.channel} → {change.key[:12]}")
@@ -167,6 +184,7 @@ def show(
 ) -> None:
     """Show one artefact's manifest: lineage, target, versions, validation and files."""
     from registry.catalog import find_manifest
+    from registry.manifest import signer_label
     from registry.names import parse_ref
 
     store = _open_store(registry, s3_endpoint)
@@ -187,6 +205,7 @@ def show(
         ["built on", artefact.build_gpu.name if artefact.build_gpu else "-"],
         ["created / published", f"{artefact.created} / {manifest.published}"],
         ["validation", "none" if manifest.validation is None else ", ".join(sorted(manifest.validation))],
+        ["signed by", signer_label(manifest)],
     ]
     stdout.print(table(manifest.ref, ["field", "value"], rows))
     files = [[f.path, f"{f.size:,}", (f.sha256 or "-")[:16]] for f in artefact.files]
@@ -203,6 +222,7 @@ def resolve(
     slo: SloOption = None,
     concurrency: ConcurrencyOption = None,
     runtime_version: RuntimeVersionOption = None,
+    trust: TrustOption = None,
     registry: RegistryOption = DEFAULT_REGISTRY,
     s3_endpoint: S3EndpointOption = None,
     json_output: JsonOption = False,
@@ -218,7 +238,7 @@ def resolve(
     store = _open_store(registry, s3_endpoint)
     machine, constraints = _machine_and_constraints(recipe, target, tp, allow_same_sm, objective, runtime_version,
                                                     slo, concurrency)
-    result = resolve_model(store, check_name(model, "MODEL"), machine, constraints)
+    result = resolve_model(store, check_name(model, "MODEL"), machine, constraints, _trust(trust))
     if json_output:
         print_json({**result.resolution.model_dump(mode="json"),
                     "unreadable": [u.model_dump() for u in result.unreadable]})
@@ -248,6 +268,7 @@ def pull(
     slo: SloOption = None,
     concurrency: ConcurrencyOption = None,
     runtime_version: RuntimeVersionOption = None,
+    trust: TrustOption = None,
     cache_dir: Annotated[Path | None, typer.Option(
         "--cache-dir", envvar="ENGINESMITH_CACHE_DIR", help="The blob cache shared by pulls.")] = None,
     jobs: JobsOption = 8,
@@ -265,14 +286,16 @@ def pull(
     from registry.choose import NothingRunsHere, choose
     from registry.names import parse_ref
     from registry.pull import check_destination, check_free_space, plan_pull, pull_artefact
+    from registry.signing import signature_covers_text
 
     store = _open_store(str(from_bundle) if from_bundle else registry, s3_endpoint)
     ref = parse_ref(what, where="MODEL|REF")
     limiter = _limiter(limit_rate)
+    trusted = _trust(trust)
     machine, constraints = _machine_and_constraints(recipe, target, tp, allow_same_sm, objective, runtime_version,
                                                     slo, concurrency)
     try:
-        choice = choose(store, ref, machine, constraints)
+        choice = choose(store, ref, machine, constraints, trusted)
     except NothingRunsHere as nothing:
         if not nothing.resolution.candidates:
             raise  # nothing published: the error says so
@@ -303,7 +326,7 @@ def pull(
     with _transfer_progress(enabled=not (json_output or dry_run), verb="pulling",
                             total_bytes=plan.bytes_to_fetch) as progress:
         result = pull_artefact(store, manifest, dest=destination, cache=cache, jobs=jobs, limiter=limiter,
-                               progress=progress, dry_run=dry_run, profile=profile)
+                               progress=progress, dry_run=dry_run, profile=profile, trust=trusted)
     if json_output:
         print_json(result)
         return
@@ -321,6 +344,9 @@ def pull(
                  f"resumed {size_label(result.resumed_bytes)}, cached {size_label(result.cached_bytes)})")
     for label in result.refetched:
         stderr.print(f"[yellow]note:[/] {label} did not match its sha256 at first and was fetched again")
+    if result.signature is not None:
+        stdout.print(f"signed by [bold]{result.signature.signer}[/] (key {result.signature.fingerprint[:16]}), "
+                     f"which --trust lists; the signature covers {signature_covers_text(result.signature.covers)}")
     if profile is not None:
         stdout.print(escape(f"serving profile {profile.name} ({' '.join(profile.args) or 'as built'}): it meets "
                             f"{profile.slo} at c={profile.concurrency}; `enginesmith serve {result.dest}` starts it"))
@@ -331,6 +357,7 @@ def promote(
     channel_argument: Annotated[str | None, typer.Argument(
         metavar="CHANNEL", help="The channel to move (the older spelling of --channel).", show_default=False)] = None,
     channel: Annotated[str | None, typer.Option("--channel", help="The channel to move, e.g. stable.")] = None,
+    trust: TrustOption = None,
     registry: RegistryOption = DEFAULT_REGISTRY,
     s3_endpoint: S3EndpointOption = None,
     json_output: JsonOption = False,
@@ -339,7 +366,8 @@ def promote(
 
     Example: enginesmith promote tiny-llama@3f2a9c --channel stable
 
-    The move is recorded as made by ENGINESMITH_ACTOR, else user@host.
+    The move is recorded as made by ENGINESMITH_ACTOR, else user@host. With --trust, the artefact's signature must
+    hold, and where the trust file lists who may move the channel (channels: {prod: [nightly]}), be by one of them.
     """
     from registry.catalog import find_manifest
     from registry.history import ChannelMove, current_actor, now, record_channel_move
@@ -352,7 +380,13 @@ def promote(
     name = channel if channel is not None else channel_argument
     assert name is not None
     store = _open_store(registry, s3_endpoint)
-    change = promote_ref(store, find_manifest(store, parse_ref(ref)), name)
+    manifest = find_manifest(store, parse_ref(ref))
+    trusted = _trust(trust)
+    if trusted is not None:
+        from registry.signing import authorize_channel
+
+        authorize_channel(store, manifest, name, trusted)
+    change = promote_ref(store, manifest, name)
     if change.moved:
         move = ChannelMove(model=change.model, channel=change.channel, key=change.key, previous=change.previous,
                            actor=current_actor(), recorded=now())
@@ -515,6 +549,26 @@ def _chosen_profile(manifest: Manifest, candidate: Candidate, constraints: Const
                          concurrency=choice.concurrency, goodput=choice.goodput)
 
 
+def _signing_key(key_file: Path | None, key_env: str | None, passphrase_env: str | None) -> SigningKey | None:
+    if key_file is None and key_env is None:
+        if passphrase_env is not None:
+            raise UserError("--passphrase-env is the signing key's, and no key was given", where="--passphrase-env",
+                            hint="add --sign-key FILE or --sign-key-env NAME")
+        return None
+    from registry.signing import load_signing_key
+
+    return load_signing_key(key_file=key_file, key_env=key_env, passphrase_env=passphrase_env,
+                            where="--sign-key" if key_file is not None else "--sign-key-env")
+
+
+def _trust(paths: list[Path] | None) -> Trust | None:
+    if not paths:
+        return None
+    from registry.signing import load_trust
+
+    return load_trust(paths)
+
+
 def _open_store(registry: str, s3_endpoint: str | None) -> RegistryStore:
     from registry.store import open_store
 
@@ -544,7 +598,7 @@ def _print_resolution(resolution: Resolution) -> None:
     from rich.markup import escape
 
     colour = {"runnable": "green", "same-sm-not-tuned": "yellow", "misses-slo": "yellow", "low-memory": "yellow",
-              "incompatible": "red"}
+              "incompatible": "red", "untrusted": "red"}
     slo = resolution.constraints.slo
     metric_name = "tok/s" if resolution.constraints.objective == "throughput" else "TPOT ms"
     rows = []

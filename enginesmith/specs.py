@@ -456,10 +456,26 @@ class CalibrationSpec(StrictModel):
     batch_size: int | None = Field(None, ge=1)
 
 
+class SigningSpec(StrictModel):
+    """How publishing signs (#34): an elliptic-curve private key from a file or an environment variable, never the key
+    itself in the config."""
+
+    key_file: str | None = Field(None, description="a PEM private key file that only its owner may read (mode 600)")
+    key_env: str | None = Field(None, description="the environment variable holding the PEM private key")
+    passphrase_env: str | None = Field(None, description="the environment variable holding the key's passphrase")
+
+    @model_validator(mode="after")
+    def _one_key(self) -> SigningSpec:
+        if (self.key_file is None) == (self.key_env is None):
+            raise ValueError("give key_file or key_env (one of them)")
+        return self
+
+
 class RegistrySpec(StrictModel):
     url: str = Field(".enginesmith/registry", description="a local directory, file:// or s3://bucket/prefix")
     catalogue: str | None = Field(None, description="where the nightly writes the registry's static catalogue site "
                                   "after publishing (a local directory; default: <workdir>/catalogue)")
+    signing: SigningSpec | None = Field(None, description="sign every artefact the pipeline publishes")
 
 
 class TuningSpec(StrictModel):

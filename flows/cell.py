@@ -150,8 +150,8 @@ def publish_if_passed(cell: PlannedCell, artefact_dir: Path, report: dict[str, A
         verdict = "; ".join(f"{g.name} = {g.measured} (limit {g.limit})" for g in failed)
         record_cell(config, cell, "gate-failed", report=report, artefact_dir=artefact_dir, reason=verdict)
         raise GateFailed(f"cell {cell.id} failed its gates: {verdict}. Nothing was published.")
-    publish_task(cell.key, artefact_dir, report, config)
-    record_cell(config, cell, "built", report=report, artefact_dir=artefact_dir)
+    signer = publish_task(cell.key, artefact_dir, report, config)
+    record_cell(config, cell, "built", report=report, artefact_dir=artefact_dir, signer=signer)
     get_run_logger().info("cell %s built and published", cell.id)
     ratios = parsed.round_metrics()
     return CellSummary(cell=cell.id, status="built", key=cell.key,
@@ -162,11 +162,13 @@ def publish_if_passed(cell: PlannedCell, artefact_dir: Path, report: dict[str, A
 
 @task(name="publish", retries=len(RETRY_DELAYS_S), retry_delay_seconds=RETRY_DELAYS_S,
       retry_condition_fn=retry_transient)
-def publish_task(key: str, artefact_dir: Path, report: dict[str, Any], config: PipelineConfig) -> str:
+def publish_task(key: str, artefact_dir: Path, report: dict[str, Any], config: PipelineConfig) -> str | None:
+    """Publish the cell's artefact; returns the fingerprint of the key that signed it (None: unsigned)."""
     result = steps.publish(key, artefact_dir, report, config)
-    get_run_logger().info("published %s/%s (%d new blobs, %d reused) to %s", result.model, result.key[:12],
-                          result.uploaded_blobs, result.reused_blobs, result.registry)
-    return result.key
+    signed = f", signed by key {result.signer[:16]}" if result.signer else ""
+    get_run_logger().info("published %s/%s (%d new blobs, %d reused) to %s%s", result.model, result.key[:12],
+                          result.uploaded_blobs, result.reused_blobs, result.registry, signed)
+    return result.signer
 
 
 @flow(name="build-cell", persist_result=True)

@@ -40,7 +40,7 @@ def this_flow_run() -> str:
 
 def record_cell(config: PipelineConfig, cell: PlannedCell, status: OutcomeStatus, *,
                 report: dict[str, Any] | None = None, artefact_dir: Path | None = None, reason: str = "",
-                flow_run: str | None = None) -> CellOutcome | None:
+                flow_run: str | None = None, signer: str | None = None) -> CellOutcome | None:
     """Record how a run of ``cell`` ended; the outcome, or None where the registry could not take it."""
     from builders.stage import read_artefact
     from registry.history import record_outcome
@@ -50,7 +50,7 @@ def record_cell(config: PipelineConfig, cell: PlannedCell, status: OutcomeStatus
         model=cell.model.id, cell=cell.id, recipe=cell.recipe.id, target=cell.target.id, kind=cell.kind,
         key=cell.key, status=status, report=report,
         artefact=read_artefact(artefact_dir) if artefact_dir is not None else None,
-        flow_run=this_flow_run() if flow_run is None else flow_run, reason=reason[:1000])
+        flow_run=this_flow_run() if flow_run is None else flow_run, reason=reason[:1000], signer=signer)
     try:
         record_outcome(open_store(steps.registry_url(config)), outcome)
     except UserError as exc:

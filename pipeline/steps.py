@@ -83,4 +83,13 @@ def publish(key: str, artefact_dir: Path, report_json: dict[str, object], config
     from registry.publish import publish_artefact
     from registry.store import open_store
 
-    return publish_artefact(open_store(registry_url(config)), artefact_dir, key=key, validation=report_json)
+    signing = config.registry.signing
+    signing_key = None
+    if signing is not None:
+        from registry.signing import load_signing_key
+
+        signing_key = load_signing_key(key_file=Path(signing.key_file) if signing.key_file else None,
+                                       key_env=signing.key_env, passphrase_env=signing.passphrase_env,
+                                       where="registry.signing")
+    return publish_artefact(open_store(registry_url(config)), artefact_dir, key=key, validation=report_json,
+                            signing_key=signing_key)

@@ -72,6 +72,8 @@ def write_bundle(
     for manifest in unique.values():
         for digest, entries in manifest.files_by_digest().items():
             blobs.setdefault(digest, (entries[0].size, entries[0].path))
+        if manifest.signature is not None:
+            blobs.setdefault(manifest.signature.sha256, (manifest.signature.size, f"{manifest.ref} signature"))
     out.parent.mkdir(parents=True, exist_ok=True)
     temp = out.with_name(f".{out.name}.{uuid.uuid4().hex[:12]}.partial")
     try:

@@ -9,6 +9,7 @@ from registry.errors import NotFoundError
 from registry.manifest import Manifest
 from registry.names import Ref
 from registry.resolve import Candidate, Constraints, Machine, Resolution, assess, resolve
+from registry.signing import Trust
 from registry.store import RegistryStore
 
 
@@ -30,15 +31,38 @@ class Choice(BaseModel):
     candidate: Candidate  # its status on the machine: a named artefact may be pulled even when not runnable
 
 
-def resolve_model(store: RegistryStore, model: str, machine: Machine, constraints: Constraints) -> ModelResolution:
-    """Every published artefact of ``model`` assessed on ``machine``, best first."""
+def resolve_model(store: RegistryStore, model: str, machine: Machine, constraints: Constraints,
+                  trust: Trust | None = None) -> ModelResolution:
+    """Every published artefact of ``model`` assessed on ``machine``, best first; with ``trust``, each signature
+    checked (an artefact whose signature does not hold is ``untrusted``)."""
     listing = list_model(store, model, with_channels=False)
-    return ModelResolution(resolution=resolve(model, listing.manifests, machine, constraints),
+    signers, untrusted = check_signatures(store, listing.manifests, trust)
+    return ModelResolution(resolution=resolve(model, listing.manifests, machine, constraints, signers=signers,
+                                              untrusted=untrusted),
                            unreadable=listing.unreadable)
 
 
-def choose(store: RegistryStore, ref: Ref, machine: Machine, constraints: Constraints) -> Choice:
-    """The manifest ``ref`` names (``MODEL@KEY``, ``MODEL:CHANNEL``), or for a bare ``MODEL`` the best runnable one.
+def check_signatures(store: RegistryStore, manifests: list[Manifest],
+                     trust: Trust | None) -> tuple[dict[str, str], dict[str, str]]:
+    """For a trust list: each manifest's trusted signer, or why its signature does not hold (by key)."""
+    from registry.errors import SignatureError
+    from registry.signing import verify_stored
+
+    signers: dict[str, str] = {}
+    untrusted: dict[str, str] = {}
+    for manifest in manifests if trust is not None else []:
+        assert trust is not None
+        try:
+            signers[manifest.key] = verify_stored(store, manifest, trust).signer
+        except SignatureError as refused:
+            untrusted[manifest.key] = refused.message
+    return signers, untrusted
+
+
+def choose(store: RegistryStore, ref: Ref, machine: Machine, constraints: Constraints,
+           trust: Trust | None = None) -> Choice:
+    """The manifest ``ref`` names (``MODEL@KEY``, ``MODEL:CHANNEL``), or for a bare ``MODEL`` the best runnable one
+    (with ``trust``: among those whose signature holds; a named one is checked when it is pulled).
 
     Raises ``NothingRunsHere`` when a bare model has nothing that can run on ``machine``, with the reasons.
     """
@@ -46,7 +70,8 @@ def choose(store: RegistryStore, ref: Ref, machine: Machine, constraints: Constr
         manifest = find_manifest(store, ref)
         return Choice(manifest=manifest, candidate=assess(manifest, machine, constraints))
     listing = list_model(store, ref.model, with_channels=False)
-    resolution = resolve(ref.model, listing.manifests, machine, constraints)
+    signers, untrusted = check_signatures(store, listing.manifests, trust)
+    resolution = resolve(ref.model, listing.manifests, machine, constraints, signers=signers, untrusted=untrusted)
     if resolution.chosen is None:
         why = "; ".join(f"{c.key[:12]}: {c.status} ({'; '.join(c.reasons)})" for c in resolution.candidates[:3])
         raise NothingRunsHere(

@@ -17,6 +17,10 @@ class UnsafePathError(IntegrityError):
     """A manifest or artefact path that would land outside its directory."""
 
 
+class SignatureError(IntegrityError):
+    """A signature that is missing where trust is required, damaged, by a key not trusted, or over other content."""
+
+
 class ReadOnlyStoreError(UserError):
     """A write to a store that cannot be written (a bundle)."""
 

@@ -90,7 +90,7 @@ def collect_garbage(
         pinned |= {(model, key) for key in listing.channels.values()}
     doomed = manifests_to_delete(manifests, pinned, keep_last)
     doomed_refs = {m.ref for m in doomed}
-    referenced = {digest for m in manifests if m.ref not in doomed_refs for digest in m.files_by_digest()}
+    referenced = {digest for m in manifests if m.ref not in doomed_refs for digest in m.blob_digests()}
     kept_stages, expired_stages = stage_records(store, older_than=now - stage_ttl_s)
     referenced |= {digest for record in kept_stages for digest in record.digests}
     unreferenced = [b for b in store.list_blobs() if b.digest not in referenced]

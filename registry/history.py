@@ -108,6 +108,7 @@ class CellOutcome(BaseModel):
     gates: list[GateVerdict] = []
     passed: bool | None = None  # the gate verdict; None where validation never ran
     reason: str = ""
+    signer: str | None = None  # the fingerprint of the key that signed what it published (None: unsigned)
 
 
 class ChannelMove(BaseModel):
@@ -276,6 +277,7 @@ def outcome_from_report(
     artefact: Artefact | None = None,
     flow_run: str = "",
     reason: str = "",
+    signer: str | None = None,
 ) -> CellOutcome:
     """The outcome of one cell run, with what its validation report measured: each kind's report says which of
     its measures are per-round ratios, which are accuracy, and its gates (``enginesmith.reports``). A report this
@@ -300,7 +302,7 @@ def outcome_from_report(
         flow_run=flow_run, commit_sha=lineage.commit_sha if lineage else "",
         calibration_sha256=lineage.calibration_sha256 if lineage else None,
         versions=dict(artefact.versions) if artefact is not None else {}, metrics=metrics, frontier=frontier,
-        accuracy=accuracy, gates=gates, passed=passed, reason=reason,
+        accuracy=accuracy, gates=gates, passed=passed, reason=reason, signer=signer,
     )
 
 
@@ -335,7 +337,8 @@ def outcome_from_manifest(manifest: Manifest) -> CellOutcome:
     outcome = outcome_from_report(model=manifest.model, cell=manifest_cell_id(manifest), recipe=manifest.recipe,
                                   target=artefact.target, kind=artefact.kind, key=manifest.key, status="built",
                                   report=manifest.validation, artefact=artefact)
-    return outcome.model_copy(update={"recorded": manifest.published})
+    return outcome.model_copy(update={"recorded": manifest.published,
+                                      "signer": manifest.signature.signer if manifest.signature else None})
 
 
 # --- regressions -------------------------------------------------------------------------------------

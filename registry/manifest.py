@@ -23,10 +23,16 @@ from enginesmith.reports import Objective, parse_report
 from registry.errors import IntegrityError, UnsafePathError
 from registry.names import is_digest, is_name
 
-MANIFEST_SCHEMA_VERSION: Literal[2] = 2  # 2: published_by; schema 1 manifests read as they are
-# Written next to the files of a pulled artefact: which manifest they came from.
+# 2: published_by; 3: a signature (an unsigned manifest is still written as 2, so older readers keep reading it).
+# Schema 1 and 2 manifests read as they are.
+MANIFEST_SCHEMA_VERSION: Literal[3] = 3
+UNSIGNED_SCHEMA_VERSION: Literal[2] = 2
+# Written next to the files of a pulled artefact: which manifest they came from (changes with every pull).
 PULL_RECORD_FILE = ".enginesmith-pull.json"
-RESERVED_TOP_LEVEL_NAMES = frozenset({ARTEFACT_FILE, PULL_RECORD_FILE})
+# Also laid out by pull: what publishing added (key, validation report), and the signature over the directory.
+PUBLICATION_FILE = ".enginesmith-publication.json"
+SIGNATURE_FILE = ".enginesmith-model.sig"
+RESERVED_TOP_LEVEL_NAMES = frozenset({ARTEFACT_FILE, PULL_RECORD_FILE, PUBLICATION_FILE, SIGNATURE_FILE})
 _MAX_PATH_BYTES = 1024
 _MAX_COMPONENT_BYTES = 255
 _DRIVE = re.compile(r"^[A-Za-z]:")
@@ -97,12 +103,32 @@ def file_list_problem(files: Iterable[CheckpointFile]) -> FileListProblem | None
     return None
 
 
+class SignatureRef(BaseModel):
+    """A manifest's signature: an OpenSSF model-signing bundle stored as a blob (``registry.signing``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    sha256: str
+    size: int
+    signer: str  # the signing key's fingerprint as the bundle names it (sha256 of its public PEM); "" if it names none
+    # publication: the files, artefact.json and the publication record (signed by publish); artefact: the files and
+    # artefact.json (a directory signed with model-signing's CLI before it was published)
+    covers: Literal["publication", "artefact"]
+
+    @field_validator("sha256")
+    @classmethod
+    def _digest(cls, value: str) -> str:
+        if not is_digest(value):
+            raise ValueError("needs a sha256 of 64 lower-case hex digits")
+        return value
+
+
 class Manifest(BaseModel):
     """One published artefact. Stored at ``manifests/<model>/<key>.json``."""
 
     model_config = ConfigDict(extra="forbid")
 
-    schema_version: Literal[1, 2] = MANIFEST_SCHEMA_VERSION
+    schema_version: Literal[1, 2, 3] = UNSIGNED_SCHEMA_VERSION
     model: str
     key: str
     published: str  # ISO 8601, UTC
@@ -110,6 +136,7 @@ class Manifest(BaseModel):
     artefact: Artefact
     # The validation report (its model belongs to validation/); the resolver reads one number from it.
     validation: dict[str, Any] | None = None
+    signature: SignatureRef | None = None  # schema 3
 
     @field_validator("model", "key")
     @classmethod
@@ -153,8 +180,24 @@ class Manifest(BaseModel):
         """Every distinct blob of this manifest and the files that hold it (identical files share a blob)."""
         return files_by_digest(self.artefact.files)  # the validator refuses manifests without a sha256
 
+    def blob_digests(self) -> set[str]:
+        """Every blob this manifest keeps alive: its files' and its signature's."""
+        return set(self.files_by_digest()) | ({self.signature.sha256} if self.signature else set())
+
+    def with_signature(self, signature: SignatureRef) -> Manifest:
+        return self.model_copy(update={"signature": signature, "schema_version": MANIFEST_SCHEMA_VERSION})
+
     def to_bytes(self) -> bytes:
         return (self.model_dump_json(indent=2, exclude_none=False) + "\n").encode()
+
+
+def signer_label(manifest: Manifest) -> str:
+    """Who signed an artefact, as the catalogue and ``show`` print it: the key's fingerprint (which a trust list
+    names) and what it covers, or ``unsigned``."""
+    signature = manifest.signature
+    if signature is None:
+        return "unsigned"
+    return f"key {signature.signer[:16] or '(not named in the bundle)'} (over the {signature.covers})"
 
 
 def key_problem(key: str, artefact: Artefact, validation: Mapping[str, Any] | None, *,

@@ -8,10 +8,11 @@ already there changes nothing but those channels: same key, same artefact.
 from __future__ import annotations
 
 import hashlib
+import tempfile
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
 
@@ -21,11 +22,14 @@ from enginesmith.checkpoints.models import CheckpointFile
 from enginesmith.errors import UserError
 from registry.catalog import load_manifest
 from registry.errors import IntegrityError, UnsafePathError
-from registry.manifest import Manifest, file_list_problem, key_problem, utc_timestamp
+from registry.manifest import Manifest, SignatureRef, file_list_problem, key_problem, utc_timestamp
 from registry.names import check_name
 from registry.refs import RefChange, advance_channel
 from registry.store import RegistryStore
 from registry.transfer import RateLimiter, TransferProgress, file_chunks
+
+if TYPE_CHECKING:
+    from registry.signing import SigningKey
 
 DEFAULT_CHANNELS = ("latest",)
 DEFAULT_JOBS = 4
@@ -44,6 +48,8 @@ class PublishResult(BaseModel):
     reused_blobs: int
     channels: list[RefChange]
     unlisted_files: list[str]  # in the directory but not in artefact.json, so not published
+    signer: str | None = None  # the stored manifest's signing key fingerprint (None: unsigned)
+    signature_covers: str | None = None
 
 
 def read_artefact_dir(artefact_dir: Path) -> Artefact:
@@ -111,12 +117,19 @@ def publish_artefact(
     jobs: int = DEFAULT_JOBS,
     limiter: RateLimiter | None = None,
     progress: TransferProgress | None = None,
+    signing_key: SigningKey | None = None,
+    signature: Path | None = None,
 ) -> PublishResult:
     """Publish ``artefact_dir`` under ``key`` (default: the artefact's own key) and move ``channels`` to it.
 
-    Uploads only the blobs the registry lacks, ``jobs`` at a time. Raises ``UserError`` (and its
-    subclasses) for a directory that does not match its ``artefact.json``.
+    Uploads only the blobs the registry lacks, ``jobs`` at a time. With ``signing_key``, signs what a pull lays
+    out (``registry.signing``) and stores the bundle as a blob the manifest names; with ``signature``, keeps a
+    bundle made by model-signing's CLI over the directory. Raises ``UserError`` (and its subclasses) for a directory
+    that does not match its ``artefact.json``, or a signature that is not over it, before anything is uploaded.
     """
+    if signing_key is not None and signature is not None:
+        raise UserError("give a signing key or a signature, not both", where="--signature",
+                        hint="--sign-key signs at publish; --signature keeps a bundle made before")
     artefact = read_artefact_dir(artefact_dir)
     model = artefact.lineage.model_id
     key = check_name(key or (validation or {}).get("key") or artefact.key, "--key")
@@ -127,13 +140,17 @@ def publish_artefact(
                              "artefact, whose key it then takes")
     for channel in channels:
         check_name(channel, "--channel")
-    unlisted = _unlisted_files(artefact_dir, artefact)
+    unlisted = [path for path in _unlisted_files(artefact_dir, artefact)
+                if signature is None or artefact_dir / path != signature]  # a kept signature is not left out
     result = PublishResult(model=model, key=key, registry=store.location, created=False,
                            files=len(artefact.files), total_bytes=sum(f.size for f in artefact.files),
                            uploaded_blobs=0, uploaded_bytes=0, reused_blobs=0, channels=[], unlisted_files=unlisted)
 
     if store.read_manifest(model, key) is None:
         check_artefact_files(artefact_dir, artefact, jobs=jobs)
+        manifest = Manifest(model=model, key=key, published=utc_timestamp(), published_by=__version__,
+                            artefact=artefact, validation=validation)
+        signed = _signature(manifest, signing_key, signature)
         first_file_of: dict[str, CheckpointFile] = {}
         for entry in artefact.files:
             first_file_of.setdefault(entry.sha256 or "", entry)
@@ -147,8 +164,10 @@ def publish_artefact(
                                       name=entry.path)
 
             resumed_bytes = sum(pool.map(upload, missing))
-        manifest = Manifest(model=model, key=key, published=utc_timestamp(), published_by=__version__,
-                            artefact=artefact, validation=validation)
+        if signed is not None:
+            reference, body = signed
+            _put_small_blob(store, reference.sha256, body)
+            manifest = manifest.with_signature(reference)
         result.created = store.create_manifest(model, key, manifest.to_bytes())
         result.uploaded_blobs = len(missing)
         result.uploaded_bytes = sum(entry.size for entry in missing) - resumed_bytes
@@ -156,8 +175,39 @@ def publish_artefact(
         result.reused_blobs = len(first_file_of) - len(missing)
     # Whoever created it (this call, an earlier one, a concurrent one), the stored manifest is the truth.
     stored = load_manifest(store, model, key)
+    if stored.signature is not None:
+        result.signer, result.signature_covers = stored.signature.signer, stored.signature.covers
     result.channels = [advance_channel(store, stored, channel) for channel in channels]
     return result
+
+
+def _signature(manifest: Manifest, signing_key: SigningKey | None,
+               signature: Path | None) -> tuple[SignatureRef, bytes] | None:
+    """The signature to store with ``manifest``, made with ``signing_key`` or read from ``signature`` and checked to
+    be over this artefact; ``None`` for neither."""
+    if signing_key is None and signature is None:
+        return None
+    from registry.signing import MAX_SIGNATURE_BYTES, adopt_signature, sign_manifest
+
+    if signing_key is not None:
+        body = sign_manifest(manifest, signing_key)
+        return SignatureRef(sha256=hashlib.sha256(body).hexdigest(), size=len(body), signer=signing_key.fingerprint,
+                            covers="publication"), body
+    assert signature is not None
+    if not signature.is_file() or signature.stat().st_size > MAX_SIGNATURE_BYTES:
+        raise UserError(f"{signature} is not a signature bundle file", where="--signature",
+                        hint="give the file model_signing sign wrote (--signature PATH)")
+    body = signature.read_bytes()
+    return adopt_signature(body, manifest, where=str(signature)), body
+
+
+def _put_small_blob(store: RegistryStore, digest: str, body: bytes) -> None:
+    if store.blob_size(digest) == len(body):
+        return
+    with tempfile.TemporaryDirectory(prefix="enginesmith-publish-") as scratch:
+        path = Path(scratch) / "blob"
+        path.write_bytes(body)
+        store.put_blob(digest, path)
 
 
 def _regular_file_inside(artefact_dir: Path, relative: str) -> Path:

@@ -23,14 +23,23 @@ from typing import Literal
 
 from pydantic import BaseModel, computed_field
 
-from enginesmith.artefacts import ARTEFACT_FILE
+from enginesmith.artefacts import ARTEFACT_FILE, artefact_record_bytes
 from enginesmith.checkpoints.models import CheckpointFile
 from enginesmith.diskspace import disk_filled_error, is_disk_full, require_free_space, same_filesystem
 from enginesmith.errors import UserError
 from enginesmith.factcache import CACHE_ENV
 from registry.cache import LOCKS_ENV, BlobCache, link_or_copy, size_or_zero
 from registry.errors import IntegrityError, RegistryUnavailableError, UnsafePathError
-from registry.manifest import PULL_RECORD_FILE, Manifest, files_by_digest, unsafe_path_reason, utc_timestamp
+from registry.manifest import (
+    PUBLICATION_FILE,
+    PULL_RECORD_FILE,
+    SIGNATURE_FILE,
+    Manifest,
+    files_by_digest,
+    unsafe_path_reason,
+    utc_timestamp,
+)
+from registry.signing import SignatureCheck, Trust, check_signature, publication_record_bytes, read_signature
 from registry.store import RegistryStore
 from registry.transfer import (
     RateLimiter,
@@ -107,6 +116,7 @@ class PullResult(BaseModel):
     copied_files: int  # where the cache and the destination are on different filesystems
     plan: PullPlan
     profile: ChosenProfile | None = None  # the serving profile chosen for an SLO (recorded beside the files)
+    signature: SignatureCheck | None = None  # who signed it, checked against the trust list (None: no trust list)
 
 
 class PullRecord(BaseModel):
@@ -119,6 +129,7 @@ class PullRecord(BaseModel):
     pulled: str
     manifest: Manifest
     profile: ChosenProfile | None = None
+    signature: SignatureCheck | None = None  # the signature as checked at pull time, with the trust list given
 
 
 def read_pull_record(artefact_dir: Path) -> PullRecord | None:
@@ -160,8 +171,11 @@ def pull_artefact(
     progress: TransferProgress | None = None,
     dry_run: bool = False,
     profile: ChosenProfile | None = None,
+    trust: Trust | None = None,
 ) -> PullResult:
-    """Fetch what the cache lacks (``jobs`` blobs at a time) and lay the artefact out at ``dest``.
+    """Fetch what the cache lacks (``jobs`` blobs at a time) and lay the artefact out at ``dest``. With ``trust``,
+    the manifest's signature is checked first: an unsigned, untrusted or invalid one raises ``SignatureError`` before
+    anything is fetched or written.
 
     Raises ``IntegrityError`` naming the file whose bytes failed their sha256 twice, ``NotFoundError`` for a
     blob the registry lacks, ``RegistryUnavailableError`` when the storage stops answering (a later pull
@@ -172,13 +186,16 @@ def pull_artefact(
         if reason:  # Manifest refuses these already; a manifest built in code must not bypass that
             raise UnsafePathError(f"path {entry.path!r} {reason}", where=manifest.ref)
     check_destination(dest)
+    signature_body = read_signature(store, manifest)
+    checked = check_signature(manifest, signature_body, trust, where=f"{store.location}: {manifest.ref}") \
+        if trust is not None else None
     plan = plan_pull(manifest, cache, dest, store.location)
     result = PullResult(
         model=manifest.model, key=manifest.key, registry=store.location, dest=str(dest), dry_run=dry_run,
         files=plan.files, total_bytes=plan.total_bytes,
         cached_bytes=sum(b.size for b in plan.blobs if b.state == "cached"),
         resumed_bytes=0, downloaded_bytes=0, refetched=[], linked_files=0, copied_files=0, plan=plan,
-        profile=profile,
+        profile=profile, signature=checked,
     )
     if dry_run:
         return result
@@ -190,7 +207,8 @@ def pull_artefact(
         result.resumed_bytes = sum(s.resumed_bytes for s in stats)
         result.downloaded_bytes = sum(s.downloaded_bytes for s in stats)
         result.refetched = [blob.label for blob, s in zip(to_fetch, stats, strict=True) if s.refetched]
-        result.linked_files, result.copied_files = _lay_out(store.location, manifest, cache, dest, profile)
+        result.linked_files, result.copied_files = _lay_out(store.location, manifest, cache, dest, profile,
+                                                            signature_body, checked)
     except OSError as exc:
         if is_disk_full(exc):
             raise disk_filled_error(cache.root, what=what, where=str(cache.root), hint=_DISK_HINT) from None
@@ -380,8 +398,8 @@ def _read_only_filesystem(path: Path) -> bool:
     return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
 
 
-def _lay_out(registry: str, manifest: Manifest, cache: BlobCache, dest: Path,
-             profile: ChosenProfile | None = None) -> tuple[int, int]:
+def _lay_out(registry: str, manifest: Manifest, cache: BlobCache, dest: Path, profile: ChosenProfile | None,
+             signature_body: bytes | None, checked: SignatureCheck | None) -> tuple[int, int]:
     """Build the artefact directory next to ``dest`` and rename it into place; returns (linked, copied) files."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     staging = dest.parent / f".{dest.name}.{uuid.uuid4().hex[:12]}.partial"
@@ -396,9 +414,12 @@ def _lay_out(registry: str, manifest: Manifest, cache: BlobCache, dest: Path,
                 linked += 1
             else:
                 copied += 1
-        (staging / ARTEFACT_FILE).write_text(manifest.artefact.model_dump_json(indent=2) + "\n")
+        (staging / ARTEFACT_FILE).write_bytes(artefact_record_bytes(manifest.artefact))
+        (staging / PUBLICATION_FILE).write_bytes(publication_record_bytes(manifest))
+        if signature_body is not None:
+            (staging / SIGNATURE_FILE).write_bytes(signature_body)
         record = PullRecord(registry=registry, model=manifest.model, key=manifest.key, pulled=utc_timestamp(),
-                            manifest=manifest, profile=profile)
+                            manifest=manifest, profile=profile, signature=checked)
         (staging / PULL_RECORD_FILE).write_text(record.model_dump_json(indent=2) + "\n")
         check_destination(dest)
         if dest.exists():

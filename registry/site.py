@@ -28,7 +28,7 @@ from enginesmith.errors import UserError
 from enginesmith.reports import KindReport, ReportView, parse_report
 from registry.catalog import ModelListing, list_model, list_models
 from registry.history import HIGHER_IS_BETTER, BuildEntry, CellHistory, ModelHistory, describe_regression
-from registry.manifest import Manifest, display_timestamp
+from registry.manifest import Manifest, display_timestamp, signer_label
 from registry.names import safe_file_name
 from registry.store import RegistryStore
 
@@ -71,6 +71,7 @@ class ArtefactRow(BaseModel):
     tpot_ratio: str
     verdict: str  # pass | FAIL | — (no report) | unreadable
     channels: list[str]
+    signer: str  # the signing key's fingerprint (shortened), or "unsigned"
 
 
 class UnreadableRow(BaseModel):
@@ -185,7 +186,8 @@ def artefact_row(manifest: Manifest, view: ReportView, channels: list[str]) -> A
                        target=a.target, recipe=manifest.recipe, kind=a.kind, tp=a.tp, pp=a.pp,
                        published=display_timestamp(manifest.published), size=size_label(manifest.total_bytes),
                        throughput_ratio=view.throughput_ratio, tpot_ratio=view.tpot_ratio, verdict=_verdict(view),
-                       channels=channels)
+                       channels=channels, signer=signer_label(manifest))
+
 
 
 def provenance_rows(manifest: Manifest) -> list[tuple[str, str]]:
@@ -202,6 +204,7 @@ def provenance_rows(manifest: Manifest) -> list[tuple[str, str]]:
         ("artefact key", a.key),
         ("created", a.created),
         ("published", manifest.published),
+        ("signed by", signer_label(manifest)),
     ]
 
 

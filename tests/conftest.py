@@ -82,7 +82,7 @@ SLOW_GROUPS: dict[str, tuple[str, ...]] = {
     "vllm-cpu-tiny": ("test_validation_e2e.py", "test_chat_and_perplexity.py"),
     "minilm": ("test_encoder_nightly.py", "test_embeddings_serving.py", "test_onnx_encoder.py"),
     "seaweedfs": ("test_installed.py", "test_registry_s3.py", "test_registry_s3_resume.py",
-                  "test_registry_pull_faults.py", "test_registry_stages.py"),
+                  "test_registry_pull_faults.py", "test_registry_stages.py", "test_signing.py"),
 }
 _GROUP_OF_FILE = {name: group for group, names in SLOW_GROUPS.items() for name in names}
 

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from enginesmith.artefacts import ARTEFACT_FILE, Artefact, Lineage, ServeRecipe
+from enginesmith.artefacts import ARTEFACT_FILE, Artefact, Lineage, ServeRecipe, artefact_record_bytes
 from enginesmith.checkpoints.models import CheckpointFile
 from tests.conftest import REPO_ROOT, run_cli
 
@@ -78,7 +78,7 @@ def write_artefact(
     for path, body in files.items():
         (directory / path).parent.mkdir(parents=True, exist_ok=True)
         (directory / path).write_bytes(body)
-    (directory / ARTEFACT_FILE).write_text(artefact.model_dump_json(indent=2))
+    (directory / ARTEFACT_FILE).write_bytes(artefact_record_bytes(artefact))
     return directory
 
 

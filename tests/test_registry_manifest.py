@@ -102,10 +102,10 @@ def test_a_file_without_a_sha256_is_refused(tmp_path) -> None:
 def test_a_newer_schema_names_both_versions_and_asks_for_an_upgrade(tmp_path) -> None:
     from enginesmith import __version__
 
-    document = manifest_json(tmp_path, schema_version=3, published_by="9.1.0")
+    document = manifest_json(tmp_path, schema_version=4, published_by="9.1.0")
     with pytest.raises(IntegrityError) as caught:
         parse_manifest(json.dumps(document).encode(), "m.json")
-    assert "schema 3, published by enginesmith 9.1.0" in caught.value.message
+    assert "schema 4, published by enginesmith 9.1.0" in caught.value.message
     assert f"enginesmith {__version__} reads" in caught.value.message
     assert caught.value.hint == "upgrade enginesmith: pip install --upgrade 'enginesmith>=9.1.0'"
 
