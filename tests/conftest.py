@@ -326,8 +326,33 @@ def write_tiny_matrix(root: Path, *, recipes: list[str] | None = None, flow_work
 
 @pytest.fixture(scope="session")
 def tiny_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny matrix (fp8, int4-awq on cpu) with the orchestration tests' workload, in a directory of its own."""
-    return write_tiny_matrix(tmp_path_factory.mktemp("tiny-matrix"))
+    """The tiny matrix (fp8, int4-awq on cpu) with the orchestration tests' workload, in a directory of its own; it
+    signs what it publishes with ``keys/nightly.key`` (public half ``keys/nightly.pub``)."""
+    import yaml
+
+    path = write_tiny_matrix(tmp_path_factory.mktemp("tiny-matrix"))
+    config = yaml.safe_load(path.read_text())
+    config["registry"]["signing"] = {"key_file": str(write_key_pair(path.parent / "keys", "nightly"))}
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def write_key_pair(directory: Path, name: str, passphrase: str | None = None) -> Path:
+    """An EC P-256 key pair as `openssl ecparam -genkey` makes one: ``NAME.key`` (mode 600) and ``NAME.pub``;
+    returns the private key's path."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    directory.mkdir(parents=True, exist_ok=True)
+    key = ec.generate_private_key(ec.SECP256R1())
+    encryption = (serialization.BestAvailableEncryption(passphrase.encode()) if passphrase
+                  else serialization.NoEncryption())
+    private = directory / f"{name}.key"
+    private.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, encryption))
+    private.chmod(0o600)
+    (directory / f"{name}.pub").write_bytes(key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    return private
 
 
 @pytest.fixture(scope="session")

@@ -26,6 +26,14 @@ def test_nightly_builds_every_valid_cell_then_nothing(first_nightly, tiny_config
                                         "tiny-llama/int4-awq/cpu/tp1/hf-quantized": "built"}, first_nightly
     registry = tiny_config.parent / "registry"
     assert len(list(registry.glob("manifests/tiny-llama/*.json"))) == 2
+    # the config's registry.signing key signed both, as a pull that trusts its public half checks
+    from registry.catalog import list_model
+    from registry.signing import load_trust, verify_stored
+    from registry.store import open_store
+
+    store, trust = open_store(str(registry)), load_trust([tiny_config.parent / "keys" / "nightly.pub"])
+    fingerprints = {verify_stored(store, m, trust).fingerprint for m in list_model(store, "tiny-llama").manifests}
+    assert fingerprints == {trust.keys[0].fingerprint}
 
     before = {p: p.stat().st_mtime_ns for p in tiny_config.parent.rglob("*")}
     second = nightly(config=str(tiny_config), dispatch="inline")
@@ -45,15 +53,15 @@ def test_nightly_builds_every_valid_cell_then_nothing(first_nightly, tiny_config
 
     # Each built cell's outcome is in the registry's history, with the measurements its report gated on.
     from registry.history import load_history
-    from registry.store import open_store
 
-    history = load_history(open_store(str(registry)), "tiny-llama")
+    history = load_history(store, "tiny-llama")
     assert {c.cell for c in history.cells} == set(_statuses(first_nightly)) and not history.unreadable
     for cell in history.cells:
         [build] = cell.builds
         assert build.outcome.status == "built" and build.published and build.outcome.flow_run
         assert build.outcome.metrics["throughput_ratio"].values and build.outcome.passed is True
         assert build.outcome.commit_sha and build.outcome.versions.get("modelopt")
+        assert build.outcome.signer == trust.keys[0].fingerprint
     # The catalogue was written after publishing and linked from the run; the second nightly left it alone.
     index = tiny_config.parent / "work" / "catalogue" / "index.html"
     assert "tiny-llama" in index.read_text()

@@ -16,9 +16,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-
 from registry.cache import BlobCache
 from registry.catalog import find_manifest, load_manifest
 from registry.errors import IntegrityError, SignatureError
@@ -30,7 +27,7 @@ from registry.pull import pull_artefact, read_pull_record
 from registry.refs import promote
 from registry.signing import authorize_channel, load_signing_key, load_trust, sign_manifest
 from registry.store import RegistryStore, open_store
-from tests.conftest import run_cli
+from tests.conftest import run_cli, write_key_pair
 from tests.registry_helpers import file_digests, read_artefact, registry_env, tiny_files, write_artefact
 
 pytest.importorskip("model_signing", reason="needs the signing extra: pip install 'enginesmith[signing]'")
@@ -43,18 +40,9 @@ PASSPHRASE = "correct horse battery staple 4711"
 
 
 def make_key(directory: Path, name: str, passphrase: str | None = None) -> tuple[Path, Path]:
-    """An EC P-256 key pair as `openssl ecparam -genkey` makes one: (private key file, mode 600; public key file)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    key = ec.generate_private_key(ec.SECP256R1())
-    encryption = (serialization.BestAvailableEncryption(passphrase.encode()) if passphrase
-                  else serialization.NoEncryption())
-    private = directory / f"{name}.key"
-    private.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, encryption))
-    private.chmod(0o600)
-    public = directory / f"{name}.pub"
-    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                      serialization.PublicFormat.SubjectPublicKeyInfo))
-    return private, public
+    """(private key file, public key file): ``tests.conftest.write_key_pair``."""
+    private = write_key_pair(directory, name, passphrase)
+    return private, private.with_suffix(".pub")
 
 
 @pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.slow)])
@@ -352,6 +340,27 @@ def test_gc_keeps_the_signatures_of_live_manifests_and_a_bundle_carries_them(
     assert result.signature is not None and result.signature.signer == "nightly"
     paths = [f.path for f in manifest.artefact.files]
     assert file_digests(dest, paths) == {f.path: f.sha256 for f in manifest.artefact.files}
+
+
+def test_the_catalogue_and_history_name_each_artefacts_signing_key(
+    keys: dict[str, tuple[Path, Path]], tmp_path: Path
+) -> None:
+    from registry.history import outcome_from_manifest
+    from registry.local import LocalStore
+    from registry.site import write_catalogue
+
+    store = LocalStore(tmp_path / "registry")
+    signed = publish_signed(store, write_artefact(tmp_path / "a", recipe="fp8"), keys["nightly"][0])
+    unsigned = load_manifest(store, "tiny-llama", publish_artefact(
+        store, write_artefact(tmp_path / "b", recipe="int4-awq", files=tiny_files(seed=4))).key)
+    fingerprint = load_signing_key(key_file=keys["nightly"][0]).fingerprint
+    assert outcome_from_manifest(signed).signer == fingerprint and outcome_from_manifest(unsigned).signer is None
+
+    out = tmp_path / "site"
+    write_catalogue(store, out, registry_url=str(store.root))
+    model_page = (out / "models" / "tiny-llama.html").read_text()
+    assert f"key {fingerprint[:16]} (over the publication)" in model_page and "unsigned" in model_page
+    assert f"key {fingerprint[:16]}" in (out / "models" / "tiny-llama" / f"{signed.key}.html").read_text()
 
 
 # --- helpers ------------------------------------------------------------------------------------------------------
