@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from registry.cache import BlobCache
 from registry.catalog import find_manifest, load_manifest
 from registry.errors import IntegrityError, SignatureError
