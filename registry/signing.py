@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict
 
 from enginesmith.artefacts import ARTEFACT_FILE, artefact_record_bytes
 from enginesmith.errors import UserError
+from enginesmith.secrets import register_secret
 from registry.errors import NotFoundError, SignatureError
 from registry.manifest import PUBLICATION_FILE, PULL_RECORD_FILE, SIGNATURE_FILE, Manifest, SignatureRef
 from registry.names import is_name
@@ -90,6 +91,7 @@ def load_signing_key(*, key_file: Path | None = None, key_env: str | None = None
     Raises ``UserError`` naming the file or variable: a key file that others may read, a missing or malformed key, a
     key that is not elliptic-curve, a wrong or missing passphrase. The error never holds key or passphrase text.
     """
+    _require_model_signing()
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec
 
@@ -115,9 +117,14 @@ def load_signing_key(*, key_file: Path | None = None, key_env: str | None = None
             raise UserError(f"the environment variable {key_env} is not set or empty", where=where,
                             hint=f"export {key_env} with the PEM text of the private key")
         pem = text.encode()
+    # Scrubbed from every log and error from here on (enginesmith.secrets): the key's text, line by line, and its
+    # passphrase.
+    for line in pem.decode(errors="replace").splitlines():
+        if "-----" not in line:
+            register_secret(line.strip())
     passphrase = None
     if passphrase_env is not None:
-        passphrase_text = os.environ.get(passphrase_env)
+        passphrase_text = register_secret(os.environ.get(passphrase_env))
         if passphrase_text is None:
             raise UserError(f"the environment variable {passphrase_env} (the key's passphrase) is not set",
                             where=where,
@@ -172,6 +179,7 @@ def load_trust(paths: list[Path], *, where: str = "--trust") -> Trust:
     ``*.pub``), or YAML trust files (``keys: {name: path}``, ``channels: {channel: [names]}``; paths relative to the
     file). Raises ``UserError`` naming the file for one that cannot be read as a key, a name given twice, or a
     channel naming an unknown key."""
+    _require_model_signing()
     keys: list[TrustedKey] = []
     channels: dict[str, list[str]] = {}
     for path in paths:

@@ -299,6 +299,32 @@ def test_no_key_material_or_passphrase_reaches_output_manifest_or_pulled_files(t
     assert not [s for s in secrets for text in written if s in text]
 
 
+def test_without_the_signing_extra_trust_is_a_clear_error(tmp_path: Path) -> None:
+    _, public = make_key(tmp_path / "keys", "nightly")
+    code = ("import sys; sys.modules['model_signing'] = None\n"  # as if the extra were not installed
+            "from pathlib import Path\nfrom enginesmith.errors import UserError\n"
+            "from registry.signing import load_trust\n"
+            f"try:\n    load_trust([Path({str(public)!r})])\nexcept UserError as error:\n    print(error.render())")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "need model-signing, which is not installed" in result.stdout
+    assert "pip install 'enginesmith[signing]'" in result.stdout
+
+
+def test_a_loaded_key_and_its_passphrase_are_scrubbed_from_logs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    private, _ = make_key(tmp_path / "keys", "nightly", passphrase=PASSPHRASE)
+    key_line = private.read_text().splitlines()[3]
+    monkeypatch.setenv("NIGHTLY_KEY", private.read_text())
+    monkeypatch.setenv("NIGHTLY_PASSPHRASE", PASSPHRASE)
+    load_signing_key(key_env="NIGHTLY_KEY", passphrase_env="NIGHTLY_PASSPHRASE")
+    with caplog.at_level(logging.INFO):
+        logging.getLogger("some.library").info("signing with %s and %s", key_line, PASSPHRASE)
+    assert key_line not in caplog.text and PASSPHRASE not in caplog.text and "***" in caplog.text
+
+
 # --- backends, gc, resolution -----------------------------------------------------------------------------------
 
 
