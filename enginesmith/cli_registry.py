@@ -128,6 +128,9 @@ def publish(
         stdout.print(f"{result.model}@{result.key[:12]} is already published in {result.registry}: nothing uploaded")
     if result.signer is not None:
         stdout.print(f"  signed by key {result.signer[:16]} ({result.signature_covers})")
+    elif signing_key is not None or signature is not None:
+        stderr.print(f"[yellow]note:[/] {result.model}@{result.key[:12]} was published unsigned before, and a "
+                     "manifest does not change: it stays unsigned (rebuild to publish a new key signed)")
     for change in result.channels:
         if change.moved:
             stdout.print(f"  {change.model}:{change.channel} → {change.key[:12]}")
