@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # imported where used, so that `enginesmith --help` stays qui
 JsonOption = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 RegistryOption = Annotated[str, typer.Option(
     "--registry", envvar="ENGINESMITH_REGISTRY", show_default=True,
-    help="The registry: a local directory or s3://bucket/prefix.",
+    help="The registry: a local directory, s3://bucket/prefix, or oci://host[:port]/namespace.",
 )]
 S3EndpointOption = Annotated[str | None, typer.Option(
     "--s3-endpoint", envvar="AWS_ENDPOINT_URL", help="S3-compatible endpoint URL (default: AWS).",

@@ -472,7 +472,8 @@ class SigningSpec(StrictModel):
 
 
 class RegistrySpec(StrictModel):
-    url: str = Field(".enginesmith/registry", description="a local directory, file:// or s3://bucket/prefix")
+    url: str = Field(".enginesmith/registry", description="a local directory, file://, s3://bucket/prefix or "
+                     "oci://host[:port]/namespace")
     catalogue: str | None = Field(None, description="where the nightly writes the registry's static catalogue site "
                                   "after publishing (a local directory; default: <workdir>/catalogue)")
     signing: SigningSpec | None = Field(None, description="sign every artefact the pipeline publishes")

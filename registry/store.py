@@ -130,8 +130,8 @@ class RegistryStore(Protocol):
 
 
 def open_store(url: str, *, s3_endpoint: str | None = None) -> RegistryStore:
-    """The store for a registry URL: ``s3://bucket[/prefix]``, a local directory (``file://`` optional), or a bundle
-    file (``enginesmith bundle``: read-only).
+    """The store for a registry URL: ``s3://bucket[/prefix]``, ``oci://host[:port]/namespace`` (``oci+http://`` for
+    plain HTTP), a local directory (``file://`` optional), or a bundle file (``enginesmith bundle``: read-only).
 
     Raises ``UserError`` for a URL it cannot use.
     """
@@ -139,10 +139,14 @@ def open_store(url: str, *, s3_endpoint: str | None = None) -> RegistryStore:
         from registry.s3 import S3Store
 
         return S3Store.from_url(url, endpoint_url=s3_endpoint)
+    if url.startswith(("oci://", "oci+http://")):
+        from registry.oci import OciStore
+
+        return OciStore(url)
     if "://" in url and not url.startswith("file://"):
         scheme = url.split("://", 1)[0]
         raise UserError(f"unsupported registry scheme {scheme!r}", where="--registry",
-                        hint="use a local directory or s3://bucket/prefix")
+                        hint="use a local directory, s3://bucket/prefix or oci://host[:port]/namespace")
     path = Path(url.removeprefix("file://"))
     if path.is_file():
         from registry.bundle import BundleStore

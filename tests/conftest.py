@@ -19,7 +19,7 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # One SeaweedFS server for the session (its `seaweedfs`, `prefix` and `s3_env` fixtures), whichever modules use it.
-pytest_plugins = ["tests.seaweedfs"]
+pytest_plugins = ["tests.seaweedfs", "tests.oci_registry"]
 
 # Prefect reads its settings at import: a fresh PREFECT_HOME and fast worker polling for the whole run, and
 # never the developer's own server.
@@ -83,12 +83,13 @@ SLOW_GROUPS: dict[str, tuple[str, ...]] = {
     "minilm": ("test_encoder_nightly.py", "test_embeddings_serving.py", "test_onnx_encoder.py"),
     "seaweedfs": ("test_installed.py", "test_registry_s3.py", "test_registry_s3_resume.py",
                   "test_registry_pull_faults.py", "test_registry_stages.py", "test_signing.py"),
+    "oci": ("test_registry_oci.py",),
 }
 _GROUP_OF_FILE = {name: group for group, names in SLOW_GROUPS.items() for name in names}
 
 # Fixtures that start a server or a runtime: a test using one is in the slow tier, marked or not.
 SERVER_FIXTURES = frozenset({"prefect_server", "cpu_worker", "first_nightly", "published_tiny_config",
-                             "vllm_cpu_server", "seaweedfs", "s3_env"})
+                             "vllm_cpu_server", "seaweedfs", "s3_env", "oci_registry"})
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m reads the marks

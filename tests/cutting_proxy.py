@@ -1,6 +1,6 @@
-"""TEST DOUBLE for the network: an HTTP proxy on loopback in front of a real S3 server (SeaweedFS) that cuts the
-connection after a set number of bytes of a blob's body, the way a reset connection or a load balancer's idle
-cut ends a download mid-stream.
+"""TEST DOUBLE for the network: an HTTP proxy on loopback in front of a real S3 server (SeaweedFS) or OCI registry
+(docker-registry) that cuts the connection after a set number of bytes of a blob's body, the way a reset connection
+or a load balancer's idle cut ends a download mid-stream.
 
 Requests are forwarded byte for byte (headers included, so the client's SigV4 signature still holds for the
 server). For ``GET`` of the blob ``cut_digest``, the first ``cuts`` responses send ``cut_after_bytes`` of the body
@@ -11,6 +11,7 @@ request asked for, so a test can tell whether a byte crossed the network twice.
 from __future__ import annotations
 
 import http.client
+import re
 import threading
 from collections import defaultdict
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
 FORWARD_CHUNK_BYTES = 64 * 1024
+_BLOB_PATH = re.compile(r"/blobs/sha256[/:]([0-9a-f]{64})$")
 _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-connection", "te", "trailer", "upgrade"}
 
 
@@ -69,8 +71,8 @@ class CuttingProxy:
                         upstream.putheader(name, value)
                 upstream.endheaders(body)
                 response = upstream.getresponse()
-                blob = self.path.split("?", 1)[0].rsplit("/blobs/sha256/", 1)
-                digest = blob[1] if len(blob) == 2 and self.command == "GET" else None
+                blob = _BLOB_PATH.search(self.path.split("?", 1)[0])  # S3's blobs/sha256/<hex>, OCI's sha256:<hex>
+                digest = blob.group(1) if blob and self.command == "GET" else None
                 cut = digest == proxy.cut_digest and response.status in (200, 206) and proxy._take_cut()
                 if digest is not None:
                     with proxy._lock:

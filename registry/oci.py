@@ -1,0 +1,585 @@
+"""A registry inside an OCI distribution registry (CNCF distribution, Harbor, ECR, GHCR, Artifactory):
+``oci://host[:port]/namespace`` (HTTPS) or ``oci+http://host:port/namespace`` (plain HTTP, for loopback and labs).
+
+Repositories under the namespace:
+- ``<ns>/blobs``: every blob, content-addressed: the store's one blob space (OCI scopes blobs to repositories).
+- ``<ns>/models/<model>``: one OCI image manifest per artefact, tagged with its key. Its ``artifactType`` is
+  ``ARTIFACT_TYPE``, its config blob is the enginesmith manifest, and each file is a layer whose
+  ``org.opencontainers.image.title`` is the file's path (ORAS pulls that into identical files); the signature, when
+  there is one, is a layer too. The layers are mounted from ``<ns>/blobs`` (a cross-repository mount: no bytes move).
+  Channels are tags ``channel.<name>`` on the same manifest.
+- ``<ns>/stages/<stage>`` and ``<ns>/history/<model>``: stage and history records, one config-only artifact each,
+  tagged with its key or entry name.
+
+What OCI cannot do, and what this store does instead: there is no conditional manifest PUT, so "create once" checks
+the tag first and reads it back after the PUT (two publishers racing on one key both write the same artefact; the
+later manifest stays), and a channel moves only if it still points where it was read, checked just before the PUT.
+Blobs cannot be listed or deleted through the API on every server, so ``list_blobs`` yields nothing and ``gc``
+deletes manifests only: unreferenced blobs are the server's own garbage collection (``registry garbage-collect``).
+Without the referrers API (distribution 2.x), nothing here needs it: records are tagged artifacts of their own.
+
+Credentials: ``ENGINESMITH_OCI_USERNAME`` / ``ENGINESMITH_OCI_PASSWORD``, else the Docker config file's ``auths``
+entry for the host (``$DOCKER_CONFIG/config.json``, default ``~/.docker/config.json``); HTTP basic, or the bearer
+token flow a ``WWW-Authenticate: Bearer`` challenge asks for. A custom CA: ``SSL_CERT_FILE``. No credential or token
+appears in a message (they are registered secrets).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import re
+import threading
+from collections.abc import Generator, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode, urljoin
+
+import httpx
+
+from enginesmith.errors import UserError
+from enginesmith.secrets import register_secret
+from registry.errors import IntegrityError, NotFoundError, RegistryUnavailableError
+from registry.store import BlobInfo, RefState
+from registry.transfer import RateLimiter, TransferProgress, file_chunks
+
+ARTIFACT_TYPE = "application/vnd.enginesmith.artefact.v1"
+RECORD_TYPE = "application/vnd.enginesmith.record.v1"
+MANIFEST_CONFIG_TYPE = "application/vnd.enginesmith.manifest.v1+json"
+RECORD_CONFIG_TYPE = "application/vnd.enginesmith.record.v1+json"
+LAYER_TYPE = "application/octet-stream"
+SIGNATURE_LAYER_TYPE = "application/vnd.dev.sigstore.bundle.v0.3+json"
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+TITLE = "org.opencontainers.image.title"
+KEY_ANNOTATION = "dev.enginesmith.key"
+CHANNEL_TAG_PREFIX = "channel."
+CHUNK_BYTES = 16 * 1024 * 1024
+TIMEOUT = httpx.Timeout(30.0, read=120.0)
+_COMPONENT = re.compile(r"^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*$")
+_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
+_CHALLENGE_PARAM = re.compile(r'(\w+)="([^"]*)"')
+_URL_HINT = "write oci://host[:port]/namespace (HTTPS) or oci+http://host:port/namespace (plain HTTP)"
+
+
+def parse_oci_url(url: str) -> tuple[str, str, str]:
+    """(scheme, host[:port], namespace) of an ``oci://`` or ``oci+http://`` registry URL; raises ``UserError`` for one
+    without a host, with an empty port, or without a namespace."""
+    scheme = "https" if url.startswith("oci://") else "http"
+    rest = url.split("://", 1)[1]
+    host, _, namespace = rest.partition("/")
+    namespace = namespace.strip("/")
+    if not host or host.startswith(":"):
+        raise UserError(f"{url!r} names no registry host", where="--registry", hint=_URL_HINT)
+    if host.endswith(":") or (":" in host and not host.rsplit(":", 1)[1].isdigit()):
+        raise UserError(f"{url!r} has an empty or non-numeric port", where="--registry", hint=_URL_HINT)
+    if not namespace:
+        raise UserError(f"{url!r} names no namespace (the repository path the artefacts go under)",
+                        where="--registry", hint=_URL_HINT)
+    bad = [part for part in namespace.split("/") if not _COMPONENT.match(part)]
+    if bad:
+        raise UserError(f"namespace component {bad[0]!r} is not a valid OCI repository name (lower-case letters, "
+                        "digits, and '.', '_' or '-' between them)", where="--registry", hint=_URL_HINT)
+    return scheme, host, namespace
+
+
+class OciStore:
+    """A registry under a namespace of an OCI distribution registry."""
+
+    def __init__(self, url: str) -> None:
+        self.scheme, self.host, self.namespace = parse_oci_url(url)
+        self._base = f"{self.scheme}://{self.host}"
+        self._auth = _Authenticator(self.host)
+        self._client_lock = threading.Lock()
+        self._http: httpx.Client | None = None
+
+    @property
+    def location(self) -> str:
+        return f"oci{'+http' if self.scheme == 'http' else ''}://{self.host}/{self.namespace}"
+
+    def __repr__(self) -> str:
+        return f"OciStore({self.location!r})"
+
+    # --- blobs ---------------------------------------------------------------------------------------
+
+    def blob_size(self, digest: str) -> int | None:
+        response = self._request("HEAD", self._blobs_repo, f"blobs/sha256:{digest}", what="blob", missing_ok=True)
+        return None if response is None else int(response.headers.get("content-length", 0))
+
+    def put_blob(self, digest: str, source: Path, *, limiter: RateLimiter | None = None,
+                 progress: TransferProgress | None = None, name: str = "") -> int:
+        size = source.stat().st_size
+        if self.blob_size(digest) == size:
+            return size
+        if progress is not None:
+            progress.started(name, size, 0)
+        try:
+            self._upload(self._blobs_repo, digest, source, size, limiter, progress, name)
+        finally:
+            if progress is not None:
+                progress.finished(name)
+        return 0
+
+    def _upload(self, repo: str, digest: str, source: Path, size: int, limiter: RateLimiter | None,
+                progress: TransferProgress | None, name: str) -> None:
+        """A chunked upload session: POST to open it, PATCH each chunk with its Content-Range, PUT with the digest."""
+        opened = self._request("POST", repo, "blobs/uploads/", what="blob upload", expect=(202,))
+        assert opened is not None
+        location = self._upload_location(opened, repo)
+        hasher = hashlib.sha256()
+        offset = 0
+        with source.open("rb", buffering=0) as reader:
+            for view in file_chunks(reader, chunk_bytes=CHUNK_BYTES):
+                chunk = bytes(view)  # the reader reuses its buffer; the request keeps the bytes
+                hasher.update(chunk)
+                if limiter is not None:
+                    limiter.consume(len(chunk))
+                patched = self._request("PATCH", repo, location, what="blob upload", body=chunk, expect=(202,),
+                                        headers={"Content-Type": LAYER_TYPE,
+                                                 "Content-Range": f"{offset}-{offset + len(chunk) - 1}"})
+                assert patched is not None
+                location = self._upload_location(patched, repo)
+                offset += len(chunk)
+                if progress is not None:
+                    progress.advanced(name, len(chunk))
+        if hasher.hexdigest() != digest:
+            raise IntegrityError(f"content has sha256 {hasher.hexdigest()}, not {digest}", where=name or str(source),
+                                 hint="the file changed while it was being published; rebuild the artefact")
+        separator = "&" if "?" in location else "?"
+        self._request("PUT", repo, f"{location}{separator}{urlencode({'digest': f'sha256:{digest}'})}",
+                      what="blob upload", expect=(201,), headers={"Content-Length": "0"})
+
+    def _put_bytes(self, repo: str, body: bytes) -> str:
+        digest = hashlib.sha256(body).hexdigest()
+        if self._request("HEAD", repo, f"blobs/sha256:{digest}", what="blob", missing_ok=True) is None:
+            query = urlencode({"digest": f"sha256:{digest}"})
+            opened = self._request("POST", repo, "blobs/uploads/", what="blob upload", expect=(202,))
+            assert opened is not None
+            location = self._upload_location(opened, repo)
+            separator = "&" if "?" in location else "?"
+            self._request("PUT", repo, f"{location}{separator}{query}", what="blob upload", body=body,
+                          expect=(201,), headers={"Content-Type": LAYER_TYPE})
+        return digest
+
+    def _mount(self, repo: str, digest: str) -> None:
+        """Make a blob of ``<ns>/blobs`` part of ``repo``: a cross-repository mount, else (a server that does not mount)
+        the bytes copied through this client."""
+        if self._request("HEAD", repo, f"blobs/sha256:{digest}", what="blob", missing_ok=True) is not None:
+            return
+        query = urlencode({"mount": f"sha256:{digest}", "from": self._blobs_repo})
+        response = self._request("POST", repo, f"blobs/uploads/?{query}", what="blob mount", expect=(201, 202))
+        assert response is not None
+        if response.status_code == 201:
+            return
+        body = b"".join(self.read_blob(digest))  # the server opened an upload instead of mounting
+        location = self._upload_location(response, repo)
+        separator = "&" if "?" in location else "?"
+        self._request("PUT", repo, f"{location}{separator}{urlencode({'digest': f'sha256:{digest}'})}",
+                      what="blob upload", body=body, expect=(201,), headers={"Content-Type": LAYER_TYPE})
+
+    def read_blob(self, digest: str, offset: int = 0) -> Generator[bytes, None, None]:
+        return self._read_blob(self._blobs_repo, digest, offset)
+
+    def _read_blob(self, repo: str, digest: str, offset: int) -> Generator[bytes, None, None]:
+        headers = {"Range": f"bytes={offset}-"} if offset else {}
+        with self._stream("GET", repo, f"blobs/sha256:{digest}", headers=headers) as response:
+            if response.status_code == 404:
+                raise NotFoundError(f"blob sha256:{digest} is missing from the registry", where=self.location,
+                                    hint="re-publish the artefact that lists it")
+            if response.status_code not in (200, 206):
+                raise self._status_error(response, "blob read")
+            skip = offset if response.status_code == 200 else 0  # a server that ignored the range sends it all
+            try:
+                # As the network delivers them: a chunk size would hold bytes back, lost when a read is cut.
+                for chunk in response.iter_bytes():
+                    if skip:
+                        dropped = min(skip, len(chunk))
+                        chunk, skip = chunk[dropped:], skip - dropped
+                    if chunk:
+                        yield chunk
+            except httpx.TransportError as exc:
+                raise RegistryUnavailableError(f"the blob read stopped: {type(exc).__name__}", where=self.location,
+                                               hint="run the same command again; it resumes") from None
+
+    def list_blobs(self) -> Generator[BlobInfo, None, None]:
+        """Nothing: the distribution API cannot list blobs. Unreferenced blobs are the server's garbage collection."""
+        yield from ()
+
+    def delete_blob(self, digest: str) -> None:
+        self._request("DELETE", self._blobs_repo, f"blobs/sha256:{digest}", what="blob delete", missing_ok=True,
+                      expect=(202, 405))
+
+    # --- manifests -----------------------------------------------------------------------------------
+
+    def create_manifest(self, model: str, key: str, body: bytes) -> bool:
+        repo = self._model_repo(model)
+        if self._manifest_digest(repo, key) is not None:
+            return False
+        layers = []
+        document = json.loads(body)
+        files = document["artefact"]["files"]
+        signature = document.get("signature")
+        for entry in files:
+            self._mount(repo, entry["sha256"])
+        for digest, size, title, media_type in (
+            [(f["sha256"], f["size"], f["path"], LAYER_TYPE) for f in files]
+            + ([(signature["sha256"], signature["size"], ".enginesmith-model.sig", SIGNATURE_LAYER_TYPE)]
+               if signature else [])
+        ):
+            if media_type == SIGNATURE_LAYER_TYPE:
+                self._mount(repo, digest)
+            layers.append({"mediaType": media_type, "digest": f"sha256:{digest}", "size": size,
+                           "annotations": {TITLE: title}})
+        return self._put_artifact(repo, key, body, MANIFEST_CONFIG_TYPE, ARTIFACT_TYPE, layers)
+
+    def read_manifest(self, model: str, key: str) -> bytes | None:
+        return self._read_artifact(self._model_repo(model), key, MANIFEST_CONFIG_TYPE)
+
+    def delete_manifest(self, model: str, key: str) -> None:
+        repo = self._model_repo(model)
+        digest = self._manifest_digest(repo, key)
+        if digest is not None:
+            self._request("DELETE", repo, f"manifests/{digest}", what="manifest delete", missing_ok=True,
+                          expect=(202,))
+
+    def list_models(self) -> list[str]:
+        prefix = f"{self.namespace}/models/"
+        return sorted(repo.removeprefix(prefix) for repo in self._catalog() if repo.startswith(prefix)
+                      and "/" not in repo.removeprefix(prefix))
+
+    def list_manifest_keys(self, model: str) -> list[str]:
+        return sorted(tag for tag in self._tags(self._model_repo(model)) if not tag.startswith(CHANNEL_TAG_PREFIX))
+
+    # --- records -------------------------------------------------------------------------------------
+
+    def create_stage(self, stage: str, key: str, body: bytes) -> bool:
+        return self._create_record(self._repo("stages", stage), key, body)
+
+    def read_stage(self, stage: str, key: str) -> bytes | None:
+        return self._read_artifact(self._repo("stages", stage), key, RECORD_CONFIG_TYPE)
+
+    def list_stage_keys(self, stage: str) -> list[str]:
+        return sorted(self._tags(self._repo("stages", stage)))
+
+    def delete_stage(self, stage: str, key: str) -> None:
+        repo = self._repo("stages", stage)
+        digest = self._manifest_digest(repo, key)
+        if digest is not None:
+            self._request("DELETE", repo, f"manifests/{digest}", what="record delete", missing_ok=True,
+                          expect=(202,))
+
+    def create_history(self, model: str, entry: str, body: bytes) -> bool:
+        return self._create_record(self._repo("history", model), entry, body)
+
+    def read_history(self, model: str, entry: str) -> bytes | None:
+        return self._read_artifact(self._repo("history", model), entry, RECORD_CONFIG_TYPE)
+
+    def list_history(self, model: str) -> list[str]:
+        return sorted(self._tags(self._repo("history", model)))
+
+    def _create_record(self, repo: str, tag: str, body: bytes) -> bool:
+        if self._manifest_digest(repo, tag) is not None:
+            return False
+        return self._put_artifact(repo, tag, body, RECORD_CONFIG_TYPE, RECORD_TYPE, [])
+
+    # --- refs ----------------------------------------------------------------------------------------
+
+    def read_ref(self, model: str, channel: str) -> RefState | None:
+        found = self._get_manifest(self._model_repo(model), self._channel_tag(channel))
+        if found is None:
+            return None
+        document, digest = found
+        key = document.get("annotations", {}).get(KEY_ANNOTATION)
+        if not isinstance(key, str):
+            raise IntegrityError(f"channel {channel!r} points at a manifest enginesmith did not write",
+                                 where=f"{self.location}/models/{model}", hint="move the channel with `promote`")
+        return RefState(key=key, version=digest)
+
+    def write_ref(self, model: str, channel: str, key: str, expected: RefState | None) -> bool:
+        repo = self._model_repo(model)
+        current = self.read_ref(model, channel)
+        if (current is None) != (expected is None) or (current and expected and current.version != expected.version):
+            return False
+        found = self._get_manifest(repo, key, raw=True)
+        if found is None:
+            raise NotFoundError(f"no manifest {model}@{key} to point {channel!r} at", where=self.location)
+        body, _ = found
+        assert isinstance(body, bytes)
+        self._request("PUT", repo, f"manifests/{self._channel_tag(channel)}", what="channel move", body=body,
+                      expect=(201,), headers={"Content-Type": OCI_MANIFEST})
+        return True
+
+    def list_channels(self, model: str) -> list[str]:
+        return sorted(tag.removeprefix(CHANNEL_TAG_PREFIX) for tag in self._tags(self._model_repo(model))
+                      if tag.startswith(CHANNEL_TAG_PREFIX))
+
+    def delete_stale_uploads(self, older_than_s: float, *, now: float | None = None) -> int:
+        """Nothing to do from here: the server purges upload sessions left open (distribution: ``uploadpurging``)."""
+        return 0
+
+    # --- OCI artifacts -------------------------------------------------------------------------------
+
+    def _put_artifact(self, repo: str, tag: str, config: bytes, config_type: str, artifact_type: str,
+                      layers: list[dict[str, Any]]) -> bool:
+        config_digest = self._put_bytes(repo, config)
+        manifest = {
+            "schemaVersion": 2, "mediaType": OCI_MANIFEST, "artifactType": artifact_type,
+            "config": {"mediaType": config_type, "digest": f"sha256:{config_digest}", "size": len(config)},
+            "layers": layers, "annotations": {KEY_ANNOTATION: tag},
+        }
+        body = json.dumps(manifest, sort_keys=True).encode()
+        self._request("PUT", repo, f"manifests/{self._tag(tag)}", what="manifest", body=body, expect=(201,),
+                      headers={"Content-Type": OCI_MANIFEST})
+        # No conditional PUT in OCI: of two racing writers, the one whose manifest the tag holds now created it.
+        return self._manifest_digest(repo, tag) == f"sha256:{hashlib.sha256(body).hexdigest()}"
+
+    def _read_artifact(self, repo: str, tag: str, config_type: str) -> bytes | None:
+        found = self._get_manifest(repo, tag)
+        if found is None:
+            return None
+        document, _ = found
+        assert isinstance(document, dict)
+        config = document.get("config") or {}
+        if config.get("mediaType") != config_type:
+            raise IntegrityError(f"{repo}:{tag} is an OCI artifact of type {document.get('artifactType') or '?'} "
+                                 f"(config {config.get('mediaType')}), not one enginesmith wrote",
+                                 where=self.location, hint="push artefacts with `enginesmith publish`")
+        digest = str(config.get("digest", "")).removeprefix("sha256:")
+        body = b"".join(self._read_blob(repo, digest, 0))
+        if hashlib.sha256(body).hexdigest() != digest:
+            raise IntegrityError(f"{repo}:{tag}: its config blob does not match sha256 {digest}", where=self.location)
+        return body
+
+    def _manifest_digest(self, repo: str, tag: str) -> str | None:
+        response = self._request("HEAD", repo, f"manifests/{self._tag(tag)}", what="manifest", missing_ok=True,
+                                 headers={"Accept": OCI_MANIFEST})
+        return None if response is None else response.headers.get("docker-content-digest")
+
+    def _get_manifest(self, repo: str, tag: str, *, raw: bool = False) -> tuple[Any, str] | None:
+        response = self._request("GET", repo, f"manifests/{self._tag(tag)}", what="manifest", missing_ok=True,
+                                 headers={"Accept": OCI_MANIFEST})
+        if response is None:
+            return None
+        digest = (response.headers.get("docker-content-digest")
+                  or f"sha256:{hashlib.sha256(response.content).hexdigest()}")
+        if raw:
+            return response.content, digest
+        try:
+            return json.loads(response.content), digest
+        except json.JSONDecodeError:
+            raise IntegrityError(f"{repo}:{tag} is not a JSON manifest", where=self.location) from None
+
+    def _tags(self, repo: str) -> list[str]:
+        return list(self._paginated(repo, "tags/list", "tags"))
+
+    def _catalog(self) -> list[str]:
+        return list(self._paginated(None, "/v2/_catalog", "repositories"))
+
+    def _paginated(self, repo: str | None, path: str, field: str) -> Iterator[str]:
+        next_path: str | None = f"{path}?n=1000"
+        while next_path:
+            response = self._request("GET", repo, next_path, what="listing", missing_ok=True)
+            if response is None:
+                return
+            yield from (response.json().get(field) or [])
+            link = response.headers.get("link", "")
+            match = re.match(r"<([^>]+)>", link)
+            next_path = match.group(1) if match else None
+
+    # --- names ---------------------------------------------------------------------------------------
+
+    @property
+    def _blobs_repo(self) -> str:
+        return f"{self.namespace}/blobs"
+
+    def _model_repo(self, model: str) -> str:
+        return self._repo("models", model)
+
+    def _repo(self, kind: str, name: str) -> str:
+        if not _COMPONENT.match(name):
+            raise UserError(f"{name!r} cannot name an OCI repository (lower-case letters and digits, with '.', '_' "
+                            "or '-' between them)", where=f"{self.location}/{kind}",
+                            hint="an OCI registry takes lower-case model names only")
+        return f"{self.namespace}/{kind}/{name}"
+
+    @staticmethod
+    def _tag(tag: str) -> str:
+        if not _TAG.match(tag):
+            raise UserError(f"{tag!r} is not a valid OCI tag (at most 128 letters, digits, '.', '_', '-')",
+                            where="tag")
+        return tag
+
+    def _channel_tag(self, channel: str) -> str:
+        return self._tag(CHANNEL_TAG_PREFIX + channel)
+
+    # --- HTTP ----------------------------------------------------------------------------------------
+
+    def _client(self) -> httpx.Client:
+        with self._client_lock:
+            if self._http is None:
+                self._http = httpx.Client(timeout=TIMEOUT, follow_redirects=True, trust_env=True)
+            return self._http
+
+    def _url(self, repo: str | None, path: str) -> str:
+        if path.startswith(("http://", "https://")):
+            return path
+        if path.startswith("/"):
+            return urljoin(self._base, path)
+        return f"{self._base}/v2/{repo}/{path}"
+
+    def _upload_location(self, response: httpx.Response, repo: str) -> str:
+        location = response.headers.get("location")
+        if not location:
+            raise RegistryUnavailableError("the registry opened an upload without a Location", where=self.location)
+        return self._url(repo, location) if location.startswith(("/", "http")) else self._url(repo, "/" + location)
+
+    def _request(self, method: str, repo: str | None, path: str, *, what: str, body: bytes | None = None,
+                 headers: dict[str, str] | None = None, missing_ok: bool = False,
+                 expect: tuple[int, ...] = (200,)) -> httpx.Response | None:
+        url = self._url(repo, path)
+        scope = _scope(repo, method)
+        for attempt in range(2):
+            try:
+                response = self._client().request(method, url, content=body,
+                                                  headers={**(headers or {}), **self._auth.header(scope)})
+            except httpx.TransportError as exc:
+                raise RegistryUnavailableError(f"{what}: {type(exc).__name__}: {exc}", where=self.location,
+                                               hint="check that the registry is up and the URL's scheme and port"
+                                               ) from None
+            if response.status_code == 401 and attempt == 0 and self._auth.answer(response, scope, self._client()):
+                continue
+            break
+        if response.status_code == 404 and missing_ok:
+            return None
+        if response.status_code in expect or (method in ("GET", "HEAD") and response.status_code == 200):
+            return response
+        raise self._status_error(response, what)
+
+    @contextmanager
+    def _stream(self, method: str, repo: str, path: str, *, headers: dict[str, str]) -> Iterator[httpx.Response]:
+        url, scope = self._url(repo, path), _scope(repo, method)
+        for attempt in range(2):
+            try:
+                with self._client().stream(method, url, headers={**headers, **self._auth.header(scope)}) as response:
+                    if response.status_code == 401 and attempt == 0:
+                        response.read()
+                        if self._auth.answer(response, scope, self._client()):
+                            continue
+                    yield response
+                    return
+            except httpx.TransportError as exc:
+                raise RegistryUnavailableError(f"blob read: {type(exc).__name__}: {exc}", where=self.location,
+                                               hint="run the same command again; it resumes") from None
+
+    def _status_error(self, response: httpx.Response, what: str) -> UserError:
+        code = response.status_code
+        detail = ""
+        try:
+            errors = response.json().get("errors") or []
+            detail = "; ".join(f"{e.get('code')}: {e.get('message')}" for e in errors if isinstance(e, dict))
+        except (json.JSONDecodeError, ValueError, AttributeError, httpx.ResponseNotRead):
+            pass
+        text = f"{what}: HTTP {code}" + (f" ({detail})" if detail else "")
+        if code == 401:
+            return UserError(f"{text}: the registry refused the credentials", where=self.location,
+                             hint="set ENGINESMITH_OCI_USERNAME and ENGINESMITH_OCI_PASSWORD, or `docker login` "
+                                  f"{self.host}")
+        if code == 403:
+            return UserError(f"{text}: not allowed", where=self.location, hint="ask for push/pull rights")
+        if code >= 500 or code == 429:
+            return RegistryUnavailableError(text, where=self.location, hint="run the same command again")
+        return UserError(text, where=self.location)
+
+
+def _scope(repo: str | None, method: str) -> str:
+    if repo is None:
+        return "registry:catalog:*"
+    actions = "pull" if method in ("GET", "HEAD") else "pull,push,delete" if method == "DELETE" else "pull,push"
+    return f"repository:{repo}:{actions}"
+
+
+class _Authenticator:
+    """Answers a registry's 401 challenge: HTTP basic with the credentials found, or a bearer token from the realm the
+    challenge names (per scope, kept until the registry refuses it again)."""
+
+    def __init__(self, host: str) -> None:
+        self.host = host
+        self._lock = threading.Lock()
+        self._basic: str | None = None
+        self._tokens: dict[str, str] = {}
+        self._credentials_read = False
+        self._credentials: tuple[str, str] | None = None
+
+    def header(self, scope: str) -> dict[str, str]:
+        with self._lock:
+            if scope in self._tokens:
+                return {"Authorization": f"Bearer {self._tokens[scope]}"}
+            if self._basic is not None:
+                return {"Authorization": f"Basic {self._basic}"}
+        return {}
+
+    def answer(self, response: httpx.Response, scope: str, client: httpx.Client) -> bool:
+        """Prepare the header for a retry of the refused request; False when there is nothing new to try."""
+        challenge = response.headers.get("www-authenticate", "")
+        scheme = challenge.split(" ", 1)[0].lower()
+        credentials = self._read_credentials()
+        with self._lock:
+            if scheme == "basic":
+                if credentials is None or self._basic is not None:
+                    return False
+                self._basic = base64.b64encode(f"{credentials[0]}:{credentials[1]}".encode()).decode()
+                register_secret(self._basic)
+                return True
+            if scheme != "bearer":
+                return False
+            self._tokens.pop(scope, None)  # refused: an expired token is fetched again, once per request
+        params = dict(_CHALLENGE_PARAM.findall(challenge))
+        realm = params.get("realm")
+        if not realm:
+            return False
+        query = {"service": params.get("service", ""), "scope": params.get("scope", scope)}
+        auth = httpx.BasicAuth(*credentials) if credentials else None
+        try:
+            answered = client.get(realm, params=query, auth=auth)
+        except httpx.TransportError as exc:
+            raise RegistryUnavailableError(f"token endpoint: {type(exc).__name__}", where=realm) from None
+        if answered.status_code != 200:
+            return False
+        token = answered.json().get("token") or answered.json().get("access_token")
+        if not token:
+            return False
+        with self._lock:
+            self._tokens[scope] = register_secret(token) or token
+        return True
+
+    def _read_credentials(self) -> tuple[str, str] | None:
+        with self._lock:
+            if not self._credentials_read:
+                self._credentials = _credentials_for(self.host)
+                self._credentials_read = True
+            return self._credentials
+
+
+def _credentials_for(host: str) -> tuple[str, str] | None:
+    """``ENGINESMITH_OCI_USERNAME``/``_PASSWORD``, else the Docker config's ``auths`` entry for ``host``."""
+    user, password = os.environ.get("ENGINESMITH_OCI_USERNAME"), os.environ.get("ENGINESMITH_OCI_PASSWORD")
+    if user and password:
+        register_secret(password)
+        return user, password
+    config = Path(os.environ.get("DOCKER_CONFIG", Path.home() / ".docker")) / "config.json"
+    try:
+        auths = json.loads(config.read_text()).get("auths", {})
+    except (FileNotFoundError, json.JSONDecodeError, AttributeError):
+        return None
+    entry = auths.get(host) or auths.get(f"https://{host}") or auths.get(f"http://{host}") or {}
+    encoded = entry.get("auth") if isinstance(entry, dict) else None
+    if not encoded:
+        return None
+    try:
+        user, _, password = base64.b64decode(encoded).decode().partition(":")
+    except (ValueError, UnicodeDecodeError):
+        return None
+    register_secret(password)
+    return (user, password) if user else None

@@ -1,0 +1,159 @@
+"""The registry in an OCI registry (#35): every verb against a real CNCF distribution server on loopback
+(Debian's docker-registry, htpasswd auth), ORAS's own client both ways, a blob read cut mid-way and resumed, and the
+bad inputs: a registry URL without a namespace or with an empty port, wrong credentials, an artifact not ours."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+
+from enginesmith.errors import UserError
+from registry.cache import BlobCache
+from registry.catalog import find_manifest
+from registry.names import Ref
+from registry.oci import OciStore, parse_oci_url
+from registry.publish import publish_artefact
+from registry.pull import RESUME_ATTEMPTS, pull_artefact
+from tests.conftest import run_cli, write_key_pair
+from tests.cutting_proxy import CuttingProxy
+from tests.oci_registry import PASSWORD, USERNAME, OciRegistry
+from tests.registry_helpers import (
+    MIB,
+    cli_json,
+    deterministic_bytes,
+    file_digests,
+    read_artefact,
+    registry_env,
+    tiny_files,
+    write_artefact,
+)
+
+
+def namespace() -> str:
+    return f"team/test-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.mark.parametrize(("url", "problem"), [
+    ("oci://registry.example.com", "names no namespace"),
+    ("oci://registry.example.com:/team", "empty or non-numeric port"),
+    ("oci://:5000/team", "names no registry host"),
+    ("oci://registry.example.com/Team", "not a valid OCI repository name"),
+])
+def test_a_registry_url_without_namespace_or_with_a_bad_port_names_what_is_wrong(url: str, problem: str) -> None:
+    with pytest.raises(UserError, match=problem) as refused:
+        parse_oci_url(url)
+    assert refused.value.where == "--registry" and "oci://host[:port]/namespace" in (refused.value.hint or "")
+
+
+def test_every_verb_round_trips_through_a_real_oci_registry(oci_registry: OciRegistry, tmp_path: Path) -> None:
+    url = oci_registry.registry_url(namespace())
+    env = registry_env(url, tmp_path / "cache", oci_registry.env)
+    private = write_key_pair(tmp_path / "keys", "nightly")
+    first = write_artefact(tmp_path / "a", created="2026-01-01T00:00:00+00:00")
+    second = write_artefact(tmp_path / "b", files=tiny_files(seed=9), created="2026-02-01T00:00:00+00:00")
+
+    published = cli_json("publish", str(first), "--sign-key", str(private), env=env)
+    assert published["created"] and published["uploaded_blobs"] == 3 and published["signer"]
+    again = cli_json("publish", str(second), "--sign-key", str(private), env=env)
+    assert again["reused_blobs"] == 0 and again["channels"][0]["moved"]
+    listing = cli_json("ls", "tiny-llama", env=env)
+    assert {m["key"] for m in listing["manifests"]} == {published["key"], again["key"]} and not listing["unreadable"]
+    assert listing["channels"] == {"latest": again["key"]}
+    resolution = cli_json("resolve", "tiny-llama", "--target", "cpu", "--trust", str(private.with_suffix(".pub")),
+                          env=env)
+    assert resolution["chosen"]["key"] == again["key"] and resolution["chosen"]["signer"] == "nightly"
+
+    dest = tmp_path / "served"
+    pulled = cli_json("pull", f"tiny-llama@{published['key']}", "--target", "cpu", "--dest", str(dest), "--trust",
+                      str(private.with_suffix(".pub")), env=env)
+    artefact = read_artefact(first)
+    assert pulled["signature"]["signer"] == "nightly"
+    assert file_digests(dest, [f.path for f in artefact.files]) == {f.path: f.sha256 for f in artefact.files}
+
+    moved = cli_json("promote", f"tiny-llama@{published['key']}", "--channel", "stable", env=env)
+    assert moved["moved"] and cli_json("ls", "tiny-llama", env=env)["channels"]["stable"] == published["key"]
+    history = cli_json("history", "tiny-llama", env=env)
+    assert any(m["channel"] == "stable" for m in history["channel_moves"]) and not history["unreadable"]
+    site = tmp_path / "site"
+    assert run_cli("catalogue", "--out", str(site), env=env).returncode == 0
+    assert published["key"][:12] in (site / "models" / "tiny-llama.html").read_text()
+    bundle = tmp_path / "air-gap.tar"
+    assert run_cli("bundle", "tiny-llama:stable", "--out", str(bundle), env=env).returncode == 0
+    from_bundle = cli_json("pull", "tiny-llama", "--from-bundle", str(bundle), "--target", "cpu", "--dest",
+                           str(tmp_path / "from-bundle"), env=env)
+    assert from_bundle["key"] == published["key"]
+
+    # gc deletes a manifest through the API (blobs are the server's own garbage collection)
+    collected = cli_json("gc", "--keep-last", "1", "--grace", "0", env=env)
+    assert collected["deleted_blobs"] == 0
+    kept = {m["key"] for m in cli_json("ls", "tiny-llama", env=env)["manifests"]}
+    assert kept == {published["key"], again["key"]}  # the older one is kept: `stable` points at it
+
+
+def test_oras_pulls_what_we_publish_into_identical_files_and_what_it_pushes_is_refused_with_the_reason(
+    oci_registry: OciRegistry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import oras.client
+
+    space = namespace()
+    env = registry_env(oci_registry.registry_url(space), tmp_path / "cache", oci_registry.env)
+    source = write_artefact(tmp_path / "build")
+    key = cli_json("publish", str(source), env=env)["key"]
+    client = oras.client.OrasClient(hostname=oci_registry.host, insecure=True, auth_backend="basic")
+    client.login(username=USERNAME, password=PASSWORD, hostname=oci_registry.host)
+
+    client.pull(target=f"{oci_registry.host}/{space}/models/tiny-llama:{key}", outdir=str(tmp_path / "oras"))
+    artefact = read_artefact(source)
+    assert file_digests(tmp_path / "oras", [f.path for f in artefact.files]) == {f.path: f.sha256
+                                                                                for f in artefact.files}
+
+    foreign = tmp_path / "notes.txt"
+    foreign.write_text("pushed by ORAS, not by enginesmith\n")
+    monkeypatch.chdir(tmp_path)  # ORAS pushes files named relative to the working directory
+    client.push(target=f"{oci_registry.host}/{space}/models/tiny-llama:oras-pushed", files=[foreign.name])
+    shown = run_cli("show", "tiny-llama@oras-pushed", env=env)
+    assert shown.returncode == 2 and "not one enginesmith wrote" in shown.stderr
+    listing = cli_json("ls", "tiny-llama", env=env)
+    assert [u["key"] for u in listing["unreadable"]] == ["oras-pushed"] and len(listing["manifests"]) == 1
+
+
+def test_wrong_credentials_are_a_clear_error_that_does_not_show_the_password(
+    oci_registry: OciRegistry, tmp_path: Path
+) -> None:
+    wrong = "not-the-oci-password-4711"
+    env = registry_env(oci_registry.registry_url(namespace()), tmp_path / "cache",
+                       {**oci_registry.env, "ENGINESMITH_OCI_PASSWORD": wrong})
+    result = run_cli("publish", str(write_artefact(tmp_path / "build")), env=env)
+    assert result.returncode == 2 and "refused the credentials" in result.stderr
+    assert "ENGINESMITH_OCI_USERNAME" in result.stderr and wrong not in result.stdout + result.stderr
+
+
+def test_a_blob_read_cut_mid_way_is_resumed_from_its_offset_on_the_oci_registry(
+    oci_registry: OciRegistry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in oci_registry.env.items():
+        monkeypatch.setenv(name, value)
+    files = {"weights.safetensors": deterministic_bytes(3 * MIB, 11), **tiny_files()}
+    source = write_artefact(tmp_path / "build", files=files)
+    weights = next(f for f in read_artefact(source).files if f.path == "weights.safetensors")
+    space = namespace()
+    publish_artefact(OciStore(oci_registry.registry_url(space)), source)
+    cuts, cut_after = RESUME_ATTEMPTS + 1, weights.size // 8 + 12_345
+    proxy = CuttingProxy(f"http://{oci_registry.host}", cut_digest=str(weights.sha256), cut_after_bytes=cut_after,
+                         cuts=cuts)
+
+    with proxy.running():
+        through_proxy = OciStore(f"oci+http://{proxy.endpoint.removeprefix('http://')}/{space}")
+        manifest = find_manifest(through_proxy, Ref("tiny-llama", channel="latest"))
+        result = pull_artefact(through_proxy, manifest, dest=tmp_path / "dest", cache=BlobCache(tmp_path / "cache"))
+
+    assert proxy.cuts_left == 0
+    assert proxy.ranges[str(weights.sha256)] == [""] + [f"bytes={cut_after * i}-" for i in range(1, cuts + 1)]
+    assert proxy.body_bytes[str(weights.sha256)] == weights.size  # each byte crossed the network once
+    assert result.refetched == [] and hashlib.sha256((tmp_path / "dest" / "weights.safetensors").read_bytes()
+                                                     ).hexdigest() == weights.sha256
+    assert json.loads((tmp_path / "dest" / ".enginesmith-pull.json").read_text())["key"] == manifest.key
