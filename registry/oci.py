@@ -539,7 +539,9 @@ class _Authenticator:
         realm = params.get("realm")
         if not realm:
             return False
-        query = {"service": params.get("service", ""), "scope": params.get("scope", scope)}
+        # A challenge may name several scopes (a cross-repository mount: push here, pull there), one parameter each.
+        query = [("service", params.get("service", ""))] + [("scope", one) for one in
+                                                             params.get("scope", scope).split()]
         auth = httpx.BasicAuth(*credentials) if credentials else None
         try:
             answered = client.get(realm, params=query, auth=auth)

@@ -89,7 +89,8 @@ _GROUP_OF_FILE = {name: group for group, names in SLOW_GROUPS.items() for name i
 
 # Fixtures that start a server or a runtime: a test using one is in the slow tier, marked or not.
 SERVER_FIXTURES = frozenset({"prefect_server", "cpu_worker", "first_nightly", "published_tiny_config",
-                             "vllm_cpu_server", "seaweedfs", "s3_env", "oci_registry"})
+                             "vllm_cpu_server", "seaweedfs", "s3_env", "oci_registry",
+                             "oci_token_registry"})
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m reads the marks

@@ -1,17 +1,27 @@
 """A real OCI registry for the registry tests: Debian's ``docker-registry`` (the CNCF distribution server, 2.8) on
-loopback, started with a config of our own: storage in a temporary directory, deletes enabled, htpasswd (bcrypt)
-auth. tests/conftest.py loads this module as a plugin: ``oci_registry`` is one server for the whole session.
+loopback, started with a config of our own: storage in a temporary directory, deletes enabled, and htpasswd (bcrypt)
+auth, or token auth against ``TokenServer``, a small token endpoint of the tests' own (the registry trusts its
+self-signed certificate; it answers Docker's token request with an ES256 JWT for the scope asked, after checking
+the same user and password; told to, it issues tokens already expired). tests/conftest.py loads this module as a
+plugin: ``oci_registry`` and ``oci_token_registry`` are one server each for the whole session.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import hashlib
+import json
 import shutil
 import socket
 import subprocess
+import threading
 import time
+import uuid
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
@@ -27,10 +37,111 @@ requires_docker_registry = pytest.mark.skipif(
 )
 
 
-class OciRegistry:
-    """One ``docker-registry serve`` process on 127.0.0.1 with its own storage and htpasswd file."""
+SERVICE = "enginesmith-tests"
+ISSUER = "enginesmith-tests-token-server"
+
+
+def _b64url(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+class TokenServer:
+    """TEST DOUBLE for a registry's token service (what Harbor or Docker Hub run beside the registry): GET /token with
+    HTTP basic credentials and ``service``/``scope`` parameters answers a JWT granting that scope, signed with a key the
+    registry trusts. ``expired`` makes it issue tokens that expired long ago (beyond the registry's leeway)."""
 
     def __init__(self, work_dir: Path) -> None:
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import NameOID
+
+        self._key = ec.generate_private_key(ec.SECP256R1())
+        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, ISSUER)])
+        now = time.time()
+        import datetime as dt
+
+        certificate = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+                       .public_key(self._key.public_key()).serial_number(x509.random_serial_number())
+                       .not_valid_before(dt.datetime.fromtimestamp(now - 3600, dt.timezone.utc))
+                       .not_valid_after(dt.datetime.fromtimestamp(now + 86400, dt.timezone.utc))
+                       .sign(self._key, hashes.SHA256()))
+        work_dir.mkdir(parents=True, exist_ok=True)
+        self.root_certificate = work_dir / "token-root.pem"
+        self.root_certificate.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+        der = self._key.public_key().public_bytes(serialization.Encoding.DER,
+                                                  serialization.PublicFormat.SubjectPublicKeyInfo)
+        # libtrust's key id, which distribution matches a token's "kid" against: base32 of 30 bytes of sha256(DER)
+        encoded = base64.b32encode(hashlib.sha256(der).digest()[:30]).decode().rstrip("=")
+        self._kid = ":".join(encoded[i:i + 4] for i in range(0, len(encoded), 4))
+        self.expired = False
+        self.issued = 0
+        self._lock = threading.Lock()
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, name="token-server", daemon=True)
+
+    @property
+    def realm(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}/token"
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def token(self, user: str, scopes: list[str]) -> str:
+        from cryptography.hazmat.primitives import hashes
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
+
+        access = []
+        for scope in scopes:
+            kind, _, rest = scope.partition(":")
+            name, _, actions = rest.rpartition(":")
+            access.append({"type": kind, "name": name, "actions": actions.split(",")})
+        now = int(time.time()) - (3600 if self.expired else 0)
+        claims = {"iss": ISSUER, "sub": user, "aud": SERVICE, "iat": now, "nbf": now - 5, "exp": now + 300,
+                  "jti": uuid.uuid4().hex, "access": access}
+        header = {"typ": "JWT", "alg": "ES256", "kid": self._kid}
+        signing_input = f"{_b64url(json.dumps(header).encode())}.{_b64url(json.dumps(claims).encode())}"
+        r, s = decode_dss_signature(self._key.sign(signing_input.encode(), ec.ECDSA(hashes.SHA256())))
+        with self._lock:
+            self.issued += 1
+        return f"{signing_input}.{_b64url(r.to_bytes(32, 'big') + s.to_bytes(32, 'big'))}"
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                query = parse_qs(urlsplit(self.path).query)
+                supplied = self.headers.get("Authorization", "")
+                expected = "Basic " + base64.b64encode(f"{USERNAME}:{PASSWORD}".encode()).decode()
+                if supplied != expected or query.get("service") != [SERVICE]:
+                    self.send_response(401)
+                    self.end_headers()
+                    return
+                body = json.dumps({"token": server.token(USERNAME, query.get("scope", []))}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        return Handler
+
+
+class OciRegistry:
+    """One ``docker-registry serve`` process on 127.0.0.1 with its own storage, and htpasswd or token auth."""
+
+    def __init__(self, work_dir: Path, token_server: TokenServer | None = None) -> None:
+        self.token_server = token_server
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             self.port = sock.getsockname()[1]
@@ -61,7 +172,9 @@ class OciRegistry:
             "version: 0.1\nlog: {level: warn}\n"
             f"storage:\n  filesystem: {{rootdirectory: {self.work_dir / 'data'}}}\n  delete: {{enabled: true}}\n"
             f"http:\n  addr: {self.host}\n  secret: enginesmith-tests\n"
-            f"auth:\n  htpasswd: {{realm: enginesmith-tests, path: {htpasswd}}}\n"
+            + (f"auth:\n  htpasswd: {{realm: enginesmith-tests, path: {htpasswd}}}\n" if self.token_server is None
+               else f"auth:\n  token: {{realm: {self.token_server.realm}, service: {SERVICE}, issuer: {ISSUER}, "
+                    f"rootcertbundle: {self.token_server.root_certificate}}}\n")
         )
         with self.log_path.open("ab") as log:
             self._process = subprocess.Popen(["docker-registry", "serve", str(config)], stdout=log,
@@ -90,13 +203,18 @@ class OciRegistry:
 
 
 @contextlib.contextmanager
-def running_oci_registry(work_dir: Path) -> Iterator[OciRegistry]:
-    server = OciRegistry(work_dir)
-    server.start()
+def running_oci_registry(work_dir: Path, *, token_auth: bool = False) -> Iterator[OciRegistry]:
+    token_server = TokenServer(work_dir) if token_auth else None
+    if token_server is not None:
+        token_server.start()
+    server = OciRegistry(work_dir, token_server)
     try:
+        server.start()
         yield server
     finally:
         server.stop()
+        if token_server is not None:
+            token_server.stop()
 
 
 @pytest.fixture(scope="session", name="oci_registry")
@@ -105,4 +223,13 @@ def oci_registry_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[O
     if shutil.which("docker-registry") is None:
         pytest.skip("needs Debian's docker-registry (apt-get install docker-registry; scripts/setup-oci-registry.sh)")
     with running_oci_registry(tmp_path_factory.mktemp("oci-registry")) as server:
+        yield server
+
+
+@pytest.fixture(scope="session", name="oci_token_registry")
+def oci_token_registry_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OciRegistry]:
+    """A docker-registry with token auth (``TokenServer``) for the test session."""
+    if shutil.which("docker-registry") is None:
+        pytest.skip("needs Debian's docker-registry (apt-get install docker-registry; scripts/setup-oci-registry.sh)")
+    with running_oci_registry(tmp_path_factory.mktemp("oci-token-registry"), token_auth=True) as server:
         yield server

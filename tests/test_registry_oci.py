@@ -157,3 +157,42 @@ def test_a_blob_read_cut_mid_way_is_resumed_from_its_offset_on_the_oci_registry(
     assert result.refetched == [] and hashlib.sha256((tmp_path / "dest" / "weights.safetensors").read_bytes()
                                                      ).hexdigest() == weights.sha256
     assert json.loads((tmp_path / "dest" / ".enginesmith-pull.json").read_text())["key"] == manifest.key
+
+
+def test_the_bearer_token_flow_fetches_a_new_token_once_when_the_registry_refuses_an_expired_one(
+    oci_token_registry: OciRegistry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tokens = oci_token_registry.token_server
+    assert tokens is not None
+    for name, value in oci_token_registry.env.items():
+        monkeypatch.setenv(name, value)
+    url = oci_token_registry.registry_url(namespace())
+    store = OciStore(url)
+    source = write_artefact(tmp_path / "build")
+    publish_artefact(store, source)  # every request answered a Bearer challenge with a token for its scope
+    assert tokens.issued > 0
+
+    # Tokens that expired while the store held them (issued an hour ago): the registry refuses each once, the store
+    # fetches a new one and goes on.
+    tokens.expired = True
+    stale = {scope: tokens.token(USERNAME, [scope]) for scope in store._auth._tokens}  # the store's token cache
+    tokens.expired = False
+    store._auth._tokens.update(stale)
+    issued_before = tokens.issued
+    refused_before = oci_token_registry.log_path.read_text().count("invalid token")
+    manifest = find_manifest(store, Ref("tiny-llama", channel="latest"))
+    result = pull_artefact(store, manifest, dest=tmp_path / "dest", cache=BlobCache(tmp_path / "cache"))
+    assert tokens.issued > issued_before and result.downloaded_bytes > 0
+    assert oci_token_registry.log_path.read_text().count("invalid token") > refused_before  # the registry refused
+    artefact = read_artefact(source)
+    assert file_digests(tmp_path / "dest", [f.path for f in artefact.files]) == {f.path: f.sha256
+                                                                                for f in artefact.files}
+
+    # A token service that only hands out expired tokens: one new token per request, then a clear error.
+    tokens.expired = True
+    try:
+        with pytest.raises(UserError, match="refused the credentials") as refused:
+            OciStore(url).list_models()
+    finally:
+        tokens.expired = False
+    assert PASSWORD not in refused.value.render()
