@@ -11,6 +11,9 @@ Repositories under the namespace:
 - ``<ns>/stages/<stage>`` and ``<ns>/history/<model>``: stage and history records, one config-only artifact each,
   tagged with its key or entry name.
 
+A blob goes up in chunks of one upload session; a publish killed half-way continues that session where the server's
+upload status says it stopped, and a pull resumes a cut read with a range request, as on every store.
+
 What OCI cannot do, and what this store does instead: there is no conditional manifest PUT, so "create once" checks
 the tag first and reads it back after the PUT (two publishers racing on one key both write the same artefact; the
 later manifest stays), and a channel moves only if it still points where it was read, checked just before the PUT.
@@ -44,7 +47,7 @@ from enginesmith.errors import UserError
 from enginesmith.secrets import register_secret
 from registry.errors import IntegrityError, NotFoundError, RegistryUnavailableError
 from registry.store import BlobInfo, RefState
-from registry.transfer import RateLimiter, TransferProgress, file_chunks
+from registry.transfer import RateLimiter, TransferProgress, file_chunks, sha256_file
 
 ARTIFACT_TYPE = "application/vnd.enginesmith.artefact.v1"
 RECORD_TYPE = "application/vnd.enginesmith.record.v1"
@@ -116,21 +119,30 @@ class OciStore:
         if progress is not None:
             progress.started(name, size, 0)
         try:
-            self._upload(self._blobs_repo, digest, source, size, limiter, progress, name)
+            return self._upload(self._blobs_repo, digest, source, size, limiter, progress, name)
         finally:
             if progress is not None:
                 progress.finished(name)
-        return 0
 
     def _upload(self, repo: str, digest: str, source: Path, size: int, limiter: RateLimiter | None,
-                progress: TransferProgress | None, name: str) -> None:
-        """A chunked upload session: POST to open it, PATCH each chunk with its Content-Range, PUT with the digest."""
-        opened = self._request("POST", repo, "blobs/uploads/", what="blob upload", expect=(202,))
-        assert opened is not None
-        location = self._upload_location(opened, repo)
+                progress: TransferProgress | None, name: str) -> int:
+        """A chunked upload session: POST to open it, PATCH each chunk with its Content-Range, PUT with the digest.
+
+        The session's URL is kept in the cache (``<cache>/oci-uploads``) after every chunk, so a publish killed
+        half-way continues the same session from the offset the server reports (an upload status GET); returns the
+        bytes it did not send again. A session the server no longer knows is started anew."""
+        from registry.cache import default_cache_dir
+
+        state = default_cache_dir() / "oci-uploads" / hashlib.sha256(self.location.encode()).hexdigest()[:16] / digest
+        location, offset = self._open_session(repo, state)
+        if progress is not None and offset:
+            progress.advanced(name, offset)
         hasher = hashlib.sha256()
-        offset = 0
         with source.open("rb", buffering=0) as reader:
+            if offset:
+                hasher = sha256_file(reader, offset)
+                reader.seek(offset)
+            start = offset
             for view in file_chunks(reader, chunk_bytes=CHUNK_BYTES):
                 chunk = bytes(view)  # the reader reuses its buffer; the request keeps the bytes
                 hasher.update(chunk)
@@ -142,14 +154,38 @@ class OciStore:
                 assert patched is not None
                 location = self._upload_location(patched, repo)
                 offset += len(chunk)
+                _keep_session(state, location, offset)
                 if progress is not None:
                     progress.advanced(name, len(chunk))
         if hasher.hexdigest() != digest:
+            state.unlink(missing_ok=True)
             raise IntegrityError(f"content has sha256 {hasher.hexdigest()}, not {digest}", where=name or str(source),
                                  hint="the file changed while it was being published; rebuild the artefact")
         separator = "&" if "?" in location else "?"
         self._request("PUT", repo, f"{location}{separator}{urlencode({'digest': f'sha256:{digest}'})}",
                       what="blob upload", expect=(201,), headers={"Content-Length": "0"})
+        state.unlink(missing_ok=True)
+        return start
+
+    def _open_session(self, repo: str, state: Path) -> tuple[str, int]:
+        """The upload session a killed publish left (its URL and the bytes the server holds), else a new one."""
+        if state.is_file():
+            try:
+                kept = json.loads(state.read_text())
+                status = self._request("GET", repo, kept["location"], what="upload status", expect=(204,))
+            except (UserError, ValueError, KeyError, TypeError):
+                status = None  # unreadable, unknown to the server, or behind it (killed between a chunk and this file)
+            reported = re.fullmatch(r"0-(\d+)", status.headers.get("range", "")) if status is not None else None
+            # "0-0" is how distribution reports both no byte and one byte: an offset this file never recorded is 0
+            stored = int(reported.group(1)) + 1 if reported and (kept.get("offset") or int(reported.group(1))) else 0
+            if reported and stored == kept.get("offset"):
+                return str(kept["location"]), stored
+            state.unlink(missing_ok=True)  # the server holds another length than the file says: start again
+        opened = self._request("POST", repo, "blobs/uploads/", what="blob upload", expect=(202,))
+        assert opened is not None
+        location = self._upload_location(opened, repo)
+        _keep_session(state, location, 0)
+        return location, 0
 
     def _put_bytes(self, repo: str, body: bytes) -> str:
         digest = hashlib.sha256(body).hexdigest()
@@ -491,6 +527,14 @@ class OciStore:
         if code >= 500 or code == 429:
             return RegistryUnavailableError(text, where=self.location, hint="run the same command again")
         return UserError(text, where=self.location)
+
+
+def _keep_session(state: Path, location: str, offset: int) -> None:
+    """Record an upload session's URL and the bytes it holds (written whole, then renamed: never half a record)."""
+    state.parent.mkdir(parents=True, exist_ok=True)
+    partial = state.with_name(f".{state.name}.{os.getpid()}")
+    partial.write_text(json.dumps({"location": location, "offset": offset}))
+    os.replace(partial, state)
 
 
 def _scope(repo: str | None, method: str) -> str:

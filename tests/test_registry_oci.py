@@ -196,3 +196,44 @@ def test_the_bearer_token_flow_fetches_a_new_token_once_when_the_registry_refuse
     finally:
         tokens.expired = False
     assert PASSWORD not in refused.value.render()
+
+
+def test_a_publish_killed_half_way_continues_its_upload_session(
+    oci_registry: OciRegistry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from registry.oci import CHUNK_BYTES
+    from tests.registry_helpers import start_cli
+    from tests.waiting import kill_when
+
+    weights_bytes = 4 * CHUNK_BYTES
+    source = write_artefact(tmp_path / "build", files={"weights.safetensors": deterministic_bytes(weights_bytes, 5),
+                                                       **tiny_files()})
+    weights = next(f for f in read_artefact(source).files if f.path == "weights.safetensors")
+    url = oci_registry.registry_url(namespace())
+    env = registry_env(url, tmp_path / "cache", oci_registry.env)
+    log = tmp_path / "publish.log"
+    publisher = start_cli("publish", str(source), "--limit-rate", "16M", "--jobs", "1", env=env, log=log)
+
+    def recorded_offset() -> int:
+        sessions = list((tmp_path / "cache" / "oci-uploads").glob(f"*/{weights.sha256}"))
+        try:
+            return int(json.loads(sessions[0].read_text())["offset"]) if sessions else 0
+        except (ValueError, KeyError, FileNotFoundError):
+            return 0
+
+    kill_when(publisher, lambda: CHUNK_BYTES <= recorded_offset() < weights_bytes,
+              "the weights' upload session holding at least one chunk, not all", timeout_s=120, log=log)
+    held = recorded_offset()
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    store = OciStore(url)
+    assert store.read_manifest("tiny-llama", weights.sha256) is None and store.list_manifest_keys("tiny-llama") == []
+    resumed = publish_artefact(store, source)
+    assert resumed.created and resumed.resumed_bytes == held
+    assert resumed.uploaded_bytes <= weights_bytes - held + sum(f.size for f in read_artefact(source).files
+                                                                  if f.path != weights.path)
+    assert not list((tmp_path / "cache" / "oci-uploads").glob(f"*/{weights.sha256}"))  # the session ended
+    pulled = pull_artefact(store, find_manifest(store, Ref("tiny-llama", channel="latest")), dest=tmp_path / "dest",
+                           cache=BlobCache(tmp_path / "pull-cache"))
+    assert hashlib.sha256((Path(pulled.dest) / weights.path).read_bytes()).hexdigest() == weights.sha256
