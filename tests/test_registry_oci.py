@@ -237,3 +237,33 @@ def test_a_publish_killed_half_way_continues_its_upload_session(
     pulled = pull_artefact(store, find_manifest(store, Ref("tiny-llama", channel="latest")), dest=tmp_path / "dest",
                            cache=BlobCache(tmp_path / "pull-cache"))
     assert hashlib.sha256((Path(pulled.dest) / weights.path).read_bytes()).hexdigest() == weights.sha256
+
+
+@pytest.mark.parametrize("damage", ["path outside", "blob of another size"])
+def test_an_oci_manifest_pointing_outside_the_destination_or_at_a_wrong_blob_writes_nothing(
+    damage: str, oci_registry: OciRegistry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in oci_registry.env.items():
+        monkeypatch.setenv(name, value)
+    url = oci_registry.registry_url(namespace())
+    store = OciStore(url)
+    source = write_artefact(tmp_path / "build")
+    key = publish_artefact(store, source).key
+    document = json.loads(store.read_manifest("tiny-llama", key) or b"")
+    entry = next(f for f in document["artefact"]["files"] if f["path"] == "model.safetensors")
+    if damage == "path outside":
+        entry["path"] = "../../outside.safetensors"
+    else:
+        entry["size"] += 1000  # the layer's blob holds fewer bytes than the manifest says
+    # replaced by someone with push rights, past publish's checks
+    store.delete_manifest("tiny-llama", key)
+    assert store.create_manifest("tiny-llama", key, json.dumps(document).encode())
+
+    dest = tmp_path / "deploy" / "served"
+    result = run_cli("pull", f"tiny-llama@{key}", "--target", "cpu", "--dest", str(dest),
+                     env=registry_env(url, tmp_path / "cache", oci_registry.env))
+    assert result.returncode != 0
+    assert ("could write outside the destination" in result.stderr if damage == "path outside"
+            else "model.safetensors" in result.stderr and "sha256" in result.stderr), result.stderr
+    assert not dest.exists() and not (tmp_path / "outside.safetensors").exists()
+    assert not (tmp_path / "deploy").exists() or not list((tmp_path / "deploy").iterdir())
