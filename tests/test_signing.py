@@ -101,6 +101,13 @@ def test_a_signed_pull_says_who_signed_and_model_signing_verifies_the_pulled_dir
                                str(dest / SIGNATURE_FILE), "--public_key", str(public)],
                               capture_output=True, text=True, timeout=120)
     assert upstream.returncode == 0, upstream.stdout + upstream.stderr
+    # and its Python API, in a process of its own
+    api = subprocess.run([sys.executable, "-c", (
+        "import sys, model_signing\n"
+        "model_signing.verifying.Config().use_elliptic_key_verifier(public_key=sys.argv[1]).verify(sys.argv[2], "
+        "sys.argv[3])\nprint('verified')"), str(public), str(dest), str(dest / SIGNATURE_FILE)],
+        capture_output=True, text=True, timeout=120)
+    assert api.returncode == 0 and "verified" in api.stdout, api.stderr
     # and it notices a file changed after the pull (our pull record is outside the signature; the report is not)
     (dest / PUBLICATION_FILE).write_text((dest / PUBLICATION_FILE).read_text().replace("measured", "forged"))
     (dest / PULL_RECORD_FILE).write_text("{}")
