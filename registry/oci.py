@@ -274,11 +274,7 @@ class OciStore:
         return self._read_artifact(self._model_repo(model), key, MANIFEST_CONFIG_TYPE)
 
     def delete_manifest(self, model: str, key: str) -> None:
-        repo = self._model_repo(model)
-        digest = self._manifest_digest(repo, key)
-        if digest is not None:
-            self._request("DELETE", repo, f"manifests/{digest}", what="manifest delete", missing_ok=True,
-                          expect=(202,))
+        self._delete_tagged(self._model_repo(model), key)
 
     def list_models(self) -> list[str]:
         prefix = f"{self.namespace}/models/"
@@ -300,11 +296,7 @@ class OciStore:
         return sorted(self._tags(self._repo("stages", stage)))
 
     def delete_stage(self, stage: str, key: str) -> None:
-        repo = self._repo("stages", stage)
-        digest = self._manifest_digest(repo, key)
-        if digest is not None:
-            self._request("DELETE", repo, f"manifests/{digest}", what="record delete", missing_ok=True,
-                          expect=(202,))
+        self._delete_tagged(self._repo("stages", stage), key)
 
     def create_history(self, model: str, entry: str, body: bytes) -> bool:
         return self._create_record(self._repo("history", model), entry, body)
@@ -387,6 +379,13 @@ class OciStore:
         if hashlib.sha256(body).hexdigest() != digest:
             raise IntegrityError(f"{repo}:{tag}: its config blob does not match sha256 {digest}", where=self.location)
         return body
+
+    def _delete_tagged(self, repo: str, tag: str) -> None:
+        """Delete the manifest ``tag`` names (by its digest: the API deletes manifests, not tags), if there is one."""
+        digest = self._manifest_digest(repo, tag)
+        if digest is not None:
+            self._request("DELETE", repo, f"manifests/{digest}", what="manifest delete", missing_ok=True,
+                          expect=(202,))
 
     def _manifest_digest(self, repo: str, tag: str) -> str | None:
         response = self._request("HEAD", repo, f"manifests/{self._tag(tag)}", what="manifest", missing_ok=True,
