@@ -87,11 +87,31 @@ def test_every_verb_round_trips_through_a_real_oci_registry(oci_registry: OciReg
                            str(tmp_path / "from-bundle"), env=env)
     assert from_bundle["key"] == published["key"]
 
-    # gc deletes a manifest through the API (blobs are the server's own garbage collection)
+    # gc deletes a manifest through the API (blobs are the server's own garbage collection): of three builds of the
+    # cell it keeps the newest and the one `stable` points at
+    third = cli_json("publish", str(write_artefact(tmp_path / "c", files=tiny_files(seed=10),
+                                                   created="2026-03-01T00:00:00+00:00")), env=env)
     collected = cli_json("gc", "--keep-last", "1", "--grace", "0", env=env)
     assert collected["deleted_blobs"] == 0
     kept = {m["key"] for m in cli_json("ls", "tiny-llama", env=env)["manifests"]}
-    assert kept == {published["key"], again["key"]}  # the older one is kept: `stable` points at it
+    assert kept == {published["key"], third["key"]}
+
+
+def test_stage_and_history_records_are_artifacts_of_their_own(oci_registry: OciRegistry,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in oci_registry.env.items():
+        monkeypatch.setenv(name, value)
+    store = OciStore(oci_registry.registry_url(namespace()))
+    assert store.create_stage("quantize", "k" * 64, b'{"files": []}') is True
+    assert store.create_stage("quantize", "k" * 64, b'{"files": ["other"]}') is False  # created once
+    assert store.read_stage("quantize", "k" * 64) == b'{"files": []}'
+    assert store.list_stage_keys("quantize") == ["k" * 64]
+    store.delete_stage("quantize", "k" * 64)
+    assert store.read_stage("quantize", "k" * 64) is None
+    assert store.create_history("tiny-llama", "entry-2", b"{}") and store.create_history("tiny-llama", "entry-1", b"[]")
+    assert store.list_history("tiny-llama") == ["entry-1", "entry-2"]
+    assert store.read_history("tiny-llama", "entry-1") == b"[]"
+    assert store.list_models() == []  # records are not artefacts
 
 
 def test_oras_pulls_what_we_publish_into_identical_files_and_what_it_pushes_is_refused_with_the_reason(
