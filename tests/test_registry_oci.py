@@ -287,3 +287,29 @@ def test_an_oci_manifest_pointing_outside_the_destination_or_at_a_wrong_blob_wri
             else "model.safetensors" in result.stderr and "sha256" in result.stderr), result.stderr
     assert not dest.exists() and not (tmp_path / "outside.safetensors").exists()
     assert not (tmp_path / "deploy").exists() or not list((tmp_path / "deploy").iterdir())
+
+
+def test_a_tag_moved_between_resolving_and_pulling_does_not_change_what_is_pulled(
+    oci_registry: OciRegistry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in oci_registry.env.items():
+        monkeypatch.setenv(name, value)
+    store = OciStore(oci_registry.registry_url(namespace()))
+    source = write_artefact(tmp_path / "build")
+    key = publish_artefact(store, source).key
+    chosen = find_manifest(store, Ref("tiny-llama", key=key))
+    # someone else replaces what the key's tag points at (a manifest of other files), after it was read
+    other = write_artefact(tmp_path / "other", files=tiny_files(seed=21))
+    publish_artefact(store, other)
+    document = json.loads(store.read_manifest("tiny-llama", read_artefact(other).key) or b"")
+    document["artefact"]["key"] = document["key"] = key
+    store.delete_manifest("tiny-llama", key)
+    assert store.create_manifest("tiny-llama", key, json.dumps(document).encode())
+
+    result = pull_artefact(store, chosen, dest=tmp_path / "dest", cache=BlobCache(tmp_path / "cache"))
+    artefact = read_artefact(source)  # the blobs are fetched by the digests of the manifest that was read
+    assert file_digests(tmp_path / "dest", [f.path for f in artefact.files]) == {f.path: f.sha256
+                                                                                for f in artefact.files}
+    record = json.loads((tmp_path / "dest" / ".enginesmith-pull.json").read_text())
+    assert record["manifest"]["artefact"]["files"] == json.loads(chosen.model_dump_json())["artefact"]["files"]
+    assert result.key == key
