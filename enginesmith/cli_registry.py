@@ -350,6 +350,9 @@ def pull(
     if result.signature is not None:
         stdout.print(f"signed by [bold]{result.signature.signer}[/] (key {result.signature.fingerprint[:16]}), "
                      f"which --trust lists; the signature covers {signature_covers_text(result.signature.covers)}")
+        if result.signature.covers == "artefact" and profile is not None:
+            stderr.print("[yellow]note:[/] the serving profile comes from the validation report, which this "
+                         "signature does not cover")
     if profile is not None:
         stdout.print(escape(f"serving profile {profile.name} ({' '.join(profile.args) or 'as built'}): it meets "
                             f"{profile.slo} at c={profile.concurrency}; `enginesmith serve {result.dest}` starts it"))
