@@ -46,6 +46,7 @@ import httpx
 from enginesmith.errors import UserError
 from enginesmith.secrets import register_secret
 from registry.errors import IntegrityError, NotFoundError, RegistryUnavailableError
+from registry.manifest import SIGNATURE_FILE
 from registry.store import BlobInfo, RefState
 from registry.transfer import RateLimiter, TransferProgress, file_chunks, sha256_file
 
@@ -253,21 +254,15 @@ class OciStore:
         repo = self._model_repo(model)
         if self._manifest_digest(repo, key) is not None:
             return False
-        layers = []
         document = json.loads(body)
-        files = document["artefact"]["files"]
         signature = document.get("signature")
-        for entry in files:
-            self._mount(repo, entry["sha256"])
-        for digest, size, title, media_type in (
-            [(f["sha256"], f["size"], f["path"], LAYER_TYPE) for f in files]
-            + ([(signature["sha256"], signature["size"], ".enginesmith-model.sig", SIGNATURE_LAYER_TYPE)]
-               if signature else [])
-        ):
-            if media_type == SIGNATURE_LAYER_TYPE:
-                self._mount(repo, digest)
-            layers.append({"mediaType": media_type, "digest": f"sha256:{digest}", "size": size,
-                           "annotations": {TITLE: title}})
+        contents = [(f["sha256"], f["size"], f["path"], LAYER_TYPE) for f in document["artefact"]["files"]]
+        if signature:
+            contents.append((signature["sha256"], signature["size"], SIGNATURE_FILE, SIGNATURE_LAYER_TYPE))
+        for digest in dict.fromkeys(digest for digest, *_ in contents):
+            self._mount(repo, digest)
+        layers = [{"mediaType": media_type, "digest": f"sha256:{digest}", "size": size, "annotations": {TITLE: title}}
+                  for digest, size, title, media_type in contents]
         return self._put_artifact(repo, key, body, MANIFEST_CONFIG_TYPE, ARTIFACT_TYPE, layers)
 
     def read_manifest(self, model: str, key: str) -> bytes | None:
