@@ -34,6 +34,7 @@ import hashlib
 import json
 import os
 import re
+import ssl
 import threading
 from collections.abc import Generator, Iterator
 from contextlib import contextmanager
@@ -475,9 +476,8 @@ class OciStore:
                 response = self._client().request(method, url, content=body,
                                                   headers={**(headers or {}), **self._auth.header(scope)})
             except httpx.TransportError as exc:
-                raise RegistryUnavailableError(f"{what}: {type(exc).__name__}: {exc}", where=self.location,
-                                               hint="check that the registry is up and the URL's scheme and port"
-                                               ) from None
+                raise self._transport_error(exc, what, hint="check that the registry is up and the URL's scheme "
+                                                            "and port") from None
             if response.status_code == 401 and attempt == 0 and self._auth.answer(response, scope, self._client()):
                 continue
             break
@@ -500,8 +500,22 @@ class OciStore:
                     yield response
                     return
             except httpx.TransportError as exc:
-                raise RegistryUnavailableError(f"blob read: {type(exc).__name__}: {exc}", where=self.location,
-                                               hint="run the same command again; it resumes") from None
+                raise self._transport_error(exc, "blob read", hint="run the same command again; it resumes") from None
+
+    def _transport_error(self, error: httpx.TransportError, what: str, *, hint: str) -> UserError:
+        """A failed connection as an error to show. A certificate this machine does not trust, or TLS spoken to a
+        plain-HTTP port, is the URL's or the machine's set-up, not an outage: a ``UserError`` that retrying
+        cannot fix, with what to change. Anything else: ``RegistryUnavailableError``, which a pull retries."""
+        cause = _tls_cause(error)
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            return UserError(f"{what}: the registry's TLS certificate is not trusted here ({cause.verify_message})",
+                             where=self.location,
+                             hint="point SSL_CERT_FILE at a PEM bundle that holds the CA which signed it (or "
+                                  "SSL_CERT_DIR at a directory of them)")
+        if cause is not None and ("WRONG_VERSION_NUMBER" in str(cause) or "record layer failure" in str(cause)):
+            return UserError(f"{what}: the registry did not answer TLS ({cause})", where=self.location,
+                             hint=f"for a plain-HTTP registry use oci+http://{self.host}/{self.namespace}")
+        return RegistryUnavailableError(f"{what}: {type(error).__name__}: {error}", where=self.location, hint=hint)
 
     def _status_error(self, response: httpx.Response, what: str) -> UserError:
         code = response.status_code
@@ -518,6 +532,9 @@ class OciStore:
                                   f"{self.host}")
         if code == 403:
             return UserError(f"{text}: not allowed", where=self.location, hint="ask for push/pull rights")
+        if code == 400 and self.scheme == "http" and "HTTPS server" in _text_of(response):
+            return UserError(f"{text}: the registry speaks HTTPS", where=self.location,
+                             hint=f"use oci://{self.host}/{self.namespace}")
         if code >= 500 or code == 429:
             return RegistryUnavailableError(text, where=self.location, hint="run the same command again")
         return UserError(text, where=self.location)
@@ -529,6 +546,26 @@ def _keep_session(state: Path, location: str, offset: int) -> None:
     partial = state.with_name(f".{state.name}.{os.getpid()}")
     partial.write_text(json.dumps({"location": location, "offset": offset}))
     os.replace(partial, state)
+
+
+def _text_of(response: httpx.Response) -> str:
+    """The body of a small error answer as text ("" where it was streamed and not read)."""
+    try:
+        return response.text[:512]
+    except httpx.ResponseNotRead:
+        return ""
+
+
+def _tls_cause(error: BaseException) -> ssl.SSLError | None:
+    """The ``ssl.SSLError`` behind an httpx error (httpx wraps httpcore's, which wraps the ssl module's), if any."""
+    seen: BaseException | None = error
+    for _ in range(8):
+        if seen is None:
+            return None
+        if isinstance(seen, ssl.SSLError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def _scope(repo: str | None, method: str) -> str:

@@ -2,8 +2,9 @@
 loopback, started with a config of our own: storage in a temporary directory, deletes enabled, and htpasswd (bcrypt)
 auth, or token auth against ``TokenServer``, a small token endpoint of the tests' own (the registry trusts its
 self-signed certificate; it answers Docker's token request with an ES256 JWT for the scope asked, after checking
-the same user and password; told to, it issues tokens already expired). tests/conftest.py loads this module as a
-plugin: ``oci_registry`` and ``oci_token_registry`` are one server each for the whole session.
+the same user and password; told to, it issues tokens already expired); with ``tls``, HTTPS with a certificate for
+127.0.0.1 signed by a CA of the tests' own (``LoopbackCa``). tests/conftest.py loads this module as a plugin:
+``oci_registry`` and ``oci_token_registry`` are one server each for the whole session.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import hashlib
 import json
 import shutil
 import socket
+import ssl
 import subprocess
 import threading
 import time
@@ -137,11 +139,53 @@ class TokenServer:
         return Handler
 
 
-class OciRegistry:
-    """One ``docker-registry serve`` process on 127.0.0.1 with its own storage, and htpasswd or token auth."""
+class LoopbackCa:
+    """A certificate authority of the tests' own, and a server certificate it signs for 127.0.0.1 (an IP SAN)."""
 
-    def __init__(self, work_dir: Path, token_server: TokenServer | None = None) -> None:
+    def __init__(self, work_dir: Path) -> None:
+        import datetime as dt
+        import ipaddress
+
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import NameOID
+
+        now = dt.datetime.now(dt.timezone.utc)
+        ca_key, server_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+        ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "enginesmith tests CA")])
+        ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+              .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(hours=1))
+              .not_valid_after(now + dt.timedelta(days=1))
+              .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+              .sign(ca_key, hashes.SHA256()))
+        server = (x509.CertificateBuilder()
+                  .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]))
+                  .issuer_name(ca_name).public_key(server_key.public_key())
+                  .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(hours=1))
+                  .not_valid_after(now + dt.timedelta(days=1))
+                  .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                                 critical=False)
+                  .sign(ca_key, hashes.SHA256()))
+        work_dir.mkdir(parents=True, exist_ok=True)
+        self.ca_file = work_dir / "ca.pem"
+        self.certificate_file = work_dir / "server.pem"
+        self.key_file = work_dir / "server.key"
+        self.ca_file.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+        self.certificate_file.write_bytes(server.public_bytes(serialization.Encoding.PEM))
+        self.key_file.write_bytes(server_key.private_bytes(serialization.Encoding.PEM,
+                                                          serialization.PrivateFormat.TraditionalOpenSSL,
+                                                          serialization.NoEncryption()))
+        self.key_file.chmod(0o600)
+
+
+class OciRegistry:
+    """One ``docker-registry serve`` process on 127.0.0.1 with its own storage, and htpasswd or token auth; HTTPS
+    with ``tls`` (its CA: ``self.tls.ca_file``)."""
+
+    def __init__(self, work_dir: Path, token_server: TokenServer | None = None, *, tls: bool = False) -> None:
         self.token_server = token_server
+        self.tls = LoopbackCa(work_dir / "tls") if tls else None
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             self.port = sock.getsockname()[1]
@@ -154,7 +198,7 @@ class OciRegistry:
         return f"127.0.0.1:{self.port}"
 
     def registry_url(self, namespace: str) -> str:
-        return f"oci+http://{self.host}/{namespace}"
+        return f"{'oci' if self.tls else 'oci+http'}://{self.host}/{namespace}"
 
     @property
     def env(self) -> dict[str, str]:
@@ -172,6 +216,7 @@ class OciRegistry:
             "version: 0.1\nlog: {level: warn}\n"
             f"storage:\n  filesystem: {{rootdirectory: {self.work_dir / 'data'}}}\n  delete: {{enabled: true}}\n"
             f"http:\n  addr: {self.host}\n  secret: enginesmith-tests\n"
+            + (f"  tls: {{certificate: {self.tls.certificate_file}, key: {self.tls.key_file}}}\n" if self.tls else "")
             + (f"auth:\n  htpasswd: {{realm: enginesmith-tests, path: {htpasswd}}}\n" if self.token_server is None
                else f"auth:\n  token: {{realm: {self.token_server.realm}, service: {SERVICE}, issuer: {ISSUER}, "
                     f"rootcertbundle: {self.token_server.root_certificate}}}\n")
@@ -184,7 +229,9 @@ class OciRegistry:
             if self._process.poll() is not None:
                 raise RuntimeError(f"docker-registry exited ({self._process.returncode}):\n{self.log_path.read_text()}")
             with contextlib.suppress(httpx.TransportError):
-                if httpx.get(f"http://{self.host}/v2/", timeout=2).status_code == 401:  # up, and asking for auth
+                url = f"{'https' if self.tls else 'http'}://{self.host}/v2/"
+                verify = ssl.create_default_context(cafile=self.tls.ca_file) if self.tls else True
+                if httpx.get(url, timeout=2, verify=verify).status_code == 401:  # up, and asking for auth
                     return
             time.sleep(0.2)
         self.stop()
@@ -203,11 +250,11 @@ class OciRegistry:
 
 
 @contextlib.contextmanager
-def running_oci_registry(work_dir: Path, *, token_auth: bool = False) -> Iterator[OciRegistry]:
+def running_oci_registry(work_dir: Path, *, token_auth: bool = False, tls: bool = False) -> Iterator[OciRegistry]:
     token_server = TokenServer(work_dir) if token_auth else None
     if token_server is not None:
         token_server.start()
-    server = OciRegistry(work_dir, token_server)
+    server = OciRegistry(work_dir, token_server, tls=tls)
     try:
         server.start()
         yield server

@@ -20,7 +20,7 @@ from registry.publish import publish_artefact
 from registry.pull import RESUME_ATTEMPTS, pull_artefact
 from tests.conftest import run_cli, write_key_pair
 from tests.cutting_proxy import CuttingProxy
-from tests.oci_registry import PASSWORD, USERNAME, OciRegistry
+from tests.oci_registry import PASSWORD, USERNAME, OciRegistry, running_oci_registry
 from tests.registry_helpers import (
     MIB,
     cli_json,
@@ -313,3 +313,37 @@ def test_a_tag_moved_between_resolving_and_pulling_does_not_change_what_is_pulle
     record = json.loads((tmp_path / "dest" / ".enginesmith-pull.json").read_text())
     assert record["manifest"]["artefact"]["files"] == json.loads(chosen.model_dump_json())["artefact"]["files"]
     assert result.key == key
+
+
+def test_an_https_registry_is_trusted_through_ssl_cert_file_and_refused_with_what_to_do_without_it(
+    oci_registry: OciRegistry, tmp_path: Path
+) -> None:
+    with running_oci_registry(tmp_path / "https-registry", tls=True) as https_registry:
+        assert https_registry.tls is not None
+        url = https_registry.registry_url(namespace())
+        assert url.startswith("oci://")
+        untrusting = registry_env(url, tmp_path / "cache", {**https_registry.env, "SSL_CERT_FILE": "",
+                                                             "SSL_CERT_DIR": ""})
+        build = write_artefact(tmp_path / "build")
+
+        refused = run_cli("publish", str(build), env=untrusting)
+        assert refused.returncode == 2, refused.stderr
+        assert "certificate is not trusted here" in refused.stderr and "SSL_CERT_FILE" in refused.stderr
+
+        trusting = {**untrusting, "SSL_CERT_FILE": str(https_registry.tls.ca_file)}
+        published = cli_json("publish", str(build), env=trusting)
+        dest = tmp_path / "pulled"
+        cli_json("pull", f"tiny-llama@{published['key']}", "--target", "cpu", "--dest", str(dest), env=trusting)
+        artefact = read_artefact(build)
+        assert file_digests(dest, [f.path for f in artefact.files]) == {f.path: f.sha256 for f in artefact.files}
+
+        # oci+http:// (plain HTTP) against it: named as such, with the URL to use instead.
+        plain = run_cli("ls", env={**trusting, "ENGINESMITH_REGISTRY": url.replace("oci://", "oci+http://")})
+        assert plain.returncode == 2, plain.stderr
+        assert "speaks HTTPS" in plain.stderr and f"use {url}" in plain.stderr
+
+    # oci:// (HTTPS) against a plain-HTTP registry: named as such, with the URL to use instead.
+    plain_url = oci_registry.registry_url(namespace()).replace("oci+http://", "oci://")
+    wrong_scheme = run_cli("ls", env=registry_env(plain_url, tmp_path / "cache", oci_registry.env))
+    assert wrong_scheme.returncode == 2, wrong_scheme.stderr
+    assert "did not answer TLS" in wrong_scheme.stderr and f"oci+http://{oci_registry.host}/" in wrong_scheme.stderr
