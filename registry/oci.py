@@ -21,9 +21,9 @@ Blobs cannot be listed or deleted through the API on every server, so ``list_blo
 deletes manifests only: unreferenced blobs are the server's own garbage collection (``registry garbage-collect``).
 Without the referrers API (distribution 2.x), nothing here needs it: records are tagged artifacts of their own.
 
-Credentials: ``ENGINESMITH_OCI_USERNAME`` / ``ENGINESMITH_OCI_PASSWORD``, else the Docker config file's ``auths``
-entry for the host (``$DOCKER_CONFIG/config.json``, default ``~/.docker/config.json``); HTTP basic, or the bearer
-token flow a ``WWW-Authenticate: Bearer`` challenge asks for. A custom CA: ``SSL_CERT_FILE``. No credential or token
+Credentials: ``ENGINESMITH_OCI_USERNAME`` / ``ENGINESMITH_OCI_PASSWORD``, else what the Docker config holds for the
+host (``registry.docker_config``: credential helpers, then ``auths``); HTTP basic, or the bearer token flow a
+``WWW-Authenticate: Bearer`` challenge asks for. A custom CA: ``SSL_CERT_FILE``. No credential or token
 appears in a message (they are registered secrets).
 """
 
@@ -46,6 +46,7 @@ import httpx
 
 from enginesmith.errors import UserError
 from enginesmith.secrets import register_secret
+from registry.docker_config import credentials_for
 from registry.errors import IntegrityError, NotFoundError, RegistryUnavailableError
 from registry.manifest import SIGNATURE_FILE
 from registry.store import BlobInfo, RefState
@@ -634,29 +635,6 @@ class _Authenticator:
     def _read_credentials(self) -> tuple[str, str] | None:
         with self._lock:
             if not self._credentials_read:
-                self._credentials = _credentials_for(self.host)
+                self._credentials = credentials_for(self.host)
                 self._credentials_read = True
             return self._credentials
-
-
-def _credentials_for(host: str) -> tuple[str, str] | None:
-    """``ENGINESMITH_OCI_USERNAME``/``_PASSWORD``, else the Docker config's ``auths`` entry for ``host``."""
-    user, password = os.environ.get("ENGINESMITH_OCI_USERNAME"), os.environ.get("ENGINESMITH_OCI_PASSWORD")
-    if user and password:
-        register_secret(password)
-        return user, password
-    config = Path(os.environ.get("DOCKER_CONFIG", Path.home() / ".docker")) / "config.json"
-    try:
-        auths = json.loads(config.read_text()).get("auths", {})
-    except (FileNotFoundError, json.JSONDecodeError, AttributeError):
-        return None
-    entry = auths.get(host) or auths.get(f"https://{host}") or auths.get(f"http://{host}") or {}
-    encoded = entry.get("auth") if isinstance(entry, dict) else None
-    if not encoded:
-        return None
-    try:
-        user, _, password = base64.b64decode(encoded).decode().partition(":")
-    except (ValueError, UnicodeDecodeError):
-        return None
-    register_secret(password)
-    return (user, password) if user else None

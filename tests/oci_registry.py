@@ -280,3 +280,29 @@ def oci_token_registry_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iter
         pytest.skip("needs Debian's docker-registry (apt-get install docker-registry; scripts/setup-oci-registry.sh)")
     with running_oci_registry(tmp_path_factory.mktemp("oci-token-registry"), token_auth=True) as server:
         yield server
+
+
+def write_credential_helper(bin_dir: Path, name: str, answers: dict[str, tuple[str, str]], *,
+                            exit_code: int | None = None, output: str | None = None) -> Path:
+    """TEST DOUBLE for a Docker credential helper (docker-credential-pass, -secretservice, -ecr-login, …: each talks
+    to a keyring or a cloud we do not have here): ``docker-credential-NAME get`` reads a host on stdin and answers
+    Docker's credential JSON from ``answers``, or prints "credentials not found in native keychain" and exits 1, as
+    the real ones do. ``exit_code``/``output`` force another answer. Each host asked is appended to ``NAME.asked``
+    beside it. Returns the program's path; put ``bin_dir`` on PATH."""
+    import sys
+
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    program = bin_dir / f"docker-credential-{name}"
+    asked = bin_dir / f"{name}.asked"
+    table = {host: {"ServerURL": host, "Username": user, "Secret": secret} for host, (user, secret) in answers.items()}
+    forced = "" if exit_code is None else f"print({output!r}); sys.exit({exit_code})\n"
+    program.write_text(
+        f"#!{sys.executable}\nimport json, sys\n"
+        f"assert sys.argv[1:] == ['get'], sys.argv\nhost = sys.stdin.read().strip()\n"
+        f"with open({str(asked)!r}, 'a') as log:\n    log.write(host + '\\n')\n{forced}"
+        f"table = {json.dumps(table)!r}\nentry = json.loads(table).get(host)\n"
+        "if entry is None:\n    print('credentials not found in native keychain'); sys.exit(1)\n"
+        "print(json.dumps(entry))\n"
+    )
+    program.chmod(0o755)
+    return program

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import uuid
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from registry.publish import publish_artefact
 from registry.pull import RESUME_ATTEMPTS, pull_artefact
 from tests.conftest import run_cli, write_key_pair
 from tests.cutting_proxy import CuttingProxy
-from tests.oci_registry import PASSWORD, USERNAME, OciRegistry, running_oci_registry
+from tests.oci_registry import PASSWORD, USERNAME, OciRegistry, running_oci_registry, write_credential_helper
 from tests.registry_helpers import (
     MIB,
     cli_json,
@@ -347,3 +348,27 @@ def test_an_https_registry_is_trusted_through_ssl_cert_file_and_refused_with_wha
     wrong_scheme = run_cli("ls", env=registry_env(plain_url, tmp_path / "cache", oci_registry.env))
     assert wrong_scheme.returncode == 2, wrong_scheme.stderr
     assert "did not answer TLS" in wrong_scheme.stderr and f"oci+http://{oci_registry.host}/" in wrong_scheme.stderr
+
+
+def test_credentials_from_a_docker_credential_helper_publish_and_pull(oci_registry: OciRegistry,
+                                                                       tmp_path: Path) -> None:
+    bin_dir, docker_dir = tmp_path / "bin", tmp_path / "docker"
+    docker_dir.mkdir()
+    (docker_dir / "config.json").write_text(json.dumps({"auths": {oci_registry.host: {}}, "credsStore": "test"}))
+    write_credential_helper(bin_dir, "test", {oci_registry.host: (USERNAME, PASSWORD)})
+    env = registry_env(oci_registry.registry_url(namespace()), tmp_path / "cache",
+                       {"ENGINESMITH_OCI_USERNAME": "", "ENGINESMITH_OCI_PASSWORD": "",
+                        "DOCKER_CONFIG": str(docker_dir), "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    build = write_artefact(tmp_path / "build")
+
+    published = cli_json("publish", str(build), env=env)
+    dest = tmp_path / "pulled"
+    cli_json("pull", f"tiny-llama@{published['key']}", "--target", "cpu", "--dest", str(dest), env=env)
+    artefact = read_artefact(build)
+    assert file_digests(dest, [f.path for f in artefact.files]) == {f.path: f.sha256 for f in artefact.files}
+    assert set((bin_dir / "test.asked").read_text().split()) == {oci_registry.host}
+
+    # The helper holds nothing for this host: anonymous, which this registry refuses, saying what to set.
+    write_credential_helper(bin_dir, "test", {})
+    refused = run_cli("ls", env=env)
+    assert refused.returncode == 2 and "refused the credentials" in refused.stderr
