@@ -36,7 +36,7 @@ import os
 import re
 import ssl
 import threading
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -50,7 +50,7 @@ from registry.docker_config import credentials_for
 from registry.errors import IntegrityError, NotFoundError, RegistryUnavailableError
 from registry.manifest import SIGNATURE_FILE
 from registry.store import BlobInfo, RefState
-from registry.transfer import RateLimiter, TransferProgress, file_chunks, sha256_file
+from registry.transfer import RateLimiter, TransferProgress, file_chunks, rechunk, sha256_file
 
 ARTIFACT_TYPE = "application/vnd.enginesmith.artefact.v1"
 RECORD_TYPE = "application/vnd.enginesmith.record.v1"
@@ -146,29 +146,47 @@ class OciStore:
                 hasher = sha256_file(reader, offset)
                 reader.seek(offset)
             start = offset
-            for view in file_chunks(reader, chunk_bytes=CHUNK_BYTES):
-                chunk = bytes(view)  # the reader reuses its buffer; the request keeps the bytes
-                hasher.update(chunk)
-                if limiter is not None:
-                    limiter.consume(len(chunk))
-                patched = self._request("PATCH", repo, location, what="blob upload", body=chunk, expect=(202,),
-                                        headers={"Content-Type": LAYER_TYPE,
-                                                 "Content-Range": f"{offset}-{offset + len(chunk) - 1}"})
-                assert patched is not None
-                location = self._upload_location(patched, repo)
-                offset += len(chunk)
+
+            def sent(location: str, offset: int, count: int) -> None:
                 _keep_session(state, location, offset)
                 if progress is not None:
-                    progress.advanced(name, len(chunk))
+                    progress.advanced(name, count)
+
+            # bytes(): the reader reuses its buffer, and a request keeps the bytes it sends
+            chunks = (bytes(view) for view in file_chunks(reader, chunk_bytes=CHUNK_BYTES))
+            location = self._send_chunks(repo, location, offset, chunks, hasher, limiter=limiter, sent=sent)
         if hasher.hexdigest() != digest:
             state.unlink(missing_ok=True)
             raise IntegrityError(f"content has sha256 {hasher.hexdigest()}, not {digest}", where=name or str(source),
                                  hint="the file changed while it was being published; rebuild the artefact")
-        separator = "&" if "?" in location else "?"
-        self._request("PUT", repo, f"{location}{separator}{urlencode({'digest': f'sha256:{digest}'})}",
-                      what="blob upload", expect=(201,), headers={"Content-Length": "0"})
+        self._close_upload(repo, location, digest)
         state.unlink(missing_ok=True)
         return start
+
+    def _send_chunks(self, repo: str, location: str, offset: int, chunks: Iterable[bytes], hasher: hashlib._Hash,
+                     *, limiter: RateLimiter | None = None,
+                     sent: Callable[[str, int, int], None] | None = None) -> str:
+        """PATCH ``chunks`` into the upload session at ``location`` from ``offset``, each with its Content-Range,
+        feeding ``hasher``; ``sent(location, offset, count)`` after each. Returns the session's last location."""
+        for chunk in chunks:
+            hasher.update(chunk)
+            if limiter is not None:
+                limiter.consume(len(chunk))
+            patched = self._request("PATCH", repo, location, what="blob upload", body=chunk, expect=(202,),
+                                    headers={"Content-Type": LAYER_TYPE,
+                                             "Content-Range": f"{offset}-{offset + len(chunk) - 1}"})
+            assert patched is not None
+            location = self._upload_location(patched, repo)
+            offset += len(chunk)
+            if sent is not None:
+                sent(location, offset, len(chunk))
+        return location
+
+    def _close_upload(self, repo: str, location: str, digest: str, body: bytes | None = None) -> None:
+        separator = "&" if "?" in location else "?"
+        self._request("PUT", repo, f"{location}{separator}{urlencode({'digest': f'sha256:{digest}'})}",
+                      what="blob upload", body=body, expect=(201,),
+                      headers={"Content-Type": LAYER_TYPE} if body is not None else {"Content-Length": "0"})
 
     def _open_session(self, repo: str, state: Path) -> tuple[str, int]:
         """The upload session a killed publish left (its URL and the bytes the server holds), else a new one."""
@@ -193,13 +211,9 @@ class OciStore:
     def _put_bytes(self, repo: str, body: bytes) -> str:
         digest = hashlib.sha256(body).hexdigest()
         if self._request("HEAD", repo, f"blobs/sha256:{digest}", what="blob", missing_ok=True) is None:
-            query = urlencode({"digest": f"sha256:{digest}"})
             opened = self._request("POST", repo, "blobs/uploads/", what="blob upload", expect=(202,))
             assert opened is not None
-            location = self._upload_location(opened, repo)
-            separator = "&" if "?" in location else "?"
-            self._request("PUT", repo, f"{location}{separator}{query}", what="blob upload", body=body,
-                          expect=(201,), headers={"Content-Type": LAYER_TYPE})
+            self._close_upload(repo, self._upload_location(opened, repo), digest, body)
         return digest
 
     def _mount(self, repo: str, digest: str) -> None:
@@ -212,11 +226,15 @@ class OciStore:
         assert response is not None
         if response.status_code == 201:
             return
-        body = b"".join(self.read_blob(digest))  # the server opened an upload instead of mounting
-        location = self._upload_location(response, repo)
-        separator = "&" if "?" in location else "?"
-        self._request("PUT", repo, f"{location}{separator}{urlencode({'digest': f'sha256:{digest}'})}",
-                      what="blob upload", body=body, expect=(201,), headers={"Content-Type": LAYER_TYPE})
+        # The server opened an upload instead of mounting: copy the blob through this client, a chunk at a time.
+        hasher = hashlib.sha256()
+        location = self._send_chunks(repo, self._upload_location(response, repo), 0,
+                                     rechunk(self.read_blob(digest), CHUNK_BYTES), hasher)
+        if hasher.hexdigest() != digest:
+            raise IntegrityError(f"blob sha256:{digest} read back from {self._blobs_repo} has sha256 "
+                                 f"{hasher.hexdigest()}", where=self.location,
+                                 hint="the registry's copy is damaged: re-publish the artefact")
+        self._close_upload(repo, location, digest)
 
     def read_blob(self, digest: str, offset: int = 0) -> Generator[bytes, None, None]:
         return self._read_blob(self._blobs_repo, digest, offset)

@@ -166,6 +166,18 @@ def owned_chunks(handle: BinaryIO, chunk_bytes: int = LOCAL_CHUNK_BYTES, limit: 
         yield chunk
 
 
+def rechunk(chunks: Iterable[bytes], chunk_bytes: int) -> Iterator[bytes]:
+    """``chunks`` (of any sizes) as chunks of ``chunk_bytes`` each, the last one shorter; holds one chunk at most."""
+    pending = bytearray()
+    for chunk in chunks:
+        pending += chunk
+        while len(pending) >= chunk_bytes:
+            yield bytes(pending[:chunk_bytes])
+            del pending[:chunk_bytes]
+    if pending:
+        yield bytes(pending)
+
+
 class _Failure:
     def __init__(self, error: BaseException) -> None:
         self.error = error

@@ -6,6 +6,10 @@ Requests are forwarded byte for byte (headers included, so the client's SigV4 si
 server). For ``GET`` of the blob ``cut_digest``, the first ``cuts`` responses send ``cut_after_bytes`` of the body
 and then close the connection; every body byte forwarded is counted per blob, with the ``Range`` header each
 request asked for, so a test can tell whether a byte crossed the network twice.
+
+With ``refuse_mounts`` it plays an OCI registry that cannot mount a blob across repositories: a ``POST
+…/blobs/uploads/?mount=…&from=…`` reaches the server without its query, so the server opens an upload session, as
+such a registry answers. The body size of every ``PATCH`` is recorded (``patches``: path, bytes).
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-connectio
 
 
 class CuttingProxy:
-    def __init__(self, upstream: str, *, cut_digest: str, cut_after_bytes: int, cuts: int) -> None:
+    def __init__(self, upstream: str, *, cut_digest: str = "", cut_after_bytes: int = 0, cuts: int = 0,
+                 refuse_mounts: bool = False) -> None:
         parts = urlsplit(upstream)
         self.upstream_host, self.upstream_port = parts.hostname or "127.0.0.1", parts.port or 80
         self.cut_digest = cut_digest
@@ -33,6 +38,9 @@ class CuttingProxy:
         self.cuts_left = cuts
         self.body_bytes: dict[str, int] = defaultdict(int)  # digest → body bytes forwarded
         self.ranges: dict[str, list[str]] = defaultdict(list)  # digest → Range header of each GET ("" for none)
+        self.refuse_mounts = refuse_mounts
+        self.mounts_refused = 0
+        self.patches: list[tuple[str, int]] = []
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
@@ -64,8 +72,15 @@ class CuttingProxy:
             def _forward(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
+                path = self.path
+                with proxy._lock:
+                    if self.command == "PATCH":
+                        proxy.patches.append((path.split("?", 1)[0], length))
+                    if proxy.refuse_mounts and self.command == "POST" and "mount=" in path:
+                        path = path.split("?", 1)[0]
+                        proxy.mounts_refused += 1
                 upstream = http.client.HTTPConnection(proxy.upstream_host, proxy.upstream_port, timeout=60)
-                upstream.putrequest(self.command, self.path, skip_host=True, skip_accept_encoding=True)
+                upstream.putrequest(self.command, path, skip_host=True, skip_accept_encoding=True)
                 for name, value in self.headers.items():
                     if name.lower() not in _HOP_BY_HOP:
                         upstream.putheader(name, value)
@@ -97,7 +112,7 @@ class CuttingProxy:
                     self.wfile.flush()
                     self.close_connection = True  # the client sees the body end short of its Content-Length
 
-            do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _forward
+            do_GET = do_HEAD = do_PUT = do_POST = do_PATCH = do_DELETE = _forward
 
         return Handler
 

@@ -372,3 +372,28 @@ def test_credentials_from_a_docker_credential_helper_publish_and_pull(oci_regist
     write_credential_helper(bin_dir, "test", {})
     refused = run_cli("ls", env=env)
     assert refused.returncode == 2 and "refused the credentials" in refused.stderr
+
+
+def test_a_registry_that_cannot_mount_gets_each_blob_copied_a_chunk_at_a_time(
+    oci_registry: OciRegistry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in oci_registry.env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr("registry.oci.CHUNK_BYTES", MIB)  # so that a 3-MiB file takes several chunks
+    files = {"weights.safetensors": deterministic_bytes(3 * MIB + 17, 5), **tiny_files()}
+    source = write_artefact(tmp_path / "build", files=files)
+    artefact = read_artefact(source)
+    space = namespace()
+    proxy = CuttingProxy(f"http://{oci_registry.host}", refuse_mounts=True)
+
+    with proxy.running():
+        publish_artefact(OciStore(f"oci+http://{proxy.endpoint.removeprefix('http://')}/{space}"), source)
+
+    assert proxy.mounts_refused == len({f.sha256 for f in artefact.files})  # a blob two files share: mounted once
+    copied = [size for path, size in proxy.patches if f"/{space}/models/" in path]
+    assert sum(copied) == sum({f.sha256: f.size for f in artefact.files}.values()) and max(copied) <= MIB
+    store = OciStore(oci_registry.registry_url(space))
+    manifest = find_manifest(store, Ref("tiny-llama", channel="latest"))
+    pull_artefact(store, manifest, dest=tmp_path / "dest", cache=BlobCache(tmp_path / "cache"))
+    assert file_digests(tmp_path / "dest", [f.path for f in artefact.files]) == {f.path: f.sha256
+                                                                                 for f in artefact.files}

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from registry.gc import parse_duration
-from registry.transfer import RateLimiter, parse_rate, write_hashing
+from registry.transfer import RateLimiter, parse_rate, rechunk, write_hashing
 
 MIB = 1024 * 1024
 
@@ -100,3 +100,11 @@ def test_an_unlimited_copy_writes_whole_chunks() -> None:
     destination = RecordingFile()
     write_hashing([b"a" * MIB, b"b" * MIB], destination, hashlib.sha256(), limit_bytes=2 * MIB)
     assert destination.writes == [MIB, MIB]
+
+
+@pytest.mark.parametrize("sizes", [[], [5], [3, 3, 3, 3], [10], [1, 9, 0, 2], [4, 4]])
+def test_rechunk_yields_fixed_size_chunks_of_the_same_bytes(sizes: list[int]) -> None:
+    pieces = [bytes([index]) * size for index, size in enumerate(sizes)]
+    out = list(rechunk(iter(pieces), 4))
+    assert b"".join(out) == b"".join(pieces)
+    assert all(len(chunk) == 4 for chunk in out[:-1]) and all(0 < len(chunk) <= 4 for chunk in out[-1:])
