@@ -6,6 +6,7 @@ Each calls into ``registry/`` and prints a rich table for people or JSON (``--js
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -59,7 +60,7 @@ SloOption = Annotated[str | None, typer.Option(
 ConcurrencyOption = Annotated[int | None, typer.Option(
     "--concurrency", min=1, help="With --slo: judge the profiles at this many requests in flight only.",
 )]
-TrustOption = Annotated[list[Path] | None, typer.Option(
+TrustOption = Annotated[list[str] | None, typer.Option(
     "--trust", envvar="ENGINESMITH_TRUST", help="Accept only artefacts signed by these keys: a PEM public key, a "
     "directory of them, or a trust YAML (keys: {name: path}, channels: {prod: [name]}); repeatable.",
 )]
@@ -329,7 +330,8 @@ def pull(
     with _transfer_progress(enabled=not (json_output or dry_run), verb="pulling",
                             total_bytes=plan.bytes_to_fetch) as progress:
         result = pull_artefact(store, manifest, dest=destination, cache=cache, jobs=jobs, limiter=limiter,
-                               progress=progress, dry_run=dry_run, profile=profile, trust=trusted)
+                               progress=progress, dry_run=dry_run, profile=profile, trust=trusted,
+                               channel=ref.channel)
     if json_output:
         print_json(result)
         return
@@ -350,9 +352,6 @@ def pull(
     if result.signature is not None:
         stdout.print(f"signed by [bold]{result.signature.signer}[/] (key {result.signature.fingerprint[:16]}), "
                      f"which --trust lists; the signature covers {signature_covers_text(result.signature.covers)}")
-        if result.signature.covers == "artefact" and profile is not None:
-            stderr.print("[yellow]note:[/] the serving profile comes from the validation report, which this "
-                         "signature does not cover")
     if profile is not None:
         stdout.print(escape(f"serving profile {profile.name} ({' '.join(profile.args) or 'as built'}): it meets "
                             f"{profile.slo} at c={profile.concurrency}; `enginesmith serve {result.dest}` starts it"))
@@ -567,12 +566,21 @@ def _signing_key(key_file: Path | None, key_env: str | None, passphrase_env: str
                             where="--sign-key" if key_file is not None else "--sign-key-env")
 
 
-def _trust(paths: list[Path] | None) -> Trust | None:
+def _trust(paths: list[str] | None) -> Trust | None:
+    """The trust list of ``--trust`` (or ``ENGINESMITH_TRUST``). Set but empty is an error, not "trust nothing":
+    an empty variable would otherwise switch verification off, and an empty path would read the working directory."""
+    if paths is None and os.environ.get("ENGINESMITH_TRUST") == "":
+        raise UserError("ENGINESMITH_TRUST is set but empty", where="ENGINESMITH_TRUST",
+                        hint="set it to the trusted keys (a PEM key, a directory of them, or a trust YAML), or unset "
+                             "it to pull without verifying signatures")
     if not paths:
         return None
+    if any(not text.strip() for text in paths):
+        raise UserError("--trust is empty", where="--trust",
+                        hint="give a PEM public key, a directory of them, or a trust YAML")
     from registry.signing import load_trust
 
-    return load_trust(paths)
+    return load_trust([Path(text) for text in paths])
 
 
 def _open_store(registry: str, s3_endpoint: str | None) -> RegistryStore:

@@ -29,7 +29,7 @@ from enginesmith.diskspace import disk_filled_error, is_disk_full, require_free_
 from enginesmith.errors import UserError
 from enginesmith.factcache import CACHE_ENV
 from registry.cache import LOCKS_ENV, BlobCache, link_or_copy, size_or_zero
-from registry.errors import IntegrityError, RegistryUnavailableError, UnsafePathError
+from registry.errors import IntegrityError, RegistryUnavailableError, SignatureError, UnsafePathError
 from registry.manifest import (
     PUBLICATION_FILE,
     PULL_RECORD_FILE,
@@ -39,7 +39,14 @@ from registry.manifest import (
     unsafe_path_reason,
     utc_timestamp,
 )
-from registry.signing import SignatureCheck, Trust, check_signature, publication_record_bytes, read_signature
+from registry.signing import (
+    SignatureCheck,
+    Trust,
+    check_signature,
+    publication_record_bytes,
+    read_signature,
+    require_channel_signer,
+)
 from registry.store import RegistryStore
 from registry.transfer import (
     RateLimiter,
@@ -172,10 +179,12 @@ def pull_artefact(
     dry_run: bool = False,
     profile: ChosenProfile | None = None,
     trust: Trust | None = None,
+    channel: str | None = None,
 ) -> PullResult:
     """Fetch what the cache lacks (``jobs`` blobs at a time) and lay the artefact out at ``dest``. With ``trust``,
     the manifest's signature is checked first: an unsigned, untrusted or invalid one raises ``SignatureError`` before
-    anything is fetched or written.
+    anything is fetched or written, as does a signer the trust list does not allow on ``channel`` (the channel the
+    manifest was found through), and a ``profile`` from a validation report the signature does not cover.
 
     Raises ``IntegrityError`` naming the file whose bytes failed their sha256 twice, ``NotFoundError`` for a
     blob the registry lacks, ``RegistryUnavailableError`` when the storage stops answering (a later pull
@@ -187,8 +196,19 @@ def pull_artefact(
             raise UnsafePathError(f"path {entry.path!r} {reason}", where=manifest.ref)
     check_destination(dest)
     signature_body = read_signature(store, manifest)
-    checked = check_signature(manifest, signature_body, trust, where=f"{store.location}: {manifest.ref}") \
-        if trust is not None else None
+    checked = None
+    if trust is not None:
+        where = f"{store.location}: {manifest.ref}"
+        checked = check_signature(manifest, signature_body, trust, where=where)
+        if channel is not None:
+            require_channel_signer(checked, manifest, channel, trust, where=f"{store.location}: "
+                                   f"{manifest.model}:{channel}", hint="do not deploy it; ask who moved the channel")
+        if profile is not None and checked.covers == "artefact":
+            # A profile's flags start the server; from a report no trusted key signed, they are not taken.
+            raise SignatureError(f"the serving profile would come from {manifest.ref}'s validation report, which its "
+                                 "signature does not cover", where=where,
+                                 hint="pull without --slo (the artefact's files are signed), or publish it signed "
+                                      "with --sign-key, which covers the report")
     plan = plan_pull(manifest, cache, dest, store.location)
     result = PullResult(
         model=manifest.model, key=manifest.key, registry=store.location, dest=str(dest), dry_run=dry_run,

@@ -105,10 +105,17 @@ def load_signing_key(*, key_file: Path | None = None, key_env: str | None = None
         except FileNotFoundError:
             raise UserError(f"no signing key at {key_file}", where=where,
                             hint="make one: openssl ecparam -name prime256v1 -genkey -noout -out KEY.pem") from None
+        except PermissionError:
+            raise UserError(f"{key_file} cannot be read by this user", where=where,
+                            hint="sign as a user who can read it, or pass its PEM text in --sign-key-env") from None
         if mode & (stat.S_IRWXG | stat.S_IRWXO):
             raise UserError(f"{key_file} is readable by other users (mode {stat.S_IMODE(mode):04o}): refusing to sign "
                             "with a private key others can copy", where=where, hint=f"chmod 600 {key_file}")
-        pem = key_file.read_bytes()
+        try:
+            pem = key_file.read_bytes()
+        except (PermissionError, IsADirectoryError):
+            raise UserError(f"{key_file} cannot be read as a key file", where=where,
+                            hint="give the path of the PEM private key, readable by this user") from None
     else:
         assert key_env is not None
         source = f"${key_env}"
@@ -160,8 +167,8 @@ class TrustedKey(BaseModel):
 
 
 class Trust(BaseModel):
-    """Whom a pull believes: named public keys, and per channel the names that may move it (none listed: any
-    trusted key)."""
+    """Whom a pull believes: named public keys, and per channel the names whose artefacts may be on it (checked when
+    one is promoted there and when one is pulled through it; none listed: any trusted key)."""
 
     keys: list[TrustedKey]
     channel_signers: dict[str, list[str]] = {}
@@ -340,9 +347,13 @@ def read_signature(store: RegistryStore, manifest: Manifest) -> bytes | None:
     if reference.size > MAX_SIGNATURE_BYTES:
         raise SignatureError(f"its signature is {reference.size} bytes, too large for a bundle", where=where,
                              hint="the manifest is damaged; publish the artefact again")
+    body = b""
     try:
         with contextlib.closing(store.read_blob(reference.sha256)) as chunks:
-            body = b"".join(chunks)
+            for chunk in chunks:  # no further than one byte past the size the manifest gives: a registry may lie
+                body += chunk
+                if len(body) > reference.size:
+                    break
     except NotFoundError:
         raise SignatureError(f"its signature blob {reference.sha256[:12]} is not in the registry", where=where,
                              hint="publish the artefact again") from None
@@ -361,12 +372,19 @@ def authorize_channel(store: RegistryStore, manifest: Manifest, channel: str, tr
     """That ``manifest`` may be moved onto ``channel``: its signature holds, and where the trust list names who may
     move this channel, its signer is one of them. Raises ``SignatureError`` otherwise."""
     checked = verify_stored(store, manifest, trust)
+    require_channel_signer(checked, manifest, channel, trust, where=f"{store.location}: {manifest.model}:{channel}",
+                           hint="promote an artefact signed by an allowed key; the channel was not moved")
+    return checked
+
+
+def require_channel_signer(checked: SignatureCheck, manifest: Manifest, channel: str, trust: Trust, *, where: str,
+                           hint: str) -> None:
+    """Raises ``SignatureError`` where the trust list names who may put artefacts on ``channel`` and ``checked``'s
+    signer is not one of them (a channel it names no one for is open to every trusted key)."""
     allowed = trust.channel_signers.get(channel)
     if allowed is not None and checked.signer not in allowed:
-        raise SignatureError(f"{manifest.ref} is signed by {checked.signer}, and only {', '.join(allowed)} may move "
-                             f"channel {channel!r}", where=f"{store.location}: {manifest.model}:{channel}",
-                             hint="promote an artefact signed by an allowed key; the channel was not moved")
-    return checked
+        raise SignatureError(f"{manifest.ref} is signed by {checked.signer}, and only {', '.join(allowed)} may put "
+                             f"artefacts on channel {channel!r}", where=where, hint=hint)
 
 
 def check_signature(manifest: Manifest, body: bytes | None, trust: Trust, *, where: str) -> SignatureCheck:
@@ -395,6 +413,10 @@ def check_signature(manifest: Manifest, body: bytes | None, trust: Trust, *, whe
         raise SignatureError(f"the signature of {manifest.ref} does not verify with key {candidates[0].name} "
                              "(its statement was changed after signing, or it was signed by another key)",
                              where=where, hint="do not use this artefact; publish it again from a trusted build")
+    if manifest.model != manifest.artefact.lineage.model_id:  # the name it is stored under is not in every signature
+        raise SignatureError(f"{manifest.ref} is stored as model {manifest.model!r}, and its signed artefact is of "
+                             f"{manifest.artefact.lineage.model_id!r}", where=where,
+                             hint="the manifest was copied under another model's name; do not use this artefact")
     signed = {rd.identifier: rd.digest.digest_hex for rd in verified.resource_descriptors()}
     problem = digest_mismatch(signed, signed_digests(manifest, ref.covers))
     if problem:

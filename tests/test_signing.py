@@ -24,7 +24,7 @@ from registry.gc import collect_garbage
 from registry.manifest import PUBLICATION_FILE, PULL_RECORD_FILE, SIGNATURE_FILE, Manifest
 from registry.names import Ref
 from registry.publish import publish_artefact
-from registry.pull import pull_artefact, read_pull_record
+from registry.pull import ChosenProfile, pull_artefact, read_pull_record
 from registry.refs import promote
 from registry.signing import authorize_channel, load_signing_key, load_trust, sign_manifest
 from registry.store import RegistryStore, open_store
@@ -255,13 +255,61 @@ def test_a_signer_not_on_the_channels_allow_list_cannot_promote(
     from_nightly = publish_signed(store, write_artefact(tmp_path / "b", files=tiny_files(seed=5)),
                                   keys["nightly"][0], channels=[])
 
-    with pytest.raises(SignatureError, match="is signed by laptop, and only nightly may move channel 'prod'"):
+    with pytest.raises(SignatureError, match="is signed by laptop, and only nightly may put artefacts on channel "
+                                             "'prod'"):
         authorize_channel(store, from_laptop, "prod", trust)
     assert store.read_ref(from_laptop.model, "prod") is None
     assert authorize_channel(store, from_laptop, "canary", trust).signer == "laptop"  # no list: any trusted key
     assert authorize_channel(store, from_nightly, "prod", trust).signer == "nightly"
     promote(store, from_nightly, "prod")
     assert find_manifest(store, Ref(model=from_nightly.model, channel="prod")).key == from_nightly.key
+
+    # Someone with write access moves prod to the laptop's build without --trust: a pull through prod refuses it,
+    # before writing anything; the same build named by its key is still the laptop's, which the trust list accepts.
+    promote(store, from_laptop, "prod")
+    through_prod = find_manifest(store, Ref(model=from_laptop.model, channel="prod"))
+    dest = tmp_path / "prod"
+    with pytest.raises(SignatureError, match="only nightly may put artefacts on channel 'prod'"):
+        pull_artefact(store, through_prod, dest=dest, cache=BlobCache(tmp_path / "cache"), trust=trust, channel="prod")
+    assert not dest.exists()
+    by_key = pull_artefact(store, through_prod, dest=dest, cache=BlobCache(tmp_path / "cache"), trust=trust)
+    assert by_key.signature is not None and by_key.signature.signer == "laptop"
+
+
+def test_with_a_signature_over_the_files_only_no_serving_profile_or_other_model_name_is_taken(
+    store: RegistryStore, keys: dict[str, tuple[Path, Path]], tmp_path: Path
+) -> None:
+    private, public = keys["laptop"]
+    source = write_artefact(tmp_path / "build")
+    bundle = source / "model.sig"
+    signed = subprocess.run([*MODEL_SIGNING_CLI, "sign", "key", str(source), "--private_key", str(private),
+                             "--signature", str(bundle)], capture_output=True, text=True, timeout=120)
+    assert signed.returncode == 0, signed.stdout + signed.stderr
+    result = publish_artefact(store, source, signature=bundle)
+    manifest = load_manifest(store, result.model, result.key)
+    trust = load_trust([public])
+    # A report no trusted key signed would choose the flags `enginesmith serve` starts the server with.
+    profile = ChosenProfile(name="max_num_seqs=4", runtime="vllm", args=["--max-num-seqs", "4"],
+                            slo="ttft_p95<=500ms", concurrency=4, goodput=1.0)
+    with pytest.raises(SignatureError, match="validation report, which its signature does not cover"):
+        pull_artefact(store, manifest, dest=tmp_path / "slo", cache=BlobCache(tmp_path / "cache"), trust=trust,
+                      profile=profile)
+    # The same signed files stored as another model's (the name is not in a signature over the files only).
+    renamed = manifest.model_copy(update={"model": "other-model"})
+    assert "stored as model 'other-model'" in refused_pull(store, renamed, tmp_path, [public])
+    pulled = pull_artefact(store, manifest, dest=tmp_path / "ok", cache=BlobCache(tmp_path / "cache"), trust=trust)
+    assert pulled.signature is not None and pulled.signature.covers == "artefact"
+    assert not (tmp_path / "slo").exists()
+
+
+def test_an_empty_trust_setting_is_an_error_not_verification_switched_off(tmp_path: Path) -> None:
+    env = registry_env(str(tmp_path / "registry"), tmp_path / "cache")
+    for args, extra, named in [(["--trust", ""], {}, "--trust is empty"),
+                               ([], {"ENGINESMITH_TRUST": ""}, "ENGINESMITH_TRUST is set but empty")]:
+        refused = run_cli("pull", "tiny-llama", "--target", "cpu", "--dest", str(tmp_path / "dest"), *args,
+                          env={**env, **extra})
+        assert refused.returncode == 2 and named in refused.stderr, refused.stderr
+        assert not (tmp_path / "dest").exists()
 
 
 def test_a_wrong_passphrase_is_refused_and_nothing_is_published(tmp_path: Path) -> None:
