@@ -16,7 +16,7 @@ import os
 import tarfile
 import time
 import uuid
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterator, Sequence
 from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
@@ -25,7 +25,7 @@ from enginesmith.errors import UserError
 from registry.errors import IntegrityError, NotFoundError, ReadOnlyStoreError
 from registry.manifest import Manifest, utc_timestamp
 from registry.names import MANIFEST_SUFFIX, blob_path, is_digest, is_name, manifest_path
-from registry.store import BlobInfo, RefState, RegistryStore
+from registry.store import BlobInfo, RefState, RegistryStore, StageFile
 from registry.transfer import LOCAL_CHUNK_BYTES, RateLimiter, TransferProgress, owned_chunks
 
 INDEX_MEMBER = "enginesmith-bundle.json"
@@ -194,7 +194,7 @@ class BundleStore:
         return 0
 
     # A bundle carries artefacts, not the handoffs between the nodes that built them.
-    def create_stage(self, stage: str, key: str, body: bytes) -> bool:
+    def create_stage(self, stage: str, key: str, body: bytes, files: Sequence[StageFile] = ()) -> bool:
         raise ReadOnlyStoreError("a bundle cannot be changed", where=self.location)
 
     def read_stage(self, stage: str, key: str) -> bytes | None:

@@ -13,7 +13,7 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterator, Sequence
 from pathlib import Path
 
 from enginesmith.locks import exclusive
@@ -34,7 +34,7 @@ from registry.names import (
     stage_dir,
     stage_path,
 )
-from registry.store import BlobInfo, RefState
+from registry.store import BlobInfo, RefState, StageFile
 from registry.transfer import RateLimiter, TransferProgress, file_chunks, owned_chunks, write_hashing
 
 TMP_DIR = "tmp"
@@ -147,7 +147,7 @@ class LocalStore:
 
     # --- stage records -------------------------------------------------------------------------------
 
-    def create_stage(self, stage: str, key: str, body: bytes) -> bool:
+    def create_stage(self, stage: str, key: str, body: bytes, files: Sequence[StageFile] = ()) -> bool:
         return self._create_once(self.root / stage_path(stage, key), key, body)
 
     def read_stage(self, stage: str, key: str) -> bytes | None:

@@ -36,7 +36,7 @@ import os
 import re
 import ssl
 import threading
-from collections.abc import Callable, Generator, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -49,7 +49,7 @@ from enginesmith.secrets import register_secret
 from registry.docker_config import credentials_for
 from registry.errors import IntegrityError, NotFoundError, RegistryUnavailableError
 from registry.manifest import SIGNATURE_FILE
-from registry.store import BlobInfo, RefState
+from registry.store import BlobInfo, RefState, StageFile
 from registry.transfer import RateLimiter, TransferProgress, file_chunks, rechunk, sha256_file
 
 ARTIFACT_TYPE = "application/vnd.enginesmith.artefact.v1"
@@ -279,11 +279,15 @@ class OciStore:
         contents = [(f["sha256"], f["size"], f["path"], LAYER_TYPE) for f in document["artefact"]["files"]]
         if signature:
             contents.append((signature["sha256"], signature["size"], SIGNATURE_FILE, SIGNATURE_LAYER_TYPE))
+        return self._put_artifact(repo, key, body, MANIFEST_CONFIG_TYPE, ARTIFACT_TYPE, self._layers(repo, contents))
+
+    def _layers(self, repo: str, contents: list[tuple[str, int, str, str]]) -> list[dict[str, Any]]:
+        """Layer descriptors of ``contents`` (sha256, size, title, media type), each blob mounted into ``repo``
+        once: a manifest's layers must be blobs of its own repository."""
         for digest in dict.fromkeys(digest for digest, *_ in contents):
             self._mount(repo, digest)
-        layers = [{"mediaType": media_type, "digest": f"sha256:{digest}", "size": size, "annotations": {TITLE: title}}
-                  for digest, size, title, media_type in contents]
-        return self._put_artifact(repo, key, body, MANIFEST_CONFIG_TYPE, ARTIFACT_TYPE, layers)
+        return [{"mediaType": media_type, "digest": f"sha256:{digest}", "size": size, "annotations": {TITLE: title}}
+                for digest, size, title, media_type in contents]
 
     def read_manifest(self, model: str, key: str) -> bytes | None:
         return self._read_artifact(self._model_repo(model), key, MANIFEST_CONFIG_TYPE)
@@ -301,8 +305,12 @@ class OciStore:
 
     # --- records -------------------------------------------------------------------------------------
 
-    def create_stage(self, stage: str, key: str, body: bytes) -> bool:
-        return self._create_record(self._repo("stages", stage), key, body)
+    def create_stage(self, stage: str, key: str, body: bytes, files: Sequence[StageFile] = ()) -> bool:
+        # The files are layers, mounted into the stage's repository: the server's garbage collection keeps a blob
+        # only while some manifest lists it.
+        repo = self._repo("stages", stage)
+        contents = [(f.sha256, f.size, f.path, LAYER_TYPE) for f in files]
+        return self._create_record(repo, key, body, self._layers(repo, contents))
 
     def read_stage(self, stage: str, key: str) -> bytes | None:
         return self._read_artifact(self._repo("stages", stage), key, RECORD_CONFIG_TYPE)
@@ -314,7 +322,7 @@ class OciStore:
         self._delete_tagged(self._repo("stages", stage), key)
 
     def create_history(self, model: str, entry: str, body: bytes) -> bool:
-        return self._create_record(self._repo("history", model), entry, body)
+        return self._create_record(self._repo("history", model), entry, body, [])
 
     def read_history(self, model: str, entry: str) -> bytes | None:
         return self._read_artifact(self._repo("history", model), entry, RECORD_CONFIG_TYPE)
@@ -322,10 +330,10 @@ class OciStore:
     def list_history(self, model: str) -> list[str]:
         return sorted(self._tags(self._repo("history", model)))
 
-    def _create_record(self, repo: str, tag: str, body: bytes) -> bool:
+    def _create_record(self, repo: str, tag: str, body: bytes, layers: list[dict[str, Any]]) -> bool:
         if self._manifest_digest(repo, tag) is not None:
             return False
-        return self._put_artifact(repo, tag, body, RECORD_CONFIG_TYPE, RECORD_TYPE, [])
+        return self._put_artifact(repo, tag, body, RECORD_CONFIG_TYPE, RECORD_TYPE, layers)
 
     # --- refs ----------------------------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ import json
 import re
 import threading
 import time
-from collections.abc import Callable, Generator, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +45,7 @@ from registry.names import (
     stage_dir,
     stage_path,
 )
-from registry.store import BlobInfo, RefState
+from registry.store import BlobInfo, RefState, StageFile
 from registry.transfer import NETWORK_CHUNK_BYTES, NoProgress, RateLimiter, TransferProgress
 
 # Parts small enough that a retried or re-sent part costs little and a loaded server is not handed
@@ -302,7 +302,7 @@ class S3Store:
 
     # --- stage records -------------------------------------------------------------------------------
 
-    def create_stage(self, stage: str, key: str, body: bytes) -> bool:
+    def create_stage(self, stage: str, key: str, body: bytes, files: Sequence[StageFile] = ()) -> bool:
         return self._create_once(stage_path(stage, key), body, f"stage record {stage}/{key}")
 
     def read_stage(self, stage: str, key: str) -> bytes | None:

@@ -23,7 +23,7 @@ from registry.cache import BlobCache, link_or_copy
 from registry.errors import IntegrityError
 from registry.manifest import utc_timestamp
 from registry.pull import fetch_files
-from registry.store import RegistryStore
+from registry.store import RegistryStore, StageFile
 
 QUANTIZED_STAGE = "quantized"
 
@@ -61,7 +61,8 @@ def stash_quantized(store: RegistryStore, quantized: QuantizedCheckpoint) -> Sta
         store.put_blob(entry.sha256, source / entry.path, name=entry.path)
         uploaded += 1
     record = StashedQuantized(quantized=quantized, node=socket.gethostname(), stashed=utc_timestamp())
-    created = store.create_stage(QUANTIZED_STAGE, quantized.key, record.model_dump_json(indent=2).encode())
+    files = [StageFile(path=f.path, sha256=f.sha256, size=f.size) for f in quantized.files if f.sha256 is not None]
+    created = store.create_stage(QUANTIZED_STAGE, quantized.key, record.model_dump_json(indent=2).encode(), files)
     return StashResult(key=quantized.key, registry=store.location, created=created, uploaded_blobs=uploaded,
                        reused_blobs=reused)
 

@@ -7,7 +7,7 @@ primitives (blob uploads, manifest PUT, tags).
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -23,6 +23,15 @@ class BlobInfo:
     digest: str
     size: int
     modified: float  # seconds since the epoch
+
+
+@dataclass(frozen=True)
+class StageFile:
+    """A file of a stage output, as its record names it: the blob that holds it."""
+
+    path: str
+    sha256: str
+    size: int
 
 
 @dataclass(frozen=True)
@@ -99,10 +108,11 @@ class RegistryStore(Protocol):
 
     def list_channels(self, model: str) -> list[str]: ...
 
-    def create_stage(self, stage: str, key: str, body: bytes) -> bool:
+    def create_stage(self, stage: str, key: str, body: bytes, files: Sequence[StageFile] = ()) -> bool:
         """Create a stage record (``stages/<stage>/<key>.json``: the files of one stage output, whose bytes are
-        blobs) unless one exists; exclusive and atomic as ``create_manifest``. Stage records are not artefacts:
-        listings and resolution never see them."""
+        blobs, ``files``) unless one exists; exclusive and atomic as ``create_manifest``. Stage records are not
+        artefacts: listings and resolution never see them. A store whose server collects its own garbage (OCI) makes
+        the record reference ``files``' blobs; the others leave that to ``gc``, which reads the records."""
         ...
 
     def read_stage(self, stage: str, key: str) -> bytes | None: ...

@@ -237,6 +237,17 @@ class OciRegistry:
         self.stop()
         raise RuntimeError(f"docker-registry did not answer within {START_TIMEOUT_S} s:\n{self.log_path.read_text()}")
 
+    def garbage_collect(self) -> str:
+        """The registry's own garbage collection, as an operator runs it: the server stopped, ``docker-registry
+        garbage-collect`` over its storage, the server started again. Returns what it printed."""
+        self.stop()
+        swept = subprocess.run(["docker-registry", "garbage-collect", str(self.work_dir / "config.yml")],
+                               capture_output=True, text=True, timeout=120)
+        if swept.returncode != 0:
+            raise RuntimeError(f"docker-registry garbage-collect failed:\n{swept.stdout}{swept.stderr}")
+        self.start()
+        return swept.stdout + swept.stderr
+
     def stop(self) -> None:
         if self._process is None:
             return

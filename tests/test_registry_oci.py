@@ -19,18 +19,22 @@ from registry.names import Ref
 from registry.oci import OciStore, parse_oci_url
 from registry.publish import publish_artefact
 from registry.pull import RESUME_ATTEMPTS, pull_artefact
+from registry.stages import fetch_quantized, read_stashed, stash_quantized
 from tests.conftest import run_cli, write_key_pair
 from tests.cutting_proxy import CuttingProxy
 from tests.oci_registry import PASSWORD, USERNAME, OciRegistry, running_oci_registry, write_credential_helper
 from tests.registry_helpers import (
     MIB,
+    QUANTIZE_KEY,
     cli_json,
     deterministic_bytes,
+    exports,
     file_digests,
     read_artefact,
     registry_env,
     tiny_files,
     write_artefact,
+    write_quantized,
 )
 
 
@@ -397,3 +401,34 @@ def test_a_registry_that_cannot_mount_gets_each_blob_copied_a_chunk_at_a_time(
     pull_artefact(store, manifest, dest=tmp_path / "dest", cache=BlobCache(tmp_path / "cache"))
     assert file_digests(tmp_path / "dest", [f.path for f in artefact.files]) == {f.path: f.sha256
                                                                                  for f in artefact.files}
+
+
+def test_the_registrys_own_garbage_collection_keeps_the_blobs_of_artefacts_and_stage_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with running_oci_registry(tmp_path / "server") as server:  # a server of its own: this test stops it
+        for name, value in server.env.items():
+            monkeypatch.setenv(name, value)
+        store = OciStore(server.registry_url(namespace()))
+        made = write_quantized(tmp_path / "quantize-node", exports(seed=4))
+        assert stash_quantized(store, made).created
+        source = write_artefact(tmp_path / "build", files=tiny_files(seed=6))
+        publish_artefact(store, source)
+        orphan = tmp_path / "orphan"
+        orphan.write_bytes(deterministic_bytes(4096, 3))
+        orphan_digest = hashlib.sha256(orphan.read_bytes()).hexdigest()
+        store.put_blob(orphan_digest, orphan)  # named by nothing: the sweep's to delete
+
+        swept = server.garbage_collect()
+
+        assert "blob eligible for deletion" in swept and orphan_digest in swept  # it did sweep, and not ours
+        record = read_stashed(store, QUANTIZE_KEY)
+        assert record is not None
+        out_dir = tmp_path / "build-node" / "quantized"
+        fetch_quantized(store, record, out_dir, BlobCache(tmp_path / "build-node" / "cache"))
+        assert file_digests(out_dir, [f.path for f in made.files]) == {f.path: f.sha256 for f in made.files}
+        manifest = find_manifest(store, Ref("tiny-llama", channel="latest"))
+        pull_artefact(store, manifest, dest=tmp_path / "dest", cache=BlobCache(tmp_path / "cache"))
+        artefact = read_artefact(source)
+        assert file_digests(tmp_path / "dest", [f.path for f in artefact.files]) == {f.path: f.sha256
+                                                                                     for f in artefact.files}

@@ -3,14 +3,13 @@ quantised it, fetched by the node that builds, on the local backend and on S3 (a
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
 import pytest
 
 from enginesmith.artefacts import COMPLETE_MARKER, METADATA_FILE, QuantizedCheckpoint
-from enginesmith.checkpoints.models import Checkpoint, CheckpointFile
+from enginesmith.checkpoints.models import CheckpointFile
 from registry.cache import BlobCache
 from registry.errors import IntegrityError
 from registry.gc import collect_garbage
@@ -20,36 +19,8 @@ from registry.names import blob_path, stage_path
 from registry.publish import publish_artefact
 from registry.stages import QUANTIZED_STAGE, fetch_quantized, read_stashed, stash_quantized
 from registry.store import RegistryStore
-from tests.registry_helpers import file_digests, tiny_files, write_artefact
+from tests.registry_helpers import QUANTIZE_KEY, exports, file_digests, tiny_files, write_artefact, write_quantized
 from tests.seaweedfs import SeaweedServer, requires_weed
-
-QUANTIZE_KEY = "a1" * 32
-
-
-def write_quantized(out_dir: Path, files: dict[str, bytes], key: str = QUANTIZE_KEY) -> QuantizedCheckpoint:
-    """A finished quantize output as the stage leaves it: the exports, then quantize.json and the marker."""
-    listed = []
-    for relative, body in files.items():
-        (out_dir / relative).parent.mkdir(parents=True, exist_ok=True)
-        (out_dir / relative).write_bytes(body)
-        listed.append(CheckpointFile(path=relative, size=len(body), sha256=hashlib.sha256(body).hexdigest()))
-    source = Checkpoint(source="local", repo_id="tiny-llama", requested_revision="main",
-                        commit_sha="sha256:" + "0" * 64, local_path="/nodes/big/checkpoints/tiny-llama", files=[],
-                        total_bytes=0, architecture=None, model_type="llama", dtype="bfloat16", parameter_count=1000)
-    quantized = QuantizedCheckpoint(
-        key=key, recipe="fp8", source=source, out_dir=str(out_dir), formats=["hf", "trtllm"], tp=1, pp=1,
-        device="cuda", quant_algo="FP8", kv_cache_quant_algo=None, group_size=None, calibration=None, quality=None,
-        versions={"modelopt": "0.37.0"}, timings_s={}, files=listed)
-    (out_dir / METADATA_FILE).write_text(quantized.model_dump_json())
-    (out_dir / COMPLETE_MARKER).write_text(key + "\n")
-    return quantized
-
-
-def exports(seed: int = 0) -> dict[str, bytes]:
-    files = tiny_files(seed)
-    # The TensorRT-LLM export's weights are the HF export's bytes here: one blob for two files.
-    hf = {"hf/" + path: body for path, body in files.items()}
-    return hf | {"trtllm/rank0.safetensors": files["model.safetensors"]}
 
 
 def hand_over(store: RegistryStore, tmp_path: Path) -> tuple[QuantizedCheckpoint, Path, QuantizedCheckpoint]:
