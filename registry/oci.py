@@ -116,27 +116,34 @@ class OciStore:
 
     def put_blob(self, digest: str, source: Path, *, limiter: RateLimiter | None = None,
                  progress: TransferProgress | None = None, name: str = "") -> int:
+        from enginesmith.locks import exclusive
+        from registry.cache import default_cache_dir
+
         size = source.stat().st_size
         if self.blob_size(digest) == size:
             return size
-        if progress is not None:
-            progress.started(name, size, 0)
-        try:
-            return self._upload(self._blobs_repo, digest, source, size, limiter, progress, name)
-        finally:
+        state = default_cache_dir() / "oci-uploads" / hashlib.sha256(self.location.encode()).hexdigest()[:16] / digest
+        # One upload session per blob at a time: two publishes sharing the cache (two cells with one tokenizer)
+        # would otherwise both continue the same session and collide. The second waits, then finds the blob there.
+        with exclusive(state.with_name(f"{digest}.lock"), best_effort=True,
+                       waiting_message=f"{name or digest[:12]}: another publish is uploading it; waiting"):
+            if self.blob_size(digest) == size:
+                return size
             if progress is not None:
-                progress.finished(name)
+                progress.started(name, size, 0)
+            try:
+                return self._upload(self._blobs_repo, digest, source, size, state, limiter, progress, name)
+            finally:
+                if progress is not None:
+                    progress.finished(name)
 
-    def _upload(self, repo: str, digest: str, source: Path, size: int, limiter: RateLimiter | None,
+    def _upload(self, repo: str, digest: str, source: Path, size: int, state: Path, limiter: RateLimiter | None,
                 progress: TransferProgress | None, name: str) -> int:
         """A chunked upload session: POST to open it, PATCH each chunk with its Content-Range, PUT with the digest.
 
-        The session's URL is kept in the cache (``<cache>/oci-uploads``) after every chunk, so a publish killed
-        half-way continues the same session from the offset the server reports (an upload status GET); returns the
-        bytes it did not send again. A session the server no longer knows is started anew."""
-        from registry.cache import default_cache_dir
-
-        state = default_cache_dir() / "oci-uploads" / hashlib.sha256(self.location.encode()).hexdigest()[:16] / digest
+        The session's URL is kept in ``state`` (in the cache: ``<cache>/oci-uploads``) after every chunk, so a
+        publish killed half-way continues the same session from the offset the server reports (an upload status
+        GET); returns the bytes it did not send again. A session the server no longer knows is started anew."""
         location, offset = self._open_session(repo, state)
         if progress is not None and offset:
             progress.advanced(name, offset)

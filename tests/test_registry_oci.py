@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -432,3 +433,26 @@ def test_the_registrys_own_garbage_collection_keeps_the_blobs_of_artefacts_and_s
         artefact = read_artefact(source)
         assert file_digests(tmp_path / "dest", [f.path for f in artefact.files]) == {f.path: f.sha256
                                                                                      for f in artefact.files}
+
+
+def test_two_publishes_sharing_a_cache_upload_a_blob_they_both_hold_once(
+    oci_registry: OciRegistry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in oci_registry.env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("ENGINESMITH_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr("registry.oci.CHUNK_BYTES", MIB)
+    shared = tmp_path / "tokenizer.bin"
+    shared.write_bytes(deterministic_bytes(3 * MIB + 5, 8))
+    digest = hashlib.sha256(shared.read_bytes()).hexdigest()
+    space = namespace()
+    proxy = CuttingProxy(f"http://{oci_registry.host}")
+
+    with proxy.running(), ThreadPoolExecutor(2) as pool:
+        url = f"oci+http://{proxy.endpoint.removeprefix('http://')}/{space}"
+        both = [pool.submit(OciStore(url).put_blob, digest, shared) for _ in range(2)]
+        results = [future.result(timeout=120) for future in both]
+
+    assert len(proxy.patches) == 4  # 3 MiB and 5 bytes in 1-MiB chunks, sent once
+    assert sorted(results) == [0, shared.stat().st_size]  # the second found it uploaded: nothing to send
+    assert OciStore(oci_registry.registry_url(space)).blob_size(digest) == shared.stat().st_size
