@@ -45,7 +45,9 @@ def credentials_for(host: str) -> tuple[str, str] | None:
     config_file = docker_config_file()
     config = _read_config(config_file)
     per_host = config.get("credHelpers")
-    helper = (per_host.get(host) if isinstance(per_host, dict) else None) or config.get("credsStore")
+    # A host listed with "" in credHelpers: its auths entry, whatever the store.
+    has_own = isinstance(per_host, dict) and host in per_host
+    helper = per_host[host] if isinstance(per_host, dict) and has_own else config.get("credsStore")
     if helper:
         return _ask_helper(str(helper), host, config_file)
     return _from_auths(config.get("auths") or {}, host)
@@ -56,6 +58,10 @@ def _read_config(config_file: Path) -> dict[str, object]:
         config = json.loads(config_file.read_text())
     except FileNotFoundError:
         return {}
+    except OSError as exc:
+        raise UserError(f"{config_file} cannot be read ({exc.strerror})", where=str(config_file),
+                        hint=f"make it readable, or point DOCKER_CONFIG elsewhere, or set {USERNAME_ENV}/{PASSWORD_ENV}"
+                        ) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise UserError(f"{config_file} is not valid JSON ({exc})", where=str(config_file),
                         hint="fix or remove it (`docker login` writes it again), or set "
@@ -75,6 +81,9 @@ def _ask_helper(helper: str, host: str, config_file: Path) -> tuple[str, str] | 
     try:
         answered = subprocess.run([program, "get"], input=host, capture_output=True, text=True,
                                   timeout=HELPER_TIMEOUT_S)
+    except PermissionError:
+        raise UserError(f"{program} cannot be run by this user", where=where,
+                        hint=f"make it executable, or set {USERNAME_ENV}/{PASSWORD_ENV}") from None
     except subprocess.TimeoutExpired:
         raise UserError(f"{program} get gave no answer for {host} within {HELPER_TIMEOUT_S} s", where=where,
                         hint=f"unlock its keyring, or set {USERNAME_ENV}/{PASSWORD_ENV}") from None
@@ -87,7 +96,9 @@ def _ask_helper(helper: str, host: str, config_file: Path) -> tuple[str, str] | 
                         hint=f"run `echo {host} | {program} get` to see why, or set {USERNAME_ENV}/{PASSWORD_ENV}")
     try:
         entry = json.loads(answered.stdout)
-        user, secret = str(entry["Username"]), str(entry["Secret"])
+        user, secret = entry["Username"], entry["Secret"]
+        if not isinstance(user, str) or not isinstance(secret, str):
+            raise TypeError("Username and Secret are strings")
     except (json.JSONDecodeError, KeyError, TypeError):
         raise UserError(f"{program} get answered something other than Docker's credential JSON for {host}",
                         where=where, hint=f"check {program}, or set {USERNAME_ENV}/{PASSWORD_ENV}") from None
@@ -103,7 +114,7 @@ def _from_auths(auths: object, host: str) -> tuple[str, str] | None:
         return None
     entry = auths.get(host) or auths.get(f"https://{host}") or auths.get(f"http://{host}") or {}
     encoded = entry.get("auth") if isinstance(entry, dict) else None
-    if not encoded:
+    if not isinstance(encoded, str) or not encoded:
         return None
     try:
         user, _, password = base64.b64decode(encoded).decode().partition(":")

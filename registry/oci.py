@@ -76,6 +76,11 @@ def parse_oci_url(url: str) -> tuple[str, str, str]:
     scheme = "https" if url.startswith("oci://") else "http"
     rest = url.split("://", 1)[1]
     host, _, namespace = rest.partition("/")
+    if "@" in host:  # not repeated in the message: what precedes the @ is a password
+        raise UserError("the registry URL holds credentials (user[:password]@host): they would be shown in every "
+                        "message and record that names the registry", where="--registry",
+                        hint="drop them from the URL; set ENGINESMITH_OCI_USERNAME/ENGINESMITH_OCI_PASSWORD, or "
+                             "`docker login` the host")
     namespace = namespace.strip("/")
     if not host or host.startswith(":"):
         raise UserError(f"{url!r} names no registry host", where="--registry", hint=_URL_HINT)
@@ -252,6 +257,8 @@ class OciStore:
             if response.status_code == 404:
                 raise NotFoundError(f"blob sha256:{digest} is missing from the registry", where=self.location,
                                     hint="re-publish the artefact that lists it")
+            if response.status_code == 416 and offset:  # a partial file as long as the blob: nothing to add
+                return
             if response.status_code not in (200, 206):
                 raise self._status_error(response, "blob read")
             skip = offset if response.status_code == 200 else 0  # a server that ignored the range sends it all
@@ -440,13 +447,21 @@ class OciStore:
         return list(self._paginated(repo, "tags/list", "tags"))
 
     def _catalog(self) -> list[str]:
-        return list(self._paginated(None, "/v2/_catalog", "repositories"))
+        """Every repository of the registry (``/v2/_catalog``). Registries without that API (ECR, GHCR, Docker Hub)
+        answer 404: an error, not an empty registry."""
+        return list(self._paginated(None, "/v2/_catalog", "repositories", missing=UserError(
+            "the registry does not offer the _catalog API, which listing every model needs", where=self.location,
+            hint="name the model where the command takes one (enginesmith ls MODEL)")))
 
-    def _paginated(self, repo: str | None, path: str, field: str) -> Iterator[str]:
+    def _paginated(self, repo: str | None, path: str, field: str, *,
+                   missing: UserError | None = None) -> Iterator[str]:
+        """The ``field`` lists of each page; a 404 is an empty list, or ``missing`` raised where one is given."""
         next_path: str | None = f"{path}?n=1000"
         while next_path:
             response = self._request("GET", repo, next_path, what="listing", missing_ok=True)
             if response is None:
+                if missing is not None:
+                    raise missing
                 return
             yield from (response.json().get(field) or [])
             link = response.headers.get("link", "")
@@ -494,11 +509,20 @@ class OciStore:
             return urljoin(self._base, path)
         return f"{self._base}/v2/{repo}/{path}"
 
+    def _auth_header(self, url: str, scope: str) -> dict[str, str]:
+        """Our credentials, for a URL of the registry's own origin only: an upload or page URL the server chose may
+        point elsewhere (another host, or plain HTTP behind a TLS proxy), and gets none."""
+        origin = httpx.URL(url)
+        ours = httpx.URL(self._base)
+        same = (origin.scheme, origin.host, origin.port) == (ours.scheme, ours.host, ours.port)
+        return self._auth.header(scope) if same else {}
+
     def _upload_location(self, response: httpx.Response, repo: str) -> str:
         location = response.headers.get("location")
         if not location:
             raise RegistryUnavailableError("the registry opened an upload without a Location", where=self.location)
-        return self._url(repo, location) if location.startswith(("/", "http")) else self._url(repo, "/" + location)
+        # Relative to the URL that answered (the spec allows a relative Location), as a browser resolves a link.
+        return urljoin(str(response.url), location)
 
     def _request(self, method: str, repo: str | None, path: str, *, what: str, body: bytes | None = None,
                  headers: dict[str, str] | None = None, missing_ok: bool = False,
@@ -508,7 +532,7 @@ class OciStore:
         for attempt in range(2):
             try:
                 response = self._client().request(method, url, content=body,
-                                                  headers={**(headers or {}), **self._auth.header(scope)})
+                                                  headers={**(headers or {}), **self._auth_header(url, scope)})
             except httpx.TransportError as exc:
                 raise self._transport_error(exc, what, hint="check that the registry is up and the URL's scheme "
                                                             "and port") from None
@@ -526,7 +550,8 @@ class OciStore:
         url, scope = self._url(repo, path), _scope(repo, method)
         for attempt in range(2):
             try:
-                with self._client().stream(method, url, headers={**headers, **self._auth.header(scope)}) as response:
+                sent = {**headers, **self._auth_header(url, scope)}
+                with self._client().stream(method, url, headers=sent) as response:
                     if response.status_code == 401 and attempt == 0:
                         response.read()
                         if self._auth.answer(response, scope, self._client()):
@@ -649,8 +674,8 @@ class _Authenticator:
         if not realm:
             return False
         # A challenge may name several scopes (a cross-repository mount: push here, pull there), one parameter each.
-        query = [("service", params.get("service", ""))] + [("scope", one) for one in
-                                                             params.get("scope", scope).split()]
+        query = ([("service", params["service"])] if params.get("service") else []) + [
+            ("scope", one) for one in params.get("scope", scope).split()]
         auth = httpx.BasicAuth(*credentials) if credentials else None
         try:
             answered = client.get(realm, params=query, auth=auth)
@@ -658,7 +683,13 @@ class _Authenticator:
             raise RegistryUnavailableError(f"token endpoint: {type(exc).__name__}", where=realm) from None
         if answered.status_code != 200:
             return False
-        token = answered.json().get("token") or answered.json().get("access_token")
+        try:
+            granted = answered.json()
+            token = granted.get("token") or granted.get("access_token")
+        except (json.JSONDecodeError, ValueError, AttributeError):
+            raise RegistryUnavailableError(f"the token endpoint answered HTTP 200 without a JSON token "
+                                           f"({answered.headers.get('content-type') or 'no content type'})",
+                                           where=realm, hint="check the registry's token service") from None
         if not token:
             return False
         with self._lock:

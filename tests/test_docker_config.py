@@ -54,6 +54,10 @@ def test_a_per_host_helper_wins_over_the_store_which_wins_over_auths(docker_home
     write_docker_config(docker_home, {**auths, "credsStore": "store", "credHelpers": {"other.example.com": "per-host"}})
     assert credentials_for(HOST) == ("store-user", "store-secret-0123456789")
 
+    # An empty helper for the host: its auths entry, as docker reads it, even with a store set.
+    write_docker_config(docker_home, {**auths, "credsStore": "store", "credHelpers": {HOST: ""}})
+    assert credentials_for(HOST) == ("auths-user", "auths-secret-0123456789")
+
     write_docker_config(docker_home, auths)
     assert credentials_for(HOST) == ("auths-user", "auths-secret-0123456789")
     assert credentials_for("elsewhere.example.com") is None
@@ -81,6 +85,8 @@ def test_a_helper_holding_nothing_for_the_host_means_anonymous(docker_home: Path
      "docker-credential-broken get failed", "echo registry.example.com:5000 | docker-credential-broken get"),
     ({"credsStore": "garbled"}, {"exit_code": 0, "output": "Username=someone"},
      "something other than Docker's credential JSON", "check docker-credential-garbled"),
+    ({"credsStore": "nulls"}, {"exit_code": 0, "output": '{"Username": null, "Secret": "x"}'},
+     "something other than Docker's credential JSON", "check docker-credential-nulls"),
 ])
 def test_a_bad_docker_config_or_helper_is_a_clear_error_naming_it(
     docker_home: Path, config: dict[str, object] | str, helper: dict[str, object] | None, problem: str, hint: str

@@ -7,10 +7,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import httpx
 import pytest
 
 from enginesmith.errors import UserError
@@ -456,3 +459,62 @@ def test_two_publishes_sharing_a_cache_upload_a_blob_they_both_hold_once(
     assert len(proxy.patches) == 4  # 3 MiB and 5 bytes in 1-MiB chunks, sent once
     assert sorted(results) == [0, shared.stat().st_size]  # the second found it uploaded: nothing to send
     assert OciStore(oci_registry.registry_url(space)).blob_size(digest) == shared.stat().st_size
+
+
+def test_a_registry_url_with_credentials_is_refused_without_repeating_them() -> None:
+    with pytest.raises(UserError, match="holds credentials") as refused:
+        parse_oci_url("oci://alice:s3cret-pw-4711@registry.example.com:5000/team")
+    assert "s3cret-pw-4711" not in f"{refused.value.message} {refused.value.hint}"
+    assert "ENGINESMITH_OCI_USERNAME" in (refused.value.hint or "")
+
+
+def test_upload_urls_resolve_against_the_answering_url_and_carry_credentials_only_to_the_registry(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ENGINESMITH_OCI_USERNAME", USERNAME)
+    monkeypatch.setenv("ENGINESMITH_OCI_PASSWORD", PASSWORD)
+    store = OciStore("oci://registry.example.com:5000/team")
+    uploads = "https://registry.example.com:5000/v2/team/blobs/blobs/uploads/"
+    opened = httpx.Request("POST", uploads)
+
+    def located(location: str) -> str:
+        return store._upload_location(httpx.Response(202, headers={"Location": location}, request=opened),
+                                      "team/blobs")
+
+    assert located("3f1c?_state=abc") == f"{uploads}3f1c?_state=abc"  # relative to the uploads URL, as RFC 3986 says
+    assert located("/v2/team/blobs/blobs/uploads/3f1c") == f"{uploads}3f1c"
+    assert located("https://storage.example.net/up/1") == "https://storage.example.net/up/1"
+
+    challenge = httpx.Response(401, headers={"WWW-Authenticate": 'Basic realm="registry"'}, request=opened)
+    assert store._auth.answer(challenge, "repository:team/blobs:push,pull", httpx.Client())
+    scope = "repository:team/blobs:push,pull"
+    assert store._auth_header(f"{uploads}3f1c", scope)["Authorization"].startswith("Basic ")
+    for elsewhere in ("https://storage.example.net/up/1", "http://registry.example.com:5000/v2/team/blobs/x",
+                      "https://registry.example.com/v2/team/blobs/x"):
+        assert store._auth_header(elsewhere, scope) == {}, elsewhere  # another host, scheme or port: no credentials
+
+
+def test_a_registry_without_the_catalog_api_is_an_error_for_a_listing_not_an_empty_registry(tmp_path: Path) -> None:
+    class NoCatalog(BaseHTTPRequestHandler):  # TEST DOUBLE: a registry that answers 404 to /v2/_catalog, as ECR does
+        def do_GET(self) -> None:
+            self.send_response(404 if self.path.startswith("/v2/_catalog") else 200)
+            self.send_header("Content-Type", "application/json")
+            body = b'{"errors": [{"code": "NOT_FOUND"}]}' if self.path.startswith("/v2/_catalog") else b"{}"
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), NoCatalog)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        store = OciStore(f"oci+http://127.0.0.1:{server.server_address[1]}/team")
+        with pytest.raises(UserError, match="does not offer the _catalog API") as refused:
+            store.list_models()
+        assert "enginesmith ls MODEL" in (refused.value.hint or "")
+    finally:
+        server.shutdown()
+        server.server_close()
