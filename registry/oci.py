@@ -427,7 +427,14 @@ class OciStore:
     def _manifest_digest(self, repo: str, tag: str) -> str | None:
         response = self._request("HEAD", repo, f"manifests/{self._tag(tag)}", what="manifest", missing_ok=True,
                                  headers={"Accept": OCI_MANIFEST})
-        return None if response is None else response.headers.get("docker-content-digest")
+        if response is None:
+            return None
+        digest = response.headers.get("docker-content-digest")
+        if digest:
+            return str(digest)
+        # The header is a SHOULD of the spec: without it, the digest of the manifest's bytes, read whole.
+        found = self._get_manifest(repo, tag, raw=True)
+        return None if found is None else found[1]
 
     def _get_manifest(self, repo: str, tag: str, *, raw: bool = False) -> tuple[Any, str] | None:
         response = self._request("GET", repo, f"manifests/{self._tag(tag)}", what="manifest", missing_ok=True,

@@ -9,7 +9,9 @@ request asked for, so a test can tell whether a byte crossed the network twice.
 
 With ``refuse_mounts`` it plays an OCI registry that cannot mount a blob across repositories: a ``POST
 …/blobs/uploads/?mount=…&from=…`` reaches the server without its query, so the server opens an upload session, as
-such a registry answers. The body size of every ``PATCH`` is recorded (``patches``: path, bytes).
+such a registry answers. With ``head_without_digest``, a ``HEAD`` answer loses its ``Docker-Content-Digest``
+header (a SHOULD of the spec that some registries skip). The body size of every ``PATCH`` is recorded (``patches``:
+path, bytes).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-connectio
 
 class CuttingProxy:
     def __init__(self, upstream: str, *, cut_digest: str = "", cut_after_bytes: int = 0, cuts: int = 0,
-                 refuse_mounts: bool = False) -> None:
+                 refuse_mounts: bool = False, head_without_digest: bool = False) -> None:
         parts = urlsplit(upstream)
         self.upstream_host, self.upstream_port = parts.hostname or "127.0.0.1", parts.port or 80
         self.cut_digest = cut_digest
@@ -39,6 +41,7 @@ class CuttingProxy:
         self.body_bytes: dict[str, int] = defaultdict(int)  # digest → body bytes forwarded
         self.ranges: dict[str, list[str]] = defaultdict(list)  # digest → Range header of each GET ("" for none)
         self.refuse_mounts = refuse_mounts
+        self.head_without_digest = head_without_digest
         self.mounts_refused = 0
         self.patches: list[tuple[str, int]] = []
         self._lock = threading.Lock()
@@ -94,7 +97,9 @@ class CuttingProxy:
                         proxy.ranges[digest].append(self.headers.get("Range", ""))
                 self.send_response_only(response.status, response.reason)
                 for name, value in response.getheaders():
-                    if name.lower() not in _HOP_BY_HOP:
+                    dropped = proxy.head_without_digest and self.command == "HEAD" and \
+                        name.lower() == "docker-content-digest"
+                    if name.lower() not in _HOP_BY_HOP and not dropped:
                         self.send_header(name, value)
                 self.end_headers()
                 sent = 0

@@ -518,3 +518,20 @@ def test_a_registry_without_the_catalog_api_is_an_error_for_a_listing_not_an_emp
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_registry_whose_head_answers_carry_no_digest_still_creates_once_and_deletes(
+    oci_registry: OciRegistry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in oci_registry.env.items():
+        monkeypatch.setenv(name, value)
+    source = write_artefact(tmp_path / "build")
+    proxy = CuttingProxy(f"http://{oci_registry.host}", head_without_digest=True)
+    with proxy.running():
+        store = OciStore(f"oci+http://{proxy.endpoint.removeprefix('http://')}/{namespace()}")
+        first = publish_artefact(store, source)
+        again = publish_artefact(store, source)
+        assert first.created and not again.created
+        assert store.create_stage("quantized", "k" * 64, b"{}") and not store.create_stage("quantized", "k" * 64, b"[]")
+        store.delete_manifest("tiny-llama", first.key)
+        assert store.read_manifest("tiny-llama", first.key) is None
