@@ -70,7 +70,7 @@ def list_model(store: RegistryStore, model: str, *, with_channels: bool = True) 
     with ThreadPoolExecutor(READ_THREADS) as pool:
         loaded = list(pool.map(load, keys))
     manifests = sorted((m for m in loaded if isinstance(m, Manifest)), key=lambda m: m.published_at, reverse=True)
-    channels = _channels(store, model) if with_channels else {}
+    channels = channel_keys(store, model) if with_channels else {}
     return ModelListing(model=model, manifests=manifests,
                         unreadable=[m for m in loaded if isinstance(m, UnreadableManifest)], channels=channels)
 
@@ -78,7 +78,7 @@ def list_model(store: RegistryStore, model: str, *, with_channels: bool = True) 
 def list_models(store: RegistryStore) -> list[ModelSummary]:
     summaries = []
     for model in store.list_models():
-        channels = _channels(store, model)
+        channels = channel_keys(store, model)
         artefacts = len(store.list_manifest_keys(model))
         if artefacts or channels:  # gc may leave an empty directory behind
             summaries.append(ModelSummary(model=model, artefacts=artefacts, channels=channels))
@@ -114,7 +114,8 @@ def find_manifest(store: RegistryStore, ref: Ref) -> Manifest:
     return load_manifest(store, ref.model, matches[0])
 
 
-def _channels(store: RegistryStore, model: str) -> dict[str, str]:
+def channel_keys(store: RegistryStore, model: str) -> dict[str, str]:
+    """Channel → the key it points at, as the registry holds them now."""
     channels = {}
     for channel in store.list_channels(model):
         state = store.read_ref(model, channel)

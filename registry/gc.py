@@ -21,7 +21,7 @@ from collections.abc import Iterable
 
 from pydantic import BaseModel
 
-from registry.catalog import list_model
+from registry.catalog import channel_keys, list_model
 from registry.errors import IntegrityError
 from registry.manifest import Manifest, parse_timestamp
 from registry.store import RegistryStore
@@ -97,6 +97,13 @@ def collect_garbage(
     expired = [b for b in unreferenced if b.modified < now - grace_s]
     stale_uploads = 0
     if not dry_run:
+        spared = _now_on_a_channel(store, doomed)
+        if spared:  # promoted since the listing: kept, with their blobs
+            doomed = [m for m in doomed if m.ref not in spared]
+            doomed_refs -= {m.ref for m in spared.values()}
+            referenced |= {digest for m in spared.values() for digest in m.blob_digests()}
+            expired = [b for b in expired if b.digest not in referenced]
+            unreferenced = [b for b in unreferenced if b.digest not in referenced]
         for manifest in doomed:
             store.delete_manifest(manifest.model, manifest.key)
         for record in expired_stages:
@@ -111,6 +118,20 @@ def collect_garbage(
         stale_uploads_removed=stale_uploads, kept_stage_records=len(kept_stages),
         deleted_stage_records=sorted(f"{r.stage}/{r.key}" for r in expired_stages),
     )
+
+
+def _now_on_a_channel(store: RegistryStore, doomed: list[Manifest]) -> dict[str, Manifest]:
+    """Of ``doomed``, those a channel points at now (by ref): a promote between gc's listing and its deletes would
+    otherwise leave a channel naming a deleted artefact (and on OCI, where a delete takes every tag on the manifest
+    with it, no channel at all)."""
+    by_model: dict[str, set[str]] = {}
+    spared = {}
+    for manifest in doomed:
+        if manifest.model not in by_model:
+            by_model[manifest.model] = set(channel_keys(store, manifest.model).values())
+        if manifest.key in by_model[manifest.model]:
+            spared[manifest.ref] = manifest
+    return spared
 
 
 class StageRecordRef(BaseModel):

@@ -272,6 +272,30 @@ def test_gc_refuses_to_run_beside_an_unreadable_manifest(store: LocalStore, tmp_
     assert sorted(b.digest for b in store.list_blobs()) == blobs_before
 
 
+
+def test_gc_spares_an_artefact_promoted_after_it_listed_the_registry_and_its_blobs(
+    store: LocalStore, tmp_path: Path
+) -> None:
+    keys = [publish_artefact(store, write_artefact(
+        tmp_path / f"v{version}", files={"config.json": b"{}", "model.safetensors": f"weights v{version}".encode()}
+    )).key for version in range(3)]
+    doomed = load_manifest(store, "tiny-llama", keys[0])  # the oldest: beyond keep_last=2, on no channel
+
+    class PromotedMidway(LocalStore):
+        """The registry, with someone promoting the oldest build once gc has listed the manifests (gc lists the
+        blobs next, before it deletes anything)."""
+
+        def list_blobs(self):  # type: ignore[no-untyped-def]
+            promote(self, doomed, "stable")
+            return super().list_blobs()
+
+    swept = collect_garbage(PromotedMidway(store.root), keep_last=2, grace_s=0)
+
+    assert swept.deleted_manifests == [] and swept.deleted_blobs == 0
+    kept = load_manifest(store, "tiny-llama", keys[0])
+    assert set(kept.files_by_digest()) <= {b.digest for b in store.list_blobs()}
+    assert find_manifest(store, Ref(model="tiny-llama", channel="stable")).key == keys[0]
+
 def test_a_bundle_carries_artefacts_to_an_air_gapped_pull(tmp_path: Path) -> None:
     source = write_artefact(tmp_path / "build")
     artefact = read_artefact(source)
