@@ -219,6 +219,10 @@ def pull_artefact(
     )
     if dry_run:
         return result
+    # Under a trust list, what the cache holds is hashed too, not judged by its size: a pulled file is a hard link
+    # to its cached blob, and a changed one (edited in place, or in a shared cache) is fetched again.
+    changed = _changed_cached_blobs(plan, cache) if trust is not None else []
+    result.cached_bytes -= sum(b.size for b in changed)
     check_free_space(plan, cache, dest)
     to_fetch = [b for b in plan.blobs if b.state != "cached"]
     what = f"pulling {manifest.ref}"
@@ -226,7 +230,8 @@ def pull_artefact(
         stats = _fetch_all(store, cache, to_fetch, jobs, limiter, progress)
         result.resumed_bytes = sum(s.resumed_bytes for s in stats)
         result.downloaded_bytes = sum(s.downloaded_bytes for s in stats)
-        result.refetched = [blob.label for blob, s in zip(to_fetch, stats, strict=True) if s.refetched]
+        result.refetched = [b.label for b in changed] + [
+            blob.label for blob, s in zip(to_fetch, stats, strict=True) if s.refetched]
         result.linked_files, result.copied_files = _lay_out(store.location, manifest, cache, dest, profile,
                                                             signature_body, checked)
     except OSError as exc:
@@ -234,6 +239,22 @@ def pull_artefact(
             raise disk_filled_error(cache.root, what=what, where=str(cache.root), hint=_DISK_HINT) from None
         raise
     return result
+
+
+def _changed_cached_blobs(plan: PullPlan, cache: BlobCache) -> list[PlannedBlob]:
+    """The planned blobs the cache holds whose bytes no longer hash to their digest: each is removed from the cache
+    and planned as missing."""
+    changed = []
+    for blob in plan.blobs:
+        if blob.state != "cached":
+            continue
+        with cache.blob(blob.sha256).open("rb", buffering=0) as cached:
+            intact = sha256_file(cached).hexdigest() == blob.sha256
+        if not intact:
+            cache.blob(blob.sha256).unlink(missing_ok=True)
+            blob.state = "missing"
+            changed.append(blob)
+    return changed
 
 
 def fetch_files(store: RegistryStore, files: list[CheckpointFile], cache: BlobCache, *, what: str,

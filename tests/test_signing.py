@@ -207,6 +207,24 @@ def test_a_blob_changed_after_signing_fails_its_sha256(
     assert "model.safetensors" in message and "do not match sha256" in message
 
 
+
+def test_a_cached_blob_changed_through_a_pulled_file_is_fetched_again_under_trust(
+    store: RegistryStore, keys: dict[str, tuple[Path, Path]], tmp_path: Path
+) -> None:
+    manifest = publish_signed(store, write_artefact(tmp_path / "build"), keys["nightly"][0])
+    first = pull(store, manifest, tmp_path / "first", tmp_path / "cache", [keys["nightly"][1]])
+    assert first.linked_files  # the pulled files are hard links to the cached blobs
+    weights = tmp_path / "first" / "model.safetensors"
+    weights.chmod(0o644)
+    with weights.open("r+b") as edited:  # the same size, other bytes: what a size check cannot see
+        edited.write(b"\xff" * 64)
+
+    again = pull(store, manifest, tmp_path / "second", tmp_path / "cache", [keys["nightly"][1]])
+
+    assert again.refetched == ["model.safetensors"]
+    expected = {f.path: f.sha256 for f in manifest.artefact.files}
+    assert file_digests(tmp_path / "second", list(expected)) == expected
+
 def test_a_manifest_edited_and_re_signed_by_an_untrusted_key_is_refused(
     store: RegistryStore, keys: dict[str, tuple[Path, Path]], tmp_path: Path
 ) -> None:
