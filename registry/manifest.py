@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -70,31 +71,42 @@ class FileListProblem:
     escapes: bool  # True: the path could land outside the directory; False: the entry is merely invalid
 
 
+def _folded(path: str) -> str:
+    return unicodedata.normalize("NFC", path).casefold()
+
+
 def file_list_problem(files: Iterable[CheckpointFile]) -> FileListProblem | None:
     """The first file entry that cannot be laid out safely and exactly; ``None`` if all can."""
-    seen: set[str] = set()
-    directories: set[str] = set()
+    # Compared as a case-insensitive, Unicode-normalising filesystem (macOS, Windows) names them: "A.bin" and
+    # "a.bin" are one file there, and one would overwrite the other.
+    seen: dict[str, str] = {}  # folded path → as listed
+    directories: set[str] = set()  # folded
+    reserved = {_folded(name) for name in RESERVED_TOP_LEVEL_NAMES}
     for index, entry in enumerate(files):
         reason = unsafe_path_reason(entry.path)
         if reason:
             return FileListProblem(index, f"path {entry.path!r} {reason}", escapes=True)
+        folded = _folded(entry.path)
         conflict = None
-        if entry.path in RESERVED_TOP_LEVEL_NAMES:
+        if folded in reserved:
             conflict = "is reserved for enginesmith's own record"
-        elif entry.path in seen:
+        elif seen.get(folded) == entry.path:
             conflict = "is listed twice"
-        elif entry.path in directories:
+        elif folded in seen:
+            conflict = (f"names the same file as {seen[folded]!r} where file names ignore case or Unicode form "
+                        "(macOS, Windows)")
+        elif folded in directories:
             conflict = "is also a directory of another file"
-        parents = entry.path.split("/")[:-1]
+        parents = folded.split("/")[:-1]
         for depth in range(1, len(parents) + 1):
             parent = "/".join(parents[:depth])
             if parent in seen and conflict is None:
-                conflict = f"lies under {parent!r}, which is a file"
+                conflict = f"lies under {seen[parent]!r}, which is a file"
             directories.add(parent)
         if conflict:
             # Two entries for one place: one would overwrite or redirect the other.
             return FileListProblem(index, f"path {entry.path!r} {conflict}", escapes=True)
-        seen.add(entry.path)
+        seen[folded] = entry.path
         if entry.sha256 is None or not is_digest(entry.sha256):
             return FileListProblem(index, f"file {entry.path!r} needs a sha256 of 64 lower-case hex digits",
                                    escapes=False)

@@ -83,6 +83,10 @@ def test_a_manifest_whose_paths_escape_is_refused(tmp_path, bad_path: str) -> No
         ([("a", 1), ("a/b.bin", 1)], "which is a file"),
         ([("a/b.bin", 1), ("a", 1)], "also a directory"),
         ([("artefact.json", 1)], "reserved"),
+        ([("Artefact.JSON", 1)], "reserved"),
+        ([("Model.bin", 1), ("model.bin", 1)], "same file as 'Model.bin' where file names ignore case"),
+        ([("caf\u00e9.bin", 1), ("cafe\u0301.bin", 1)], "same file as 'caf\u00e9.bin'"),
+        ([("Weights", 1), ("weights/a.bin", 1)], "lies under 'Weights', which is a file"),
     ],
 )
 def test_file_lists_that_cannot_be_laid_out_are_refused(tmp_path, files, expected: str) -> None:
