@@ -65,6 +65,7 @@ CHANNEL_TAG_PREFIX = "channel."
 CHUNK_BYTES = 16 * 1024 * 1024
 TIMEOUT = httpx.Timeout(30.0, read=120.0)
 _COMPONENT = re.compile(r"^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*$")
+MAX_TAG_LENGTH = 128  # the distribution spec's
 _TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
 _CHALLENGE_PARAM = re.compile(r'(\w+)="([^"]*)"')
 _URL_HINT = "write oci://host[:port]/namespace (HTTPS) or oci+http://host:port/namespace (plain HTTP)"
@@ -499,7 +500,13 @@ class OciStore:
         return tag
 
     def _channel_tag(self, channel: str) -> str:
-        return self._tag(CHANNEL_TAG_PREFIX + channel)
+        tag = CHANNEL_TAG_PREFIX + channel
+        if len(tag) > MAX_TAG_LENGTH:
+            raise UserError(f"channel {channel[:24]!r}… is {len(channel)} characters; on an OCI registry a channel is "
+                            f"the tag {CHANNEL_TAG_PREFIX!r} + its name, at most {MAX_TAG_LENGTH} in all",
+                            where="--channel",
+                            hint=f"use a channel name of at most {MAX_TAG_LENGTH - len(CHANNEL_TAG_PREFIX)} characters")
+        return self._tag(tag)
 
     # --- HTTP ----------------------------------------------------------------------------------------
 

@@ -461,6 +461,13 @@ def test_two_publishes_sharing_a_cache_upload_a_blob_they_both_hold_once(
     assert OciStore(oci_registry.registry_url(space)).blob_size(digest) == shared.stat().st_size
 
 
+def test_a_channel_too_long_for_an_oci_tag_names_the_channel_and_its_limit() -> None:
+    store = OciStore("oci://registry.example.com/team")
+    with pytest.raises(UserError, match=r"on an OCI registry a channel is the tag 'channel\.'") as refused:
+        store.read_ref("tiny-llama", "c" * 125)
+    assert refused.value.where == "--channel" and "at most 120 characters" in (refused.value.hint or "")
+
+
 def test_a_registry_url_with_credentials_is_refused_without_repeating_them() -> None:
     with pytest.raises(UserError, match="holds credentials") as refused:
         parse_oci_url("oci://alice:s3cret-pw-4711@registry.example.com:5000/team")

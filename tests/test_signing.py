@@ -76,6 +76,16 @@ def pull(store: RegistryStore, manifest: Manifest, dest: Path, cache: Path, trus
     return pull_artefact(store, manifest, dest=dest, cache=BlobCache(cache), trust=load_trust(trust_paths))
 
 
+
+def sign_with_model_signing_cli(directory: Path, private: Path) -> Path:
+    """Sign ``directory`` with model-signing's own CLI, as a team would before publishing; returns the bundle
+    (``model.sig`` inside it)."""
+    bundle = directory / "model.sig"
+    signed = subprocess.run([*MODEL_SIGNING_CLI, "sign", "key", str(directory), "--private_key", str(private),
+                             "--signature", str(bundle)], capture_output=True, text=True, timeout=120)
+    assert signed.returncode == 0, signed.stdout + signed.stderr
+    return bundle
+
 # --- the round trip, and model-signing's own tools ---------------------------------------------------------------
 
 
@@ -122,10 +132,7 @@ def test_a_directory_signed_by_model_signing_is_published_with_its_signature_and
 ) -> None:
     private, public = keys["laptop"]
     source = write_artefact(tmp_path / "build")
-    bundle = source / "model.sig"
-    signed = subprocess.run([*MODEL_SIGNING_CLI, "sign", "key", str(source), "--private_key", str(private),
-                             "--signature", str(bundle)], capture_output=True, text=True, timeout=120)
-    assert signed.returncode == 0, signed.stdout + signed.stderr
+    bundle = sign_with_model_signing_cli(source, private)
     env = registry_env(str(tmp_path / "registry"), tmp_path / "cache")
 
     published = run_cli("publish", str(source), "--signature", str(bundle), "--json", env=env)
@@ -299,10 +306,7 @@ def test_with_a_signature_over_the_files_only_no_serving_profile_or_other_model_
 ) -> None:
     private, public = keys["laptop"]
     source = write_artefact(tmp_path / "build")
-    bundle = source / "model.sig"
-    signed = subprocess.run([*MODEL_SIGNING_CLI, "sign", "key", str(source), "--private_key", str(private),
-                             "--signature", str(bundle)], capture_output=True, text=True, timeout=120)
-    assert signed.returncode == 0, signed.stdout + signed.stderr
+    bundle = sign_with_model_signing_cli(source, private)
     result = publish_artefact(store, source, signature=bundle)
     manifest = load_manifest(store, result.model, result.key)
     trust = load_trust([public])
