@@ -10,7 +10,8 @@ publishes it, and then, alternating in one run, times as fresh processes:
 
 Prints the median wall time of each side, its throughput, and the ratio baseline / enginesmith; last, one JSON
 line with every run, the medians with their spread and whether each target holds (local ≥ 2×, S3 ≥ 1.3×: the S3
-side verifies every byte, the baseline nothing). Timings on a shared machine vary; compare the ratios within a run.
+side verifies every byte, the baseline nothing), judged on the medians; ``best_ratio`` (fastest run over fastest run)
+is printed beside it. Timings on a shared machine vary; compare the ratios within a run.
 Usage: python bench/registry_pull.py [--size-gib 1] [--parts 4] [--repeats 3] [--skip-local] [--skip-s3]
                                     [--work-dir DIR]
 """
@@ -98,7 +99,11 @@ def compare(name: str, ours: Callable[[Path], None], baseline: Callable[[Path], 
           f"{baseline_name} {baseline_median:.2f} s ({total_bytes / MIB / baseline_median:.0f} MiB/s) | "
           f"ratio {ratio:.2f}×  (runs: ours {', '.join(f'{t:.2f}' for t in ours_s)}; "
           f"baseline {', '.join(f'{t:.2f}' for t in baseline_s)})", flush=True)
+    # Beside the target's median ratio, the best-of-runs one: on a shared machine noise only adds time, and here it
+    # comes in steps (a pull's page-cache writes take ~1 s longer in some runs), which can flip a median.
+    best_ratio = baseline_spread["min"] / ours_spread["min"]
     return {"baseline": baseline_name, "ours_s": ours_spread, "baseline_s": baseline_spread, "ratio": round(ratio, 3),
+            "best_ratio": round(best_ratio, 3),
             "runs": {"ours": [round(t, 3) for t in ours_s], "baseline": [round(t, 3) for t in baseline_s]},
             "target": TARGET_RATIO[name], "met": ratio >= TARGET_RATIO[name]}
 
