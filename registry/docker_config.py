@@ -45,9 +45,9 @@ def credentials_for(host: str) -> tuple[str, str] | None:
     config_file = docker_config_file()
     config = _read_config(config_file)
     per_host = config.get("credHelpers")
+    per_host = per_host if isinstance(per_host, dict) else {}
     # A host listed with "" in credHelpers: its auths entry, whatever the store.
-    has_own = isinstance(per_host, dict) and host in per_host
-    helper = per_host[host] if isinstance(per_host, dict) and has_own else config.get("credsStore")
+    helper = per_host[host] if host in per_host else config.get("credsStore")
     if helper:
         return _ask_helper(str(helper), host, config_file)
     return _from_auths(config.get("auths") or {}, host)

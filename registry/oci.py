@@ -45,6 +45,7 @@ from urllib.parse import urlencode, urljoin
 import httpx
 
 from enginesmith.errors import UserError
+from enginesmith.locks import exclusive
 from enginesmith.secrets import register_secret
 from registry.docker_config import credentials_for
 from registry.errors import IntegrityError, NotFoundError, RegistryUnavailableError
@@ -66,7 +67,7 @@ CHUNK_BYTES = 16 * 1024 * 1024
 TIMEOUT = httpx.Timeout(30.0, read=120.0)
 _COMPONENT = re.compile(r"^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*$")
 MAX_TAG_LENGTH = 128  # the distribution spec's
-_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
+_TAG = re.compile(rf"^[A-Za-z0-9_][A-Za-z0-9._-]{{0,{MAX_TAG_LENGTH - 1}}}$")
 _CHALLENGE_PARAM = re.compile(r'(\w+)="([^"]*)"')
 _URL_HINT = "write oci://host[:port]/namespace (HTTPS) or oci+http://host:port/namespace (plain HTTP)"
 
@@ -103,6 +104,8 @@ class OciStore:
     def __init__(self, url: str) -> None:
         self.scheme, self.host, self.namespace = parse_oci_url(url)
         self._base = f"{self.scheme}://{self.host}"
+        base = httpx.URL(self._base)
+        self._origin = (base.scheme, base.host, base.port)  # where credentials may go
         self._auth = _Authenticator(self.host)
         self._client_lock = threading.Lock()
         self._http: httpx.Client | None = None
@@ -122,7 +125,6 @@ class OciStore:
 
     def put_blob(self, digest: str, source: Path, *, limiter: RateLimiter | None = None,
                  progress: TransferProgress | None = None, name: str = "") -> int:
-        from enginesmith.locks import exclusive
         from registry.cache import default_cache_dir
 
         size = source.stat().st_size
@@ -526,9 +528,8 @@ class OciStore:
     def _auth_header(self, url: str, scope: str) -> dict[str, str]:
         """Our credentials, for a URL of the registry's own origin only: an upload or page URL the server chose may
         point elsewhere (another host, or plain HTTP behind a TLS proxy), and gets none."""
-        origin = httpx.URL(url)
-        ours = httpx.URL(self._base)
-        same = (origin.scheme, origin.host, origin.port) == (ours.scheme, ours.host, ours.port)
+        target = httpx.URL(url)
+        same = (target.scheme, target.host, target.port) == self._origin
         return self._auth.header(scope) if same else {}
 
     def _upload_location(self, response: httpx.Response, repo: str) -> str:
