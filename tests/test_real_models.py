@@ -285,8 +285,15 @@ def fp8_profiles(smollm2_nightly, smollm2_plan, smollm2_config) -> dict:  # type
 
 
 def _at4(profiles: dict, metric: str) -> dict[str, float]:  # type: ignore[type-arg]
-    """Each profile's p95 of ``metric`` over its requests at four in flight (ms)."""
-    return {name: round(profile.level(4).percentile_ms(metric, 95), 1) for name, profile in profiles.items()}
+    """Each profile's p95 of ``metric`` over its requests at four in flight (ms), unrounded: the SLOs drawn between
+    two of them must fall strictly between, as the resolver computes them from the same samples."""
+    return {name: profile.level(4).percentile_ms(metric, 95) for name, profile in profiles.items()}
+
+
+def _between(low: float, high: float) -> str:
+    """A bound halfway between two measured values, printed with digits enough to stay strictly between them."""
+    assert low < high, (low, high)
+    return f"{(low + high) / 2:.6f}"
 
 
 def _slos(profiles: dict) -> tuple[str, str, str]:  # type: ignore[type-arg]
@@ -295,13 +302,16 @@ def _slos(profiles: dict) -> tuple[str, str, str]:  # type: ignore[type-arg]
     two of the four behind the two it decodes): only the batch of four meets it. ``smooth`` bounds the p95 TPOT
     between the lowest any profile measured and the next: only that profile meets it. Which profile decodes each
     token fastest at four in flight is what this machine shows (seen on an idle 2-core machine: one sequence at a
-    time, 38 ms against 41 and 43; on a loaded one: the batch of four, 52 ms against 118 and 228)."""
+    time, 38 ms against 41 and 43; on a loaded one: the batch of four, 52 ms against 118 and 228).
+
+    Only the order of the TTFTs is asserted, not by how much: the batch of two's p95 TTFT was 5.7 times the batch of
+    four's on an idle machine and 1.97 times on CI's loaded one."""
     ttft, tpot = _at4(profiles, "ttft"), _at4(profiles, "tpot")
     one, two, four = SWEPT
-    assert ttft[one] > ttft[two] > 2 * ttft[four], f"p95 TTFT {ttft} (ms, c=4)"  # a smaller batch queues more
+    assert ttft[one] > ttft[two] > ttft[four], f"p95 TTFT {ttft} (ms, c=4)"  # a smaller batch queues more
     fastest, runner_up = sorted(tpot, key=tpot.__getitem__)[:2]
-    return (f"ttft_p95<={(ttft[two] + ttft[four]) / 2:.0f}ms",
-            f"tpot_p95<={(tpot[fastest] + tpot[runner_up]) / 2:.1f}ms", fastest)
+    return (f"ttft_p95<={_between(ttft[four], ttft[two])}ms",
+            f"tpot_p95<={_between(tpot[fastest], tpot[runner_up])}ms", fastest)
 
 
 @pytest.mark.slow
