@@ -184,15 +184,24 @@ def show(
     ref: Annotated[str, typer.Argument(help="MODEL@KEY (a key or unique prefix) or MODEL:CHANNEL.")],
     registry: RegistryOption = DEFAULT_REGISTRY,
     s3_endpoint: S3EndpointOption = None,
+    trust: TrustOption = None,
     json_output: JsonOption = False,
 ) -> None:
-    """Show one artefact's manifest: lineage, target, versions, validation and files."""
+    """Show one artefact's manifest: lineage, target, versions, validation and files. Who signed it is what the
+    manifest says until --trust checks the signature (and refuses one that does not hold)."""
     from registry.catalog import find_manifest
     from registry.manifest import signer_label
     from registry.names import parse_ref
+    from registry.signing import signature_covers_text, verify_stored
 
+    trusted = _trust(trust)
     store = _open_store(registry, s3_endpoint)
     manifest = find_manifest(store, parse_ref(ref))
+    signed_by = signer_label(manifest)
+    if trusted is not None:
+        checked = verify_stored(store, manifest, trusted)
+        signed_by = (f"{checked.signer} (key {checked.fingerprint[:16]}), checked against --trust; it covers "
+                     f"{signature_covers_text(checked.covers)}")
     if json_output:
         print_json(manifest)
         return
@@ -209,7 +218,7 @@ def show(
         ["built on", artefact.build_gpu.name if artefact.build_gpu else "-"],
         ["created / published", f"{artefact.created} / {manifest.published}"],
         ["validation", "none" if manifest.validation is None else ", ".join(sorted(manifest.validation))],
-        ["signed by", signer_label(manifest)],
+        ["signed by", signed_by],
     ]
     stdout.print(table(manifest.ref, ["field", "value"], rows))
     files = [[f.path, f"{f.size:,}", (f.sha256 or "-")[:16]] for f in artefact.files]

@@ -204,12 +204,13 @@ class Manifest(BaseModel):
 
 
 def signer_label(manifest: Manifest) -> str:
-    """Who signed an artefact, as the catalogue and ``show`` print it: the key's fingerprint (which a trust list
-    names) and what it covers, or ``unsigned``."""
+    """Who signed an artefact by its manifest's word, as the catalogue and ``show`` print it: the key's fingerprint
+    (which a trust list names) and what it covers, or ``unsigned``. Whoever can write the registry can write this
+    field: only a check against trusted keys (``--trust``) says the signature holds."""
     signature = manifest.signature
     if signature is None:
         return "unsigned"
-    return f"key {signature.signer[:16] or '(not named in the bundle)'} (over the {signature.covers})"
+    return f"key {signature.signer[:16] or '(not named in the bundle)'} (over the {signature.covers}; not checked)"
 
 
 def key_problem(key: str, artefact: Artefact, validation: Mapping[str, Any] | None, *,

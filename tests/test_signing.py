@@ -446,6 +446,28 @@ def test_gc_keeps_the_signatures_of_live_manifests_and_a_bundle_carries_them(
     assert file_digests(dest, paths) == {f.path: f.sha256 for f in manifest.artefact.files}
 
 
+def test_show_says_a_signer_is_unchecked_until_trust_checks_it_and_refuses_one_that_does_not_hold(
+    keys: dict[str, tuple[Path, Path]], tmp_path: Path
+) -> None:
+    """The manifest's signer field is anyone's word who can write the registry; ``show --trust`` checks it."""
+    store = open_store(str(tmp_path / "registry"))
+    by_nightly = publish_signed(store, write_artefact(tmp_path / "a"), keys["nightly"][0])
+    by_laptop = publish_signed(store, write_artefact(tmp_path / "b", files=tiny_files(seed=3)), keys["laptop"][0])
+    env = registry_env(str(tmp_path / "registry"), tmp_path / "cache")
+
+    def show(manifest: Manifest, *trust: str) -> subprocess.CompletedProcess[str]:
+        return run_cli("show", f"tiny-llama@{manifest.key}", *trust, env={**env, "COLUMNS": "300"})
+
+    unchecked = show(by_laptop)
+    assert unchecked.returncode == 0 and "(over the publication; not checked)" in unchecked.stdout
+    checked = show(by_nightly, "--trust", str(keys["nightly"][1]))
+    assert checked.returncode == 0, checked.stderr
+    assert "nightly (key" in checked.stdout and "checked against --trust" in checked.stdout
+    refused = show(by_laptop, "--trust", str(keys["nightly"][1]))
+    assert refused.returncode == 2 and "which is not trusted (trusted: nightly)" in refused.stderr, refused.stderr
+    assert "checked against" not in refused.stdout
+
+
 def test_the_catalogue_and_history_name_each_artefacts_signing_key(
     keys: dict[str, tuple[Path, Path]], tmp_path: Path
 ) -> None:
@@ -463,7 +485,7 @@ def test_the_catalogue_and_history_name_each_artefacts_signing_key(
     out = tmp_path / "site"
     write_catalogue(store, out, registry_url=str(store.root))
     model_page = (out / "models" / "tiny-llama.html").read_text()
-    assert f"key {fingerprint[:16]} (over the publication)" in model_page and "unsigned" in model_page
+    assert f"key {fingerprint[:16]} (over the publication; not checked)" in model_page and "unsigned" in model_page
     assert f"key {fingerprint[:16]}" in (out / "models" / "tiny-llama" / f"{signed.key}.html").read_text()
 
 
