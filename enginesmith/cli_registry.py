@@ -516,9 +516,12 @@ def catalogue(
                                       "catalogue is there).")],
     registry: RegistryOption = DEFAULT_REGISTRY,
     s3_endpoint: S3EndpointOption = None,
+    trust: TrustOption = None,
     json_output: JsonOption = False,
 ) -> None:
     """Write the registry as a static site (HTML, CSS, PNGs): every model, its artefacts, their reports and history.
+    Each artefact's signing key is as its manifest names it, marked not checked; with --trust, the pages say whether
+    each signature holds.
 
     The directory needs no server: open index.html, or copy it to a bucket, e.g.
     `enginesmith catalogue --out site --registry s3://models/registry && aws s3 sync site s3://models-site`.
@@ -531,10 +534,11 @@ def catalogue(
     if find_spec("matplotlib") is None:  # the reports are read without it; only their plots need it
         stderr.print("[yellow]note:[/] matplotlib is not installed: the pages have no plots "
                      "(pip install 'enginesmith[validation]' for them)")
+    trusted = _trust(trust)
     store = _open_store(registry, s3_endpoint)
     # The pull commands on the pages must work from anywhere: a local registry is named by its absolute path.
     registry_url = registry if "://" in registry else str(Path(registry).absolute())
-    result = write_catalogue(store, out, registry_url=registry_url, s3_endpoint=s3_endpoint)
+    result = write_catalogue(store, out, registry_url=registry_url, s3_endpoint=s3_endpoint, trust=trusted)
     if json_output:
         print_json(result)
         return

@@ -35,6 +35,8 @@ from registry.store import RegistryStore
 if TYPE_CHECKING:
     import jinja2
 
+    from registry.signing import Trust
+
 # Written into every catalogue: a directory holding it may be replaced by the next one, any other may not.
 MARKER_FILE = ".enginesmith-catalogue"
 STYLESHEET = "catalogue.css"
@@ -71,7 +73,7 @@ class ArtefactRow(BaseModel):
     tpot_ratio: str
     verdict: str  # pass | FAIL | — (no report) | unreadable
     channels: list[str]
-    signer: str  # the signing key's fingerprint (shortened), or "unsigned"
+    signer: str  # the signing key as the manifest names it ("not checked"), as --trust found it, or "unsigned"
 
 
 class UnreadableRow(BaseModel):
@@ -179,18 +181,33 @@ def channels_by_key(channels: dict[str, str]) -> dict[str, list[str]]:
     return by_key
 
 
-def artefact_row(manifest: Manifest, view: ReportView, channels: list[str]) -> ArtefactRow:
+def artefact_row(manifest: Manifest, view: ReportView, channels: list[str], signer: str) -> ArtefactRow:
     a = manifest.artefact
     return ArtefactRow(key=manifest.key, short_key=_short(manifest.key),
                        href=f"{safe_file_name(manifest.model)}/{safe_file_name(manifest.key)}.html",
                        target=a.target, recipe=manifest.recipe, kind=a.kind, tp=a.tp, pp=a.pp,
                        published=display_timestamp(manifest.published), size=size_label(manifest.total_bytes),
                        throughput_ratio=view.throughput_ratio, tpot_ratio=view.tpot_ratio, verdict=_verdict(view),
-                       channels=channels, signer=signer_label(manifest))
+                       channels=channels, signer=signer)
 
 
 
-def provenance_rows(manifest: Manifest) -> list[tuple[str, str]]:
+def signature_label(store: RegistryStore, manifest: Manifest, trust: Trust | None) -> str:
+    """The "signed by" of an artefact: without ``trust``, the key its manifest names, marked not checked; with it,
+    the trusted signer once the signature holds, or why it does not."""
+    if trust is None or manifest.signature is None:
+        return signer_label(manifest)
+    from registry.errors import SignatureError
+    from registry.signing import verify_stored
+
+    try:
+        checked = verify_stored(store, manifest, trust)
+    except SignatureError as exc:
+        return f"does not hold: {exc.message}"
+    return f"{checked.signer} (key {checked.fingerprint[:16]}; checked)"
+
+
+def provenance_rows(manifest: Manifest, signer: str) -> list[tuple[str, str]]:
     a, lineage = manifest.artefact, manifest.artefact.lineage
     gpu = a.build_gpu
     return [
@@ -204,7 +221,7 @@ def provenance_rows(manifest: Manifest) -> list[tuple[str, str]]:
         ("artefact key", a.key),
         ("created", a.created),
         ("published", manifest.published),
-        ("signed by", signer_label(manifest)),
+        ("signed by", signer),
     ]
 
 
@@ -235,14 +252,15 @@ def cell_view(history: CellHistory) -> CellView:
                     builds=[build_row(history.model, entry) for entry in reversed(history.builds)])
 
 
-def model_page(listing: ModelListing, history: ModelHistory | None, reports: dict[str, ReportView], *,
-               history_problem: str = "") -> ModelPage:
-    """The model page's view: ``reports`` holds each readable manifest's report view by key."""
+def model_page(listing: ModelListing, history: ModelHistory | None, reports: dict[str, ReportView],
+               signers: dict[str, str], *, history_problem: str = "") -> ModelPage:
+    """The model page's view: ``reports`` holds each readable manifest's report view by key, ``signers`` its
+    ``signature_label``."""
     channels_of = channels_by_key(listing.channels)
     # Grouped as a profile table is read (by target, then recipe, kind and parallelism), newest first in a group.
     manifests = sorted(listing.manifests, key=lambda m: (m.artefact.target, m.recipe, m.artefact.kind, m.artefact.tp,
                                                          m.artefact.pp))
-    rows = [artefact_row(m, reports[m.key], channels_of.get(m.key, [])) for m in manifests]
+    rows = [artefact_row(m, reports[m.key], channels_of.get(m.key, []), signers[m.key]) for m in manifests]
     unreadable = [UnreadableRow(what=f"manifest {u.key}", problem=u.problem) for u in listing.unreadable]
     cells: list[CellView] = []
     moves: list[MoveRow] = []
@@ -255,10 +273,11 @@ def model_page(listing: ModelListing, history: ModelHistory | None, reports: dic
                      cells=cells, moves=moves, history_problem=history_problem)
 
 
-def artefact_page(manifest: Manifest, view: ReportView, channels: list[str], command: str) -> ArtefactPage:
+def artefact_page(manifest: Manifest, view: ReportView, channels: list[str], command: str,
+                  signer: str) -> ArtefactPage:
     return ArtefactPage(model=manifest.model, key=manifest.key, model_href=f"../{safe_file_name(manifest.model)}.html",
                         pull_command=command, channels=channels, profile=profile_rows(manifest),
-                        provenance=provenance_rows(manifest), report=view,
+                        provenance=provenance_rows(manifest, signer), report=view,
                         files=[(f.path, f"{f.size:,}", (f.sha256 or "—")[:16]) for f in manifest.artefact.files])
 
 
@@ -273,13 +292,13 @@ def template_environment() -> jinja2.Environment:
 
 
 def write_catalogue(store: RegistryStore, out_dir: Path, *, registry_url: str,
-                    s3_endpoint: str | None = None) -> CatalogueResult:
+                    s3_endpoint: str | None = None, trust: Trust | None = None) -> CatalogueResult:
     """Write the site for every model in ``store`` to ``out_dir``, replacing the catalogue there if any.
 
     The pages are written to a new directory beside ``out_dir`` and renamed into place at the end, so an
     interrupted run leaves the previous site whole (but for the instant between two renames, which the next run
     recovers from: ``_swap_into_place``). ``registry_url`` (and ``s3_endpoint``) is what the pull commands
-    name.
+    name. With ``trust``, each signature is checked against it (``signature_label``).
 
     Raises ``UserError`` when ``out_dir`` exists and is not a catalogue this command wrote.
     """
@@ -292,7 +311,7 @@ def write_catalogue(store: RegistryStore, out_dir: Path, *, registry_url: str,
     staging.mkdir()
     try:
         writer = _SiteWriter(staging, template_environment(), registry_url=registry_url,
-                             bundle=isinstance(store, BundleStore), s3_endpoint=s3_endpoint)
+                             bundle=isinstance(store, BundleStore), s3_endpoint=s3_endpoint, trust=trust)
         result = writer.write(store)
         (staging / MARKER_FILE).write_text("written by enginesmith catalogue; replaced whole by the next run\n")
         _swap_into_place(staging, out_dir)
@@ -328,9 +347,10 @@ class _SiteWriter:
     """Renders the views into ``root``; counts what it wrote."""
 
     def __init__(self, root: Path, env: jinja2.Environment, *, registry_url: str, bundle: bool,
-                 s3_endpoint: str | None) -> None:
+                 s3_endpoint: str | None, trust: Trust | None) -> None:
         self.root, self.env = root, env
         self.registry_url, self.bundle, self.s3_endpoint = registry_url, bundle, s3_endpoint
+        self.trust = trust
         self.pages = 0
 
     def render(self, template: str, path: Path, *, depth: int, **context: Any) -> None:
@@ -368,20 +388,22 @@ class _SiteWriter:
         model_dir = self.root / "models" / safe_file_name(listing.model)
         channels_of = channels_by_key(listing.channels)
         reports: dict[str, ReportView] = {}
+        signers: dict[str, str] = {}
         for manifest in listing.manifests:
             parsed = parse_report(manifest.validation)
             reports[manifest.key] = view = report_view(parsed)
-            self.write_artefact(manifest, parsed, view, channels_of.get(manifest.key, []), model_dir)
+            signers[manifest.key] = signer = signature_label(store, manifest, self.trust)
+            self.write_artefact(manifest, parsed, view, channels_of.get(manifest.key, []), signer, model_dir)
         history: ModelHistory | None = None
         history_problem = ""
         try:
             history = load_history(store, listing.model)
-            page = model_page(listing, history, reports)
+            page = model_page(listing, history, reports, signers)
         # Whatever stops the history (the storage, a record no check foresaw) costs the history section, not the
         # model page nor the rest of the site.
         except Exception as exc:
             history, history_problem = None, _problem(exc)
-            page = model_page(listing, None, reports, history_problem=history_problem)
+            page = model_page(listing, None, reports, signers, history_problem=history_problem)
         if history is not None:
             for cell, cell_page in zip(history.cells, page.cells, strict=True):
                 cell_page.plots, cell_page.plot_problem = self.write_history_plots(
@@ -391,10 +413,10 @@ class _SiteWriter:
         return page
 
     def write_artefact(self, manifest: Manifest, parsed: KindReport | str | None,
-                       view: ReportView, channels: list[str], model_dir: Path) -> None:
+                       view: ReportView, channels: list[str], signer: str, model_dir: Path) -> None:
         page = artefact_page(manifest, view, channels,
                              pull_command(manifest.model, manifest.key, self.registry_url, bundle=self.bundle,
-                                          s3_endpoint=self.s3_endpoint))
+                                          s3_endpoint=self.s3_endpoint), signer)
         if parsed is not None and not isinstance(parsed, str):
             page.plots, page.plot_problem = self.write_report_plots(parsed, model_dir / safe_file_name(manifest.key),
                                                                     relative_to=model_dir)

@@ -489,6 +489,25 @@ def test_the_catalogue_and_history_name_each_artefacts_signing_key(
     assert f"key {fingerprint[:16]}" in (out / "models" / "tiny-llama" / f"{signed.key}.html").read_text()
 
 
+def test_the_catalogue_with_trust_says_which_signatures_hold(
+    keys: dict[str, tuple[Path, Path]], tmp_path: Path
+) -> None:
+    store = open_store(str(tmp_path / "registry"))
+    by_nightly = publish_signed(store, write_artefact(tmp_path / "a", recipe="fp8"), keys["nightly"][0])
+    by_laptop = publish_signed(store, write_artefact(tmp_path / "b", recipe="int4-awq", files=tiny_files(seed=5)),
+                               keys["laptop"][0])
+    out = tmp_path / "site"
+    written = run_cli("catalogue", "--out", str(out), "--trust", str(keys["nightly"][1]),
+                      env=registry_env(str(tmp_path / "registry"), tmp_path / "cache"))
+    assert written.returncode == 0, written.stderr
+    model_page = (out / "models" / "tiny-llama.html").read_text()
+    nightly = load_signing_key(key_file=keys["nightly"][0]).fingerprint
+    assert f"nightly (key {nightly[:16]}; checked)" in model_page and "not checked" not in model_page
+    assert "does not hold:" in model_page and "which is not trusted (trusted: nightly)" in model_page
+    assert "does not hold:" in (out / "models" / "tiny-llama" / f"{by_laptop.key}.html").read_text()
+    assert "checked)" in (out / "models" / "tiny-llama" / f"{by_nightly.key}.html").read_text()
+
+
 # --- helpers ------------------------------------------------------------------------------------------------------
 
 
