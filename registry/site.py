@@ -191,22 +191,6 @@ def artefact_row(manifest: Manifest, view: ReportView, channels: list[str], sign
                        channels=channels, signer=signer)
 
 
-
-def signature_label(store: RegistryStore, manifest: Manifest, trust: Trust | None) -> str:
-    """The "signed by" of an artefact: without ``trust``, the key its manifest names, marked not checked; with it,
-    the trusted signer once the signature holds, or why it does not."""
-    if trust is None or manifest.signature is None:
-        return signer_label(manifest)
-    from registry.errors import SignatureError
-    from registry.signing import verify_stored
-
-    try:
-        checked = verify_stored(store, manifest, trust)
-    except SignatureError as exc:
-        return f"does not hold: {exc.message}"
-    return f"{checked.signer} (key {checked.fingerprint[:16]}; checked)"
-
-
 def provenance_rows(manifest: Manifest, signer: str) -> list[tuple[str, str]]:
     a, lineage = manifest.artefact, manifest.artefact.lineage
     gpu = a.build_gpu
@@ -341,6 +325,21 @@ def _swap_into_place(staging: Path, out_dir: Path) -> None:
     for old in out_dir.parent.glob(f".{out_dir.name}.old-*"):
         if old.is_dir() and (old / MARKER_FILE).exists():
             shutil.rmtree(old, ignore_errors=True)
+
+
+def signature_label(store: RegistryStore, manifest: Manifest, trust: Trust | None) -> str:
+    """The "signed by" of an artefact: without ``trust``, the key its manifest names, marked not checked; with it,
+    the trusted signer once the signature holds, or why it does not."""
+    if trust is None or manifest.signature is None:
+        return signer_label(manifest)
+    from registry.errors import SignatureError
+    from registry.signing import verify_stored
+
+    try:
+        checked = verify_stored(store, manifest, trust)
+    except SignatureError as exc:
+        return f"does not hold: {exc.message}"
+    return f"{checked.signer} (key {checked.fingerprint[:16]}; checked)"
 
 
 class _SiteWriter:
