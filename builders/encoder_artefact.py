@@ -16,13 +16,13 @@ from pydantic import BaseModel
 
 from builders.serve import ENGINESMITH_PYTHON
 from builders.stage import finished_artefact
-from enginesmith.artefacts import ARTEFACT_FILE, Artefact, GpuInfo, Lineage, ServeRecipe, artefact_record_bytes
-from enginesmith.checkpoints.digest import file_sha256
-from enginesmith.checkpoints.models import CheckpointFile
-from enginesmith.errors import UserError
-from enginesmith.locks import output_lock
-from enginesmith.specs import EncoderKind, TargetSpec, Toolchains
-from enginesmith.staging import staged_output
+from enginesmith.core.artefacts import ARTEFACT_FILE, Artefact, GpuInfo, Lineage, ServeRecipe, artefact_record_bytes
+from enginesmith.core.checkpoints.digest import file_sha256
+from enginesmith.core.checkpoints.models import CheckpointFile
+from enginesmith.core.errors import UserError
+from enginesmith.core.locks import output_lock
+from enginesmith.core.specs import EncoderKind, TargetSpec, Toolchains
+from enginesmith.core.staging import staged_output
 from quantization.encoder_stage import GRAPH_FILE, EncoderGraph, check_encoder_tools
 
 TOKENIZER_FILE = "tokenizer.json"

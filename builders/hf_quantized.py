@@ -16,9 +16,9 @@ from typing import Any
 import yaml
 
 from builders.serve import TRTLLM_OPTIONS_FILE
-from enginesmith.artefacts import QuantizedCheckpoint
-from enginesmith.errors import UserError
-from enginesmith.specs import BuildProfile, RecipeSpec, TargetSpec
+from enginesmith.core.artefacts import QuantizedCheckpoint
+from enginesmith.core.errors import UserError
+from enginesmith.core.specs import BuildProfile, RecipeSpec, TargetSpec
 
 
 def trtllm_serve_options(profile: BuildProfile) -> dict[str, Any]:

@@ -11,13 +11,13 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from enginesmith.artefacts import ServeRecipe
-from enginesmith.config import REPO_ROOT
-from enginesmith.errors import UserError
-from enginesmith.factcache import fact_path, read_fact, write_fact
-from enginesmith.memory import SERVING_OVERHEAD
-from enginesmith.runtimes import environment, environment_versions, interpreter_of, locate, serve_command
-from enginesmith.specs import BuildProfile
+from enginesmith.core.artefacts import ServeRecipe
+from enginesmith.core.config import REPO_ROOT
+from enginesmith.core.errors import UserError
+from enginesmith.core.factcache import fact_path, read_fact, write_fact
+from enginesmith.core.memory import SERVING_OVERHEAD
+from enginesmith.core.runtimes import environment, environment_versions, interpreter_of, locate, serve_command
+from enginesmith.core.specs import BuildProfile
 
 VLLM_CPU_PYTHON = "{vllm_cpu_python}"
 VLLM_CPU_PYTHON_ENV = "ENGINESMITH_VLLM_CPU_PYTHON"
@@ -224,7 +224,7 @@ def check_with_vllm_parser(argument_lists: list[list[str]], *, python: str,
     accepts it, else vLLM's reason; and that vLLM's version. One process for all of them (importing vLLM takes
     seconds), and none where every verdict is known: a verdict depends only on the vLLM distribution (name and
     version, read from the environment's metadata) and the argv, so it is kept in the fact cache
-    (``enginesmith.factcache``; ``cache_dir`` overrides its root)."""
+    (``enginesmith.core.factcache``; ``cache_dir`` overrides its root)."""
     distribution = _vllm_distribution(python)
     paths = [fact_path(VERDICTS, distribution, argv, root=cache_dir) if distribution else None
              for argv in argument_lists]

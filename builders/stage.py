@@ -1,6 +1,6 @@
 """The build stage: a ``QuantizedCheckpoint`` to an ``Artefact`` directory for one target SKU and kind.
 
-It writes through ``enginesmith.staging``: ``artefact.json`` (with every file's sha256) is written last in
+It writes through ``enginesmith.core.staging``: ``artefact.json`` (with every file's sha256) is written last in
 ``<out>.partial`` and the directory renamed into place, so a build killed half-way leaves nothing that looks
 complete.
 """
@@ -22,7 +22,7 @@ from builders.serve import (
     vllm_recipe,
 )
 from builders.trtllm_engine import DEFAULT_BUILD_TIMEOUT_S, EngineToolchain, build_engine, engine_toolchain
-from enginesmith.artefacts import (
+from enginesmith.core.artefacts import (
     ARTEFACT_FILE,
     COMPLETE_MARKER,
     Artefact,
@@ -33,15 +33,15 @@ from enginesmith.artefacts import (
     artefact_record_bytes,
     artefact_runtimes,
 )
-from enginesmith.checkpoints.digest import file_sha256
-from enginesmith.checkpoints.models import CheckpointFile
-from enginesmith.compat import CellRequest, describe_violations, violations
-from enginesmith.errors import IncompatibleError, UserError
-from enginesmith.gpus import VISIBLE_ENV, DetectedGpu, build_gpu_info, detect
-from enginesmith.locks import output_lock
-from enginesmith.memory import GIB
-from enginesmith.specs import ArtefactKind, BuildProfile, ModelSpec, RecipeSpec, TargetSpec, Toolchains
-from enginesmith.staging import staged_output
+from enginesmith.core.checkpoints.digest import file_sha256
+from enginesmith.core.checkpoints.models import CheckpointFile
+from enginesmith.core.compat import CellRequest, describe_violations, violations
+from enginesmith.core.errors import IncompatibleError, UserError
+from enginesmith.core.gpus import VISIBLE_ENV, DetectedGpu, build_gpu_info, detect
+from enginesmith.core.locks import output_lock
+from enginesmith.core.memory import GIB
+from enginesmith.core.specs import ArtefactKind, BuildProfile, ModelSpec, RecipeSpec, TargetSpec, Toolchains
+from enginesmith.core.staging import staged_output
 
 
 class BuildRequest(BaseModel):
@@ -189,7 +189,7 @@ def serve_recipes(kind: ArtefactKind, recipe: RecipeSpec, profile: BuildProfile,
 
 
 def _targets(request: BuildRequest) -> list[TargetSpec]:
-    from enginesmith.config import default_catalogue
+    from enginesmith.core.config import default_catalogue
 
     return list(default_catalogue().targets.values())
 

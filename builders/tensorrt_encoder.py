@@ -26,8 +26,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from enginesmith.errors import TransientError, UserError
-from enginesmith.process import run_logged
+from enginesmith.core.errors import TransientError, UserError
+from enginesmith.core.process import run_logged
 
 TRTEXEC_ENV = "ENGINESMITH_TRTEXEC"
 ENGINE_FILE = "model.plan"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from enginesmith.runtimes import interpreter_of, read_versions
+from enginesmith.core.runtimes import interpreter_of, read_versions
 
 # ModelOpt is not among them: the artefact's "modelopt" is the exporter the quantised checkpoint records.
 PACKAGES = {

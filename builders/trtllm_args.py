@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from enginesmith.specs import BuildProfile
+from enginesmith.core.specs import BuildProfile
 
 # Checkpoints whose quantisation gives FP8 context FMHA something to do (it takes effect only on SM >= 89).
 FP8_CONTEXT_FMHA_ALGOS = {"FP8", "W4A8_AWQ", "NVFP4"}

@@ -15,13 +15,13 @@ from typing import Any
 from builders.failures import explain_failure
 from builders.toolchain import toolchain_versions
 from builders.trtllm_args import trtllm_build_argv
-from enginesmith.artefacts import QuantizedCheckpoint
-from enginesmith.checkpoints.files import TOKENIZER_FILES
-from enginesmith.compat import modelopt_pin_problem
-from enginesmith.errors import UserError
-from enginesmith.process import run_logged
-from enginesmith.runtimes import release_matches, tool_path
-from enginesmith.specs import BuildProfile, TargetSpec
+from enginesmith.core.artefacts import QuantizedCheckpoint
+from enginesmith.core.checkpoints.files import TOKENIZER_FILES
+from enginesmith.core.compat import modelopt_pin_problem
+from enginesmith.core.errors import UserError
+from enginesmith.core.process import run_logged
+from enginesmith.core.runtimes import release_matches, tool_path
+from enginesmith.core.specs import BuildProfile, TargetSpec
 
 DEFAULT_BUILD_TIMEOUT_S = 4 * 3600
 

@@ -19,15 +19,16 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.context import TaskRunContext
 
-from enginesmith.config import default_catalogue, load_pipeline_config
-from enginesmith.errors import ConfigError, TransientError, UserError
-from enginesmith.reports import GATE_COLUMNS, gate_rows, parse_report
-from enginesmith.specs import PipelineConfig
+from enginesmith.core.config import default_catalogue, load_pipeline_config
+from enginesmith.core.errors import ConfigError, TransientError, UserError
+from enginesmith.core.reports import GATE_COLUMNS, gate_rows, parse_report
+from enginesmith.core.specs import PipelineConfig
 from flows.history import record_cell
-from pipeline import steps
-from pipeline.kinds import CellContext, CellKind, PlannedCell, find_planned
+from pipeline.common import steps
+from pipeline.common.params import RUN_CELL_FLOW, CellSummary, RunCellParams
+from pipeline.common.protocol import CellContext, CellKind, PlannedCell
+from pipeline.kind_registry import find_planned
 from pipeline.kinds.llm import LLM, BuildCellParams, cell_for
-from pipeline.params import RUN_CELL_FLOW, CellSummary, RunCellParams
 
 RETRY_DELAYS_S: list[float] = [10, 60, 300]
 STAGE_TIMEOUT_S = 6 * 3600  # a stage run on another pool (quantize_on), waited for
@@ -139,7 +140,7 @@ def publish_if_passed(cell: PlannedCell, artefact_dir: Path, report: dict[str, A
     parsed = parse_report(report)
     if parsed is None or isinstance(parsed, str):
         raise UserError(f"cell {cell.id}: its validation wrote a report this version cannot read: {parsed}",
-                        where=cell.id, hint="the kind's report model must be registered (enginesmith.reports)")
+                        where=cell.id, hint="the kind's report model must be registered (enginesmith.core.reports)")
     artifact_key = cell.key[:12]  # artifact keys: lowercase letters, digits and dashes
     create_markdown_artifact(markdown=parsed.markdown(), key=f"report-{artifact_key}",
                              description=f"validation of {cell.id}")

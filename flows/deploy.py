@@ -16,11 +16,11 @@ from uuid import UUID
 
 from pydantic import BaseModel
 
-from enginesmith.config import REPO_ROOT, default_catalogue
-from enginesmith.errors import UserError
-from enginesmith.specs import TargetSpec
-from pipeline.kinds import KINDS
-from pipeline.params import RUN_CELL_FLOW
+from enginesmith.core.config import REPO_ROOT, default_catalogue
+from enginesmith.core.errors import UserError
+from enginesmith.core.specs import TargetSpec
+from pipeline.common.params import RUN_CELL_FLOW
+from pipeline.kind_registry import KINDS
 
 NIGHTLY_CRON = "0 2 * * *"
 # The flows a cell is dispatched to, each deployed on every pool (a route may send any cell to any pool).

@@ -14,11 +14,11 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from enginesmith.errors import UserError
-from enginesmith.specs import PipelineConfig
-from pipeline import steps
-from pipeline.kinds import PlannedCell
-from pipeline.params import CellSummary
+from enginesmith.core.errors import UserError
+from enginesmith.core.specs import PipelineConfig
+from pipeline.common import steps
+from pipeline.common.params import CellSummary
+from pipeline.common.protocol import PlannedCell
 from registry.history import (
     HIGHER_IS_BETTER,
     CellOutcome,

@@ -16,15 +16,15 @@ from prefect.deployments import run_deployment
 from prefect.futures import PrefectFuture
 from prefect.states import Cancelled, State
 
-from enginesmith.config import default_catalogue, load_pipeline_config
-from enginesmith.errors import TransientError
-from enginesmith.plan import first_route
-from enginesmith.specs import PipelineConfig
+from enginesmith.core.config import default_catalogue, load_pipeline_config
+from enginesmith.core.errors import TransientError
+from enginesmith.core.plan import first_route
+from enginesmith.core.specs import PipelineConfig
 from flows.cell import build_cell, run_cell
 from flows.history import last_outcomes, record_cell, versus_last_night
-from pipeline import steps
-from pipeline.kinds import CellKind, Dispatch, PlannedCell
-from pipeline.params import RUN_CELL_FLOW, CellSummary
+from pipeline.common import steps
+from pipeline.common.params import RUN_CELL_FLOW, CellSummary
+from pipeline.common.protocol import CellKind, Dispatch, PlannedCell
 from pipeline.preflight import run_preflight
 from registry.history import OutcomeStatus
 
@@ -191,7 +191,7 @@ def publish_catalogue(pipeline: PipelineConfig, *, changed: bool) -> None:
     are published whatever the site says)."""
     from prefect.artifacts import create_link_artifact
 
-    from enginesmith.errors import UserError
+    from enginesmith.core.errors import UserError
     from registry.site import write_catalogue
     from registry.store import open_store
 

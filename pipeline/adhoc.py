@@ -1,5 +1,5 @@
 """Quantising and building outside a matrix (``enginesmith quantize SOURCE --recipe R``, ``enginesmith build DIR
---target T``): the stage requests, keyed by the same functions the plan keys a cell with (``enginesmith.plan``),
+--target T``): the stage requests, keyed by the same functions the plan keys a cell with (``enginesmith.core.plan``),
 from what the command line gives and what is installed here. The CLI parses and prints; this decides."""
 
 from __future__ import annotations
@@ -7,15 +7,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from builders.stage import BuildRequest
-from enginesmith.artefacts import ExportFormat, QuantizedCheckpoint
-from enginesmith.calibration import calibration_fingerprint
-from enginesmith.checkpoints.inspect import model_shape
-from enginesmith.checkpoints.pull import parse_source, pull_checkpoint
-from enginesmith.config import Catalogue
-from enginesmith.errors import UserError
-from enginesmith.plan import build_key, builder_inputs, calibration_plan, quantize_key
-from enginesmith.shapes import choose_awq_block_size, keyed_recipe
-from enginesmith.specs import ARTEFACT_KINDS, BuildProfile, PipelineConfig, Toolchains, check_power_of_two
+from enginesmith.core.artefacts import ExportFormat, QuantizedCheckpoint
+from enginesmith.core.calibration import calibration_fingerprint
+from enginesmith.core.checkpoints.inspect import model_shape
+from enginesmith.core.checkpoints.pull import parse_source, pull_checkpoint
+from enginesmith.core.config import Catalogue
+from enginesmith.core.errors import UserError
+from enginesmith.core.plan import build_key, builder_inputs, calibration_plan, quantize_key
+from enginesmith.core.shapes import choose_awq_block_size, keyed_recipe
+from enginesmith.core.specs import ARTEFACT_KINDS, BuildProfile, PipelineConfig, Toolchains, check_power_of_two
 from quantization.stage import QuantizeRequest, installed_versions
 
 EXPORT_FORMATS: tuple[ExportFormat, ...] = ("hf", "trtllm", "hf-bf16")

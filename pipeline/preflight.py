@@ -8,10 +8,11 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from enginesmith.config import Catalogue, load_pipeline_config
-from enginesmith.specs import PipelineConfig
-from pipeline.kinds import CellFilter, CellKind, PlannedCell, kinds_of
-from pipeline.verdicts import CellPreflight, CellStatus
+from enginesmith.core.config import Catalogue, load_pipeline_config
+from enginesmith.core.specs import PipelineConfig
+from pipeline.common.protocol import CellFilter, CellKind, PlannedCell
+from pipeline.common.verdicts import CellPreflight, CellStatus
+from pipeline.kind_registry import kinds_of
 
 
 class PreflightReport(BaseModel):

@@ -8,9 +8,9 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from enginesmith.artefacts import CalibrationRecord
-from enginesmith.calibration import calibration_source_path
-from enginesmith.errors import UserError
+from enginesmith.core.artefacts import CalibrationRecord
+from enginesmith.core.calibration import calibration_source_path
+from enginesmith.core.errors import UserError
 
 if TYPE_CHECKING:
     import torch

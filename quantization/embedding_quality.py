@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from enginesmith.errors import UserError
+from enginesmith.core.errors import UserError
 
 if TYPE_CHECKING:
     import numpy as np

@@ -13,13 +13,13 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from enginesmith.artefacts import COMPLETE_MARKER
-from enginesmith.checkpoints.encoder_layout import EncoderLayout
-from enginesmith.checkpoints.models import Checkpoint
-from enginesmith.errors import ConfigError, UserError
-from enginesmith.locks import output_lock
-from enginesmith.specs import EncoderModelSpec, EncoderRecipeSpec
-from enginesmith.staging import staged_output
+from enginesmith.core.artefacts import COMPLETE_MARKER
+from enginesmith.core.checkpoints.encoder_layout import EncoderLayout
+from enginesmith.core.checkpoints.models import Checkpoint
+from enginesmith.core.errors import ConfigError, UserError
+from enginesmith.core.locks import output_lock
+from enginesmith.core.specs import EncoderModelSpec, EncoderRecipeSpec
+from enginesmith.core.staging import staged_output
 from quantization.embedding_quality import EmbeddingAgreement
 from quantization.onnx_export import OnnxExportResult
 from quantization.onnx_quantize import OnnxQuantizeResult
@@ -79,7 +79,7 @@ def check_encoder_tools(expected: dict[str, str]) -> None:
 def served_layout(model: EncoderModelSpec, checkpoint_dir: Path) -> tuple[EncoderLayout, int]:
     """The checkpoint's pooling and normalisation, checked against what the config says it expects, and the
     sequence length to serve (the config's ``max_length`` where it is shorter than the checkpoint's)."""
-    from enginesmith.checkpoints.encoder_layout import read_layout
+    from enginesmith.core.checkpoints.encoder_layout import read_layout
 
     layout = read_layout(checkpoint_dir)
     for field, expected, found in (("pooling", model.pooling, layout.pooling),
@@ -159,7 +159,7 @@ def quantize_stage(model: EncoderModelSpec, recipe: EncoderRecipeSpec, checkpoin
                     onnx_path=export.onnx_path, model_dir=checkpoint_dir, output_path=graph, mode=recipe.quantize,
                     calibration_file=calibration, sequence_length=min(128, max_seq_length)))
                 quantization = quantization.model_copy(update={"output_path": out_dir / GRAPH_FILE})
-                from enginesmith.checkpoints.digest import file_sha256
+                from enginesmith.core.checkpoints.digest import file_sha256
 
                 calibration_sha256 = file_sha256(calibration)
             elif recipe.precision == "fp16":

@@ -12,8 +12,8 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from enginesmith.checkpoints.files import TOKENIZER_FILES
-from enginesmith.specs import RecipeSpec
+from enginesmith.core.checkpoints.files import TOKENIZER_FILES
+from enginesmith.core.specs import RecipeSpec
 
 if TYPE_CHECKING:
     import torch

@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from enginesmith.checkpoints.encoder_layout import EncoderLayout, read_layout
-from enginesmith.errors import UserError
+from enginesmith.core.checkpoints.encoder_layout import EncoderLayout, read_layout
+from enginesmith.core.errors import UserError
 
 if TYPE_CHECKING:
     import torch

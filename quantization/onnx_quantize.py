@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from enginesmith.assets import EMBEDDING_CALIBRATION_FILE, EMBEDDING_HELD_OUT_FILE
-from enginesmith.errors import UserError
+from enginesmith.core.assets import EMBEDDING_CALIBRATION_FILE, EMBEDDING_HELD_OUT_FILE
+from enginesmith.core.errors import UserError
 from quantization.onnx_export import check_onnx_file, default_opset
 
 if TYPE_CHECKING:

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from enginesmith.assets import TaskExample, read_task_file
+from enginesmith.core.assets import TaskExample, read_task_file
 
 if TYPE_CHECKING:
     import torch

@@ -5,8 +5,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from enginesmith.errors import UserError
-from enginesmith.specs import RecipeSpec
+from enginesmith.core.errors import UserError
+from enginesmith.core.specs import RecipeSpec
 
 
 def modelopt_config(recipe: RecipeSpec, *, awq_block_size: int | None = None) -> dict[str, Any]:

@@ -1,8 +1,8 @@
 """The quantize stage: a ``Checkpoint`` and a recipe to a ``QuantizedCheckpoint`` on disk.
 
-It writes through ``enginesmith.staging`` (``<out>.partial``, renamed into place once the metadata and the completion
-marker are written last), so an interrupted run leaves nothing that looks finished. An output directory holding
-another key is never overwritten.
+It writes through ``enginesmith.core.staging`` (``<out>.partial``, renamed into place once the metadata and the
+completion marker are written last), so an interrupted run leaves nothing that looks finished. An output directory
+holding another key is never overwritten.
 """
 
 from __future__ import annotations
@@ -20,22 +20,22 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from enginesmith.artefacts import (
+from enginesmith.core.artefacts import (
     COMPLETE_MARKER,
     METADATA_FILE,
     ExportFormat,
     QualityReport,
     QuantizedCheckpoint,
 )
-from enginesmith.assets import read_task
-from enginesmith.checkpoints.digest import file_sha256
-from enginesmith.checkpoints.inspect import read_config
-from enginesmith.checkpoints.models import Checkpoint, CheckpointFile
-from enginesmith.errors import UserError
-from enginesmith.locks import output_lock
-from enginesmith.memory import GPU_CALIBRATION_FACTOR, dtype_bytes, quantize_need
-from enginesmith.specs import RecipeSpec
-from enginesmith.staging import PARTIAL_SUFFIX, staged_output
+from enginesmith.core.assets import read_task
+from enginesmith.core.checkpoints.digest import file_sha256
+from enginesmith.core.checkpoints.inspect import read_config
+from enginesmith.core.checkpoints.models import Checkpoint, CheckpointFile
+from enginesmith.core.errors import UserError
+from enginesmith.core.locks import output_lock
+from enginesmith.core.memory import GPU_CALIBRATION_FACTOR, dtype_bytes, quantize_need
+from enginesmith.core.specs import RecipeSpec
+from enginesmith.core.staging import PARTIAL_SUFFIX, staged_output
 from quantization.export import (
     ExportCheckError,
     check_hf_export,
@@ -303,7 +303,7 @@ def _check_block_size(hf_config: dict[str, Any], recipe: RecipeSpec, group_size:
     divide by (ModelOpt would find out only at export, after calibration)."""
     if group_size is None or recipe.is_passthrough:
         return
-    from enginesmith.shapes import ModelShape
+    from enginesmith.core.shapes import ModelShape
 
     try:
         widths = ModelShape.from_config(hf_config).quantized_input_widths(tp)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
-from enginesmith.errors import UserError
+from enginesmith.core.errors import UserError
 from registry.errors import IntegrityError, NotFoundError, ReadOnlyStoreError
 from registry.manifest import Manifest, utc_timestamp
 from registry.names import MANIFEST_SUFFIX, blob_path, is_digest, is_name, manifest_path

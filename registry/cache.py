@@ -27,9 +27,9 @@ import uuid
 from contextlib import AbstractContextManager
 from pathlib import Path
 
-from enginesmith.errors import UserError
-from enginesmith.factcache import cache_root
-from enginesmith.locks import exclusive
+from enginesmith.core.errors import UserError
+from enginesmith.core.factcache import cache_root
+from enginesmith.core.locks import exclusive
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from pydantic import BaseModel
 
-from enginesmith.errors import UserError
+from enginesmith.core.errors import UserError
 from registry.errors import IntegrityError, NotFoundError
 from registry.manifest import Manifest, key_problem, parse_manifest
 from registry.names import Ref, manifest_path

@@ -16,8 +16,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from enginesmith.errors import UserError
-from enginesmith.secrets import register_secret
+from enginesmith.core.errors import UserError
+from enginesmith.core.secrets import register_secret
 
 USERNAME_ENV = "ENGINESMITH_OCI_USERNAME"
 PASSWORD_ENV = "ENGINESMITH_OCI_PASSWORD"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from enginesmith.errors import TransientError, UserError
+from enginesmith.core.errors import TransientError, UserError
 
 
 class NotFoundError(UserError):

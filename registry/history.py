@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError, computed_field
 
-from enginesmith.plan import cell_id
-from enginesmith.reports import parse_report, serving_profiles_of
-from enginesmith.reports.measures import Spread
-from enginesmith.reports.profiles import DEFAULT_PROFILE, ServingProfile
+from enginesmith.core.plan import cell_id
+from enginesmith.core.reports import parse_report, serving_profiles_of
+from enginesmith.core.reports.measures import Spread
+from enginesmith.core.reports.profiles import DEFAULT_PROFILE, ServingProfile
 from registry.catalog import READ_THREADS, list_model
 from registry.errors import IntegrityError
 from registry.manifest import parse_timestamp, utc_timestamp
@@ -36,7 +36,7 @@ from registry.names import is_name
 from registry.store import RegistryStore
 
 if TYPE_CHECKING:
-    from enginesmith.artefacts import Artefact
+    from enginesmith.core.artefacts import Artefact
     from registry.manifest import Manifest
 
 HISTORY_SCHEMA_VERSION = 1
@@ -280,7 +280,7 @@ def outcome_from_report(
     signer: str | None = None,
 ) -> CellOutcome:
     """The outcome of one cell run, with what its validation report measured: each kind's report says which of
-    its measures are per-round ratios, which are accuracy, and its gates (``enginesmith.reports``). A report this
+    its measures are per-round ratios, which are accuracy, and its gates (``enginesmith.core.reports``). A report this
     version cannot read leaves them out, as does a measurement that is not a finite number."""
     metrics: dict[str, MetricSpread] = {}
     frontier: dict[str, MetricSpread] = {}

@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Generator, Iterator, Sequence
 from pathlib import Path
 
-from enginesmith.locks import exclusive
+from enginesmith.core.locks import exclusive
 from registry.errors import IntegrityError, NotFoundError
 from registry.manifest import utc_timestamp
 from registry.names import (

@@ -8,10 +8,10 @@ from __future__ import annotations
 import os
 from importlib import metadata
 
-from enginesmith.config import Catalogue, default_catalogue
-from enginesmith.errors import UserError
-from enginesmith.gpus import GIB, detect
-from enginesmith.specs import EXACT_RUNTIMES
+from enginesmith.core.config import Catalogue, default_catalogue
+from enginesmith.core.errors import UserError
+from enginesmith.core.gpus import GIB, detect
+from enginesmith.core.specs import EXACT_RUNTIMES
 from registry.resolve import CPU_TARGET, ENGINE_RUNTIME, GpuSlot, Machine, describe_gpus
 
 AUTO_TARGET = "auto"

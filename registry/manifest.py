@@ -18,9 +18,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
-from enginesmith.artefacts import ARTEFACT_FILE, Artefact
-from enginesmith.checkpoints.models import CheckpointFile
-from enginesmith.reports import Objective, parse_report
+from enginesmith.core.artefacts import ARTEFACT_FILE, Artefact
+from enginesmith.core.checkpoints.models import CheckpointFile
+from enginesmith.core.reports import Objective, parse_report
 from registry.errors import IntegrityError, UnsafePathError
 from registry.names import is_digest, is_name
 

@@ -21,7 +21,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 
-from enginesmith.errors import UserError
+from enginesmith.core.errors import UserError
 
 # Model ids, keys and channels become path components on disk and in object keys: one safe component each.
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")

@@ -44,9 +44,9 @@ from urllib.parse import urlencode, urljoin
 
 import httpx
 
-from enginesmith.errors import UserError
-from enginesmith.locks import exclusive
-from enginesmith.secrets import register_secret
+from enginesmith.core.errors import UserError
+from enginesmith.core.locks import exclusive
+from enginesmith.core.secrets import register_secret
 from registry.docker_config import credentials_for
 from registry.errors import IntegrityError, NotFoundError, RegistryUnavailableError
 from registry.manifest import SIGNATURE_FILE

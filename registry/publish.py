@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ValidationError
 
 from enginesmith import __version__
-from enginesmith.artefacts import ARTEFACT_FILE, Artefact
-from enginesmith.checkpoints.models import CheckpointFile
-from enginesmith.errors import UserError
+from enginesmith.core.artefacts import ARTEFACT_FILE, Artefact
+from enginesmith.core.checkpoints.models import CheckpointFile
+from enginesmith.core.errors import UserError
 from registry.catalog import load_manifest
 from registry.errors import IntegrityError, UnsafePathError
 from registry.manifest import Manifest, SignatureRef, file_list_problem, key_problem, utc_timestamp
@@ -71,7 +71,8 @@ def read_artefact_dir(artefact_dir: Path) -> Artefact:
         first = exc.errors()[0]
         field = ".".join(str(part) for part in first["loc"]) or "(document)"
         raise UserError(f"{field}: {first['msg']}", where=str(record_path),
-                        hint="artefact.json must match enginesmith.artefacts.Artefact; rebuild the artefact") from None
+                        hint="artefact.json must match enginesmith.core.artefacts.Artefact; rebuild the "
+                             "artefact") from None
     problem = file_list_problem(artefact.files)
     if problem and problem.escapes:
         raise UnsafePathError(problem.message, where=f"{record_path}: files[{problem.index}]",

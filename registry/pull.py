@@ -23,11 +23,11 @@ from typing import Literal
 
 from pydantic import BaseModel, computed_field
 
-from enginesmith.artefacts import ARTEFACT_FILE, artefact_record_bytes
-from enginesmith.checkpoints.models import CheckpointFile
-from enginesmith.diskspace import disk_filled_error, is_disk_full, require_free_space, same_filesystem
-from enginesmith.errors import UserError
-from enginesmith.factcache import CACHE_ENV
+from enginesmith.core.artefacts import ARTEFACT_FILE, artefact_record_bytes
+from enginesmith.core.checkpoints.models import CheckpointFile
+from enginesmith.core.diskspace import disk_filled_error, is_disk_full, require_free_space, same_filesystem
+from enginesmith.core.errors import UserError
+from enginesmith.core.factcache import CACHE_ENV
 from registry.cache import LOCKS_ENV, BlobCache, link_or_copy, size_or_zero
 from registry.errors import IntegrityError, RegistryUnavailableError, SignatureError, UnsafePathError
 from registry.manifest import (

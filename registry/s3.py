@@ -8,7 +8,7 @@ A big blob goes up as a multipart upload that outlives the process: the next pub
 Concurrent publishers of one blob may share an upload: every part's bytes are fixed by the blob's digest, so
 writing a part twice, or completing twice, stores the same object.
 Credentials come from boto3's usual chain (environment, ``~/.aws`` files, instance roles); the secret parts
-are registered with ``enginesmith.secrets`` as they are read, so no message or log record can show them.
+are registered with ``enginesmith.core.secrets`` as they are read, so no message or log record can show them.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from enginesmith.errors import UserError
-from enginesmith.secrets import register_secret, scrub
+from enginesmith.core.errors import UserError
+from enginesmith.core.secrets import register_secret, scrub
 from registry.errors import IntegrityError, NotFoundError, RegistryUnavailableError
 from registry.manifest import utc_timestamp
 from registry.names import (

@@ -27,9 +27,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict
 
-from enginesmith.artefacts import ARTEFACT_FILE, artefact_record_bytes
-from enginesmith.errors import UserError
-from enginesmith.secrets import register_secret
+from enginesmith.core.artefacts import ARTEFACT_FILE, artefact_record_bytes
+from enginesmith.core.errors import UserError
+from enginesmith.core.secrets import register_secret
 from registry.errors import NotFoundError, SignatureError
 from registry.manifest import PUBLICATION_FILE, PULL_RECORD_FILE, SIGNATURE_FILE, Manifest, SignatureRef
 from registry.names import is_name
@@ -124,7 +124,7 @@ def load_signing_key(*, key_file: Path | None = None, key_env: str | None = None
             raise UserError(f"the environment variable {key_env} is not set or empty", where=where,
                             hint=f"export {key_env} with the PEM text of the private key")
         pem = text.encode()
-    # Scrubbed from every log and error from here on (enginesmith.secrets): the key's text, line by line, and its
+    # Scrubbed from every log and error from here on (enginesmith.core.secrets): the key's text, line by line, and its
     # passphrase.
     for line in pem.decode(errors="replace").splitlines():
         if "-----" not in line:

@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from enginesmith.diskspace import size_label
-from enginesmith.errors import UserError
-from enginesmith.reports import KindReport, ReportView, parse_report
+from enginesmith.core.diskspace import size_label
+from enginesmith.core.errors import UserError
+from enginesmith.core.reports import KindReport, ReportView, parse_report
 from registry.catalog import ModelListing, list_model, list_models
 from registry.history import HIGHER_IS_BETTER, BuildEntry, CellHistory, ModelHistory, describe_regression
 from registry.manifest import Manifest, display_timestamp, signer_label

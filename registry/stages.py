@@ -16,9 +16,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ValidationError
 
-from enginesmith.artefacts import COMPLETE_MARKER, METADATA_FILE, QuantizedCheckpoint
-from enginesmith.diskspace import same_filesystem
-from enginesmith.staging import staged_output
+from enginesmith.core.artefacts import COMPLETE_MARKER, METADATA_FILE, QuantizedCheckpoint
+from enginesmith.core.diskspace import same_filesystem
+from enginesmith.core.staging import staged_output
 from registry.cache import BlobCache, link_or_copy
 from registry.errors import IntegrityError
 from registry.manifest import utc_timestamp

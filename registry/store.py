@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from enginesmith.errors import UserError
+from enginesmith.core.errors import UserError
 from registry.transfer import RateLimiter, TransferProgress
 
 DEFAULT_REGISTRY = ".enginesmith/registry"

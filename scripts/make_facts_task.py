@@ -1,7 +1,7 @@
 """Write the ``facts`` task: short questions with one-word answers, for small instruct models.
 
 Each row of ``enginesmith/assets/tasks/facts-eval.jsonl`` is ``{"prompt", "answer", "aliases", "family"}``; a reply
-is right when its first line contains the answer or an alias as a whole word (``enginesmith.tasks``). The families
+is right when its first line contains the answer or an alias as a whole word (``enginesmith.core.tasks``). The families
 are generated from the tables below, so the set is reproducible and reviewable.
 
 ``--measure MODEL_DIR`` scores a checkpoint on every family in BF16 with transformers (the model's chat template,
@@ -135,12 +135,12 @@ def rows(selected: list[str]) -> list[dict[str, object]]:
 
 
 def measure(model_dir: Path, items: list[dict[str, Any]]) -> dict[str, tuple[int, int]]:
-    """(right, total) per family: greedy, the model's chat template, BF16, scored like enginesmith.tasks."""
+    """(right, total) per family: greedy, the model's chat template, BF16, scored like enginesmith.core.tasks."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     sys.path.insert(0, str(REPO_ROOT))
-    from enginesmith.tasks import answer_matches, task_spec
+    from enginesmith.core.tasks import answer_matches, task_spec
 
     spec = task_spec("facts")
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

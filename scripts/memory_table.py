@@ -11,8 +11,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from enginesmith.config import default_catalogue
-from enginesmith.memory import GIB, SERVED_REFERENCE_BYTES, cell_needs, quantize_need, serving_need
+from enginesmith.core.config import default_catalogue
+from enginesmith.core.memory import GIB, SERVED_REFERENCE_BYTES, cell_needs, quantize_need, serving_need
 
 MODELS = {"Llama-3.1-8B": 8.03e9, "Llama-3.1-70B": 70.6e9}  # params_b in configs/nightly.yaml
 TARGETS = ("h100-sxm", "h200", "l40s")

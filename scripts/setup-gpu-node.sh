@@ -35,9 +35,9 @@ run() {  # show a command; run it unless --dry-run
 }
 
 if [ "${#names[@]}" -eq 0 ]; then
-  plan=$(PYTHONPATH=. "$REGISTRY_PYTHON" -m enginesmith.runtimes setup-plan --installed-by setup-gpu-node)
+  plan=$(PYTHONPATH=. "$REGISTRY_PYTHON" -m enginesmith.core.runtimes setup-plan --installed-by setup-gpu-node)
 else
-  plan=$(PYTHONPATH=. "$REGISTRY_PYTHON" -m enginesmith.runtimes setup-plan "${names[@]}")
+  plan=$(PYTHONPATH=. "$REGISTRY_PYTHON" -m enginesmith.core.runtimes setup-plan "${names[@]}")
 fi
 [ "$dry_run" = 0 ] || echo "==> dry run: nothing is changed"
 
@@ -87,7 +87,7 @@ while IFS=$'\t' read -r name kind python location first requirements image syste
   for file in "${files[@]}"; do
     run "${pip[@]}" install -r "$file"
   done
-  run env PYTHONPATH=. "$REGISTRY_PYTHON" -m enginesmith.runtimes check "$name"
+  run env PYTHONPATH=. "$REGISTRY_PYTHON" -m enginesmith.core.runtimes check "$name"
   echo "   stamp $stamp: $want"
   if [ "$dry_run" = 0 ]; then echo "$want" > "$stamp"; fi
 done <<< "$plan"

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from enginesmith.assets import ASSETS_DIR, TINY_MODEL_DIR, TaskExample
+from enginesmith.core.assets import ASSETS_DIR, TINY_MODEL_DIR, TaskExample
 from quantization.quality import evaluate_exact_match
 
 if TYPE_CHECKING:

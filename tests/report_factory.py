@@ -6,9 +6,9 @@ from __future__ import annotations
 from itertools import cycle, islice
 from typing import Any
 
-from enginesmith.reports.encoder import EncoderSide, EncoderValidationReport
-from enginesmith.reports.llm import Comparison, SideReport, ValidationReport
-from enginesmith.reports.measures import (
+from enginesmith.core.reports.encoder import EncoderSide, EncoderValidationReport
+from enginesmith.core.reports.llm import Comparison, SideReport, ValidationReport
+from enginesmith.core.reports.measures import (
     BenchmarkResult,
     CosineAgreement,
     GateResult,
@@ -18,7 +18,7 @@ from enginesmith.reports.measures import (
     TaskScore,
     ThroughputLevel,
 )
-from enginesmith.specs import WorkloadSpec
+from enginesmith.core.specs import WorkloadSpec
 
 REFERENCE_TOK_S = [100.0, 101.0, 99.0]
 

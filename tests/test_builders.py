@@ -10,9 +10,9 @@ import pytest
 
 from builders.stage import BuildRequest, build_artefact
 from builders.trtllm_args import trtllm_build_argv
-from enginesmith.config import default_catalogue
-from enginesmith.errors import UserError
-from enginesmith.specs import BuildProfile
+from enginesmith.core.config import default_catalogue
+from enginesmith.core.errors import UserError
+from enginesmith.core.specs import BuildProfile
 from quantization.stage import read_completed
 from tests.conftest import TINY_CALIBRATION, as_exported_in_trtllm_image, make_fake_trtllm_env, run_cli
 from tests.small_disk import on_small_disk, requires_mount_namespace
@@ -209,7 +209,7 @@ def test_serve_starts_vllm_cpu_and_answers_a_completion(int4_cpu_quantized, tmp_
 
     import httpx
 
-    from enginesmith.process import stop_group
+    from enginesmith.core.process import stop_group
     from tests.conftest import REPO_ROOT, needs_vllm_cpu
     from tests.waiting import wait_for_health
 
@@ -238,8 +238,8 @@ def test_an_hf_quantized_artefact_is_served_over_its_cells_gpus():
     """Review of #15: the reference was given --tensor-parallel-size and the candidate was not; both runtimes of an
     hf-quantized artefact now get the cell's tp and pp (an engine's are inside the engine)."""
     from builders.stage import serve_recipes
-    from enginesmith.config import default_catalogue
-    from enginesmith.specs import BuildProfile
+    from enginesmith.core.config import default_catalogue
+    from enginesmith.core.specs import BuildProfile
 
     fp8 = default_catalogue().recipe("fp8")
     trtllm, vllm = serve_recipes("hf-quantized", fp8, BuildProfile(), ["trtllm-pytorch", "vllm"], tp=2, pp=2)
@@ -254,7 +254,7 @@ def test_stopping_a_server_waits_for_its_whole_process_group(tmp_path):
     nightly's second run saw a log change after the first returned. stop_group returns once the group is gone."""
     import subprocess
 
-    from enginesmith.process import stop_group
+    from enginesmith.core.process import stop_group
 
     late = tmp_path / "late.log"
     worker = f'trap "sleep 1; echo late >> {late}; exit" TERM; sleep 30 & wait'
@@ -280,7 +280,7 @@ def test_quantize_and_build_onto_a_disk_too_small_fail_before_writing(tiny_model
 
 def test_vllm_gets_the_kv_cache_share_by_its_own_definition():
     from builders.serve import ServedMemory, vllm_args, vllm_memory_utilization
-    from enginesmith.memory import GIB, SERVING_OVERHEAD
+    from enginesmith.core.memory import GIB, SERVING_OVERHEAD
 
     device = 80 * GIB
     weights = 8.03e9 * 2  # Llama-3.1-8B in BF16, one H100
@@ -304,8 +304,8 @@ def test_vllm_cpu_is_found_by_setting_then_checkout_then_path_and_print_works_wi
     from typer.testing import CliRunner
 
     import builders.serve as serve
-    from enginesmith.artefacts import ARTEFACT_FILE, Artefact, Lineage, ServeRecipe
     from enginesmith.cli import app
+    from enginesmith.core.artefacts import ARTEFACT_FILE, Artefact, Lineage, ServeRecipe
 
     monkeypatch.delenv("ENGINESMITH_VLLM_CPU_PYTHON", raising=False)
     monkeypatch.setattr(serve, "REPO_ROOT", tmp_path / "not-a-checkout")

@@ -13,7 +13,7 @@ from urllib.parse import unquote, urlparse
 
 import pytest
 
-from enginesmith.errors import UserError
+from enginesmith.core.errors import UserError
 from registry.catalog import load_manifest
 from registry.history import outcome_from_report, record_outcome
 from registry.local import LocalStore

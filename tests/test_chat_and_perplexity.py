@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from enginesmith.assets import read_paragraphs
+from enginesmith.core.assets import read_paragraphs
 from validation.accuracy import greedy_completions, perplexity, task_exact_match
 from validation.loadgen import LevelPlan, probe_capabilities, run_level
 from validation.workloads import perplexity_windows
@@ -74,7 +74,7 @@ def test_greedy_chat_completions_are_the_sums_alone_and_batched(vllm_cpu_server)
 def test_a_local_task_file_scores_the_same_by_enginesmith_and_by_lm_eval(vllm_cpu_server, tiny_model_dir, tmp_path):
     """#15 item 2: a task given by its path is asked and scored like a shipped one, by our exact match and by
     lm-eval's local-completions over the same file, and the two agree on the shipped addition examples it copies."""
-    from enginesmith.assets import task_eval_path
+    from enginesmith.core.assets import task_eval_path
     from validation.accuracy import lm_eval_task
 
     local = tmp_path / "my-sums.jsonl"
@@ -106,14 +106,14 @@ def test_scoring_a_side_imports_nothing_after_the_threads_imports_are_done(vllm_
     import sys
     from pathlib import Path
 
-    from enginesmith.assets import task_eval_path
+    from enginesmith.core.assets import task_eval_path
 
     task = tmp_path / "sums.jsonl"  # a few of the shipped addition questions, as a local task file: asked the same way
     task.write_text("\n".join(task_eval_path("addition").read_text().splitlines()[:8]) + "\n")
     script = f"""
 import json, sys
 from pathlib import Path
-from enginesmith.assets import read_paragraphs
+from enginesmith.core.assets import read_paragraphs
 from validation.accuracy import import_for_threads, perplexity, shipped_task_scores
 from validation.loadgen import probe_capabilities
 from validation.server import Endpoint

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from enginesmith.checkpoints.pull import local_checkpoint
-from enginesmith.diskspace import require_free_space
-from enginesmith.errors import UserError
-from enginesmith.secrets import register_secret, scrub
+from enginesmith.core.checkpoints.pull import local_checkpoint
+from enginesmith.core.diskspace import require_free_space
+from enginesmith.core.errors import UserError
+from enginesmith.core.secrets import register_secret, scrub
 from tests.conftest import REPO_ROOT, TINY_REPO_ID, run_cli
 from tests.fake_hub import FakeHub, FakeHubServer
 
@@ -250,9 +250,9 @@ def test_a_hub_outage_is_transient_and_retried_but_a_missing_repo_is_not(hub, tm
 _PLAN_THEN_PULL = """
 import json, sys
 from pathlib import Path
-from enginesmith.config import default_catalogue
-from enginesmith.plan import Cell
-from pipeline.plan_sources import plan_config
+from enginesmith.core.config import default_catalogue
+from enginesmith.core.plan import Cell
+from pipeline.common.plan_sources import plan_config
 from pipeline.kinds import llm_steps
 from pipeline.kinds.llm import cell_for
 from pipeline.kinds.llm import params_for
@@ -313,9 +313,9 @@ matrix:
 
 
 def test_a_local_model_changed_after_planning_is_refused_at_pull(tmp_path, tiny_model_dir, write_config):
-    from enginesmith.config import default_catalogue
+    from enginesmith.core.config import default_catalogue
+    from pipeline.common.plan_sources import plan_config
     from pipeline.kinds import llm_steps
-    from pipeline.plan_sources import plan_config
 
     model = tmp_path / "model"
     shutil.copytree(tiny_model_dir, model)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from enginesmith.config import default_catalogue, load_pipeline_config
-from enginesmith.errors import ConfigError
+from enginesmith.core.config import default_catalogue, load_pipeline_config
+from enginesmith.core.errors import ConfigError
 from tests.conftest import CONFIGS, run_cli
 
 MINIMAL = """\
@@ -86,7 +86,7 @@ def test_an_accuracy_task_that_does_not_exist_is_refused_when_the_config_loads(w
 def test_lm_eval_registry_tasks_are_named_as_lm_eval_names_them(write_config, minimal):
     """#15 item 2: a task is a shipped one or one of lm-eval's registry, checked against lm-eval's own task index
     when the config loads; a group (mmlu) is refused with what to name instead."""
-    from enginesmith.tasks import resolve_task
+    from enginesmith.core.tasks import resolve_task
 
     path = write_config(minimal + "workload:\n  name: w\n  accuracy_tasks: [facts, gsm8k, "
                                   "mmlu_abstract_algebra_generative]\n")
@@ -102,8 +102,8 @@ def test_lm_eval_registry_tasks_are_named_as_lm_eval_names_them(write_config, mi
 
 
 def test_a_local_task_file_is_a_task_and_its_bad_lines_are_named(write_config, minimal, tmp_path):
-    from enginesmith.assets import read_task
-    from enginesmith.tasks import resolve_task, task_spec
+    from enginesmith.core.assets import read_task
+    from enginesmith.core.tasks import resolve_task, task_spec
 
     good = tmp_path / "capitals.jsonl"
     good.write_text('{"prompt": "Capital of France:", "answer": " Paris"}\n\n{"prompt": "2+2=", "answer": "4"}\n')
@@ -112,8 +112,8 @@ def test_a_local_task_file_is_a_task_and_its_bad_lines_are_named(write_config, m
     assert resolve_task(str(good)).source == "local" and task_spec(str(good)).match == "exact"
     assert [e.answer for e in read_task(str(good))] == [" Paris", "4"]
     # The file's content is in the validation key: an edited task file is validated again, not taken as cached.
-    from enginesmith.config import default_catalogue
-    from pipeline.plan_sources import plan_config
+    from enginesmith.core.config import default_catalogue
+    from pipeline.common.plan_sources import plan_config
 
     before = plan_config(path, default_catalogue(), resolve_hub=False)[1].cells[0].stage_keys
     good.write_text(good.read_text() + '{"prompt": "3+3=", "answer": "6"}\n')
@@ -203,7 +203,7 @@ def test_the_catalogue_is_package_data_and_an_operator_can_bring_their_own(tmp_p
     import shutil
 
     import enginesmith
-    from enginesmith.config import config_dir
+    from enginesmith.core.config import config_dir
 
     shipped = config_dir()
     assert shipped.is_relative_to(Path(enginesmith.__file__).parent)
@@ -245,7 +245,7 @@ matrix: [{models: [tiny], recipes: [fp8], targets: [no-such-sku], kinds: [hf-qua
 def test_an_operators_catalogue_with_a_bad_field_is_refused_naming_the_file_field_and_line(tmp_path: Path):
     import shutil
 
-    from enginesmith.config import config_dir
+    from enginesmith.core.config import config_dir
 
     own = tmp_path / "catalogue"
     shutil.copytree(config_dir(), own)

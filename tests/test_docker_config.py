@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from enginesmith.errors import UserError
-from enginesmith.secrets import scrub
+from enginesmith.core.errors import UserError
+from enginesmith.core.secrets import scrub
 from registry.docker_config import credentials_for
 from tests.oci_registry import write_credential_helper
 

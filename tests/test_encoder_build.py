@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from enginesmith.artefacts import GpuInfo
-from enginesmith.config import default_catalogue
-from enginesmith.errors import UserError
-from enginesmith.specs import EncoderGateSpec, EncoderModelSpec
+from enginesmith.core.artefacts import GpuInfo
+from enginesmith.core.config import default_catalogue
+from enginesmith.core.errors import UserError
+from enginesmith.core.specs import EncoderGateSpec, EncoderModelSpec
 from tests.test_tensorrt_encoder import fake_trtexec_bin, fake_trtexec_env  # noqa: F401 (fixtures)
 
 H100 = GpuInfo(name="NVIDIA H100 80GB HBM3", pci_device_id="0x2330", sm=90, memory_total_bytes=80 * 2**30,
@@ -20,7 +20,7 @@ H100 = GpuInfo(name="NVIDIA H100 80GB HBM3", pci_device_id="0x2330", sm=90, memo
 
 @pytest.fixture(scope="module")
 def fp32_graph(minilm_dir: Path, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    from enginesmith.checkpoints.pull import local_checkpoint
+    from enginesmith.core.checkpoints.pull import local_checkpoint
     from quantization.encoder_stage import export_stage, quantize_stage
 
     work = tmp_path_factory.mktemp("encoder-build")
@@ -96,8 +96,8 @@ def test_fp16_recipe_casts_the_graph(fp32_graph, tmp_path: Path) -> None:  # typ
 
 
 def test_gates_refuse_a_candidate_far_from_the_reference() -> None:
-    from enginesmith.reports.encoder import EncoderSide
-    from enginesmith.reports.measures import CosineAgreement, RetrievalScore, Spread
+    from enginesmith.core.reports.encoder import EncoderSide
+    from enginesmith.core.reports.measures import CosineAgreement, RetrievalScore, Spread
     from validation.encoder_stage import encoder_gates
 
     def side(name: str, cosine: float, recall: float) -> EncoderSide:
@@ -162,7 +162,7 @@ def test_a_stage_refuses_a_toolchain_other_than_its_keys(fp32_graph, tmp_path: P
 
 
 def test_the_checkpoint_digest_covers_the_sentence_transformers_modules(minilm_dir: Path) -> None:
-    from enginesmith.checkpoints.pull import local_checkpoint
+    from enginesmith.core.checkpoints.pull import local_checkpoint
 
     files = {f.path for f in local_checkpoint(minilm_dir).files}
     assert {"modules.json", "1_Pooling/config.json", "sentence_bert_config.json", "tokenizer.json"} <= files

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from enginesmith.config import default_catalogue, load_pipeline_config
-from enginesmith.encoder_plan import plan_encoders
-from enginesmith.errors import ConfigError
-from enginesmith.specs import PipelineConfig
+from enginesmith.core.config import default_catalogue, load_pipeline_config
+from enginesmith.core.encoder_plan import plan_encoders
+from enginesmith.core.errors import ConfigError
+from enginesmith.core.specs import PipelineConfig
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 MINILM_CPU = CONFIGS / "examples" / "minilm-cpu.yaml"
@@ -127,7 +127,7 @@ def test_a_config_must_build_something() -> None:
 
 
 def test_config_pooling_that_the_checkpoint_contradicts_is_refused(minilm_dir: Path) -> None:
-    from enginesmith.specs import EncoderModelSpec
+    from enginesmith.core.specs import EncoderModelSpec
     from quantization.encoder_stage import served_layout
 
     layout, length = served_layout(EncoderModelSpec(id="m", repo=str(minilm_dir), max_length=128), minilm_dir)

@@ -148,11 +148,11 @@ def test_deployments_and_a_worker_run_build_cell(cpu_worker, published_tiny_conf
 def test_cell_on_a_pool_without_worker_is_reported_not_awaited_forever(cpu_worker, write_config, tiny_model_dir,
                                                                        tmp_path):
     """... and recorded in the cell's history under the run no worker started (the run itself never could)."""
-    from enginesmith.config import default_catalogue, load_pipeline_config
+    from enginesmith.core.config import default_catalogue, load_pipeline_config
     from flows.deploy import deploy_all
     from flows.nightly import dispatch_cell
+    from pipeline.common.plan_sources import plan_loaded
     from pipeline.kinds.llm import LLM
-    from pipeline.plan_sources import plan_loaded
     from registry.history import load_history
     from registry.store import open_store
 
@@ -236,7 +236,7 @@ def test_the_flows_retry_outages_and_never_a_deterministic_failure(tmp_path, err
     """#15 finding 4, as the flows' tasks see it: the retry predicate on the failed state Prefect hands it."""
     from prefect.states import Failed
 
-    from enginesmith.errors import ConfigError, TransientError
+    from enginesmith.core.errors import ConfigError, TransientError
     from flows.cell import retry_transient
     from registry.errors import RegistryUnavailableError
     from validation.server import exit_error
@@ -254,9 +254,9 @@ def test_dispatch_carries_every_field_the_plan_keyed(write_config, tiny_model_di
     """#15 finding 2: the parameters dispatch sent had no profile and no pp, so build-cell re-planned a
     long-context cell with the default profile (and pp 2 as pp 1) and would publish under a key the nightly never
     planned. Every cell the nightly plans comes back from its parameters with the same key."""
-    from enginesmith.config import default_catalogue
+    from enginesmith.core.config import default_catalogue
+    from pipeline.common.plan_sources import plan_config
     from pipeline.kinds.llm import cell_for, params_for
-    from pipeline.plan_sources import plan_config
 
     config = write_config(f"""
 version: 1
@@ -292,7 +292,7 @@ profiles:
 
 
 def test_a_profile_the_config_does_not_have_is_refused_naming_the_parameter():
-    from enginesmith.errors import ConfigError
+    from enginesmith.core.errors import ConfigError
     from pipeline.kinds.llm import BuildCellParams, cell_for
 
     with pytest.raises(ConfigError) as caught:
@@ -303,11 +303,11 @@ def test_a_profile_the_config_does_not_have_is_refused_naming_the_parameter():
 def test_validation_refuses_a_vllm_other_than_the_one_its_key_names(tmp_path):
     """#15 item 1: the validation key names the configured vLLM; a node with another one is refused before any server
     starts, naming both versions."""
-    from enginesmith.checkpoints.pull import local_checkpoint
-    from enginesmith.config import default_catalogue
-    from enginesmith.errors import UserError
+    from enginesmith.core.checkpoints.pull import local_checkpoint
+    from enginesmith.core.config import default_catalogue
+    from enginesmith.core.errors import UserError
+    from pipeline.common.plan_sources import plan_config
     from pipeline.kinds import llm_steps
-    from pipeline.plan_sources import plan_config
     from tests.conftest import needs_vllm_cpu
 
     needs_vllm_cpu()
@@ -325,9 +325,9 @@ def test_validation_refuses_a_vllm_other_than_the_one_its_key_names(tmp_path):
 def test_vs_last_night_says_which_metric_moved_beyond_the_spreads(tmp_path):
     """The nightly summary's column: a throughput drop beyond both nights' spreads is a regression, a TPOT change
     inside them is not, and a cell with no earlier build says so."""
-    from enginesmith.specs import PipelineConfig, RegistrySpec
+    from enginesmith.core.specs import PipelineConfig, RegistrySpec
     from flows.history import versus_last_night
-    from pipeline.params import CellSummary
+    from pipeline.common.params import CellSummary
     from registry.history import CellOutcome, MetricSpread, record_outcome
     from registry.store import open_store
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from enginesmith.config import default_catalogue
-from enginesmith.gpus import detect, read_gpus
+from enginesmith.core.config import default_catalogue
+from enginesmith.core.gpus import detect, read_gpus
 from tests.conftest import as_exported_in_trtllm_image, run_cli
 from tests.waiting import wait_for
 

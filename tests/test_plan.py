@@ -8,11 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from enginesmith.compat import RULES
-from enginesmith.config import default_catalogue
-from enginesmith.errors import ConfigError
-from enginesmith.keys import canonical_json, stage_key
-from pipeline.plan_sources import plan_config
+from enginesmith.core.compat import RULES
+from enginesmith.core.config import default_catalogue
+from enginesmith.core.errors import ConfigError
+from enginesmith.core.keys import canonical_json, stage_key
+from pipeline.common.plan_sources import plan_config
 from tests.conftest import CONFIGS, run_cli
 from tests.test_config import MINIMAL
 
@@ -41,8 +41,8 @@ def test_nightly_plan_has_cells_and_named_invalid_reasons():
 
 
 def test_the_reference_is_served_over_as_many_gpus_as_its_bf16_weights_need():
-    from enginesmith.config import default_catalogue
-    from enginesmith.memory import reference_tp
+    from enginesmith.core.config import default_catalogue
+    from enginesmith.core.memory import reference_tp
 
     targets = default_catalogue().targets
     assert reference_tp(8.03e9, 2, targets["h100-sxm"], tp=1, pp=1) == 1
@@ -233,8 +233,8 @@ def test_a_sweep_value_given_twice_is_refused_when_the_config_loads(write_config
 
 
 def test_an_fp8_kv_cache_is_swept_only_where_the_sku_has_fp8_kernels():
-    from enginesmith.specs import TuningSpec, WorkloadSpec
-    from enginesmith.tuning import tuning_problems
+    from enginesmith.core.specs import TuningSpec, WorkloadSpec
+    from enginesmith.core.tuning import tuning_problems
 
     catalogue = default_catalogue()
     sweep = TuningSpec(knobs={"kv_cache_dtype": ["auto", "fp8"]})

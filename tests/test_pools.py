@@ -7,8 +7,8 @@ import pytest
 
 
 def _cells(write_config, tiny_model_dir):  # type: ignore[no-untyped-def]
-    from enginesmith.config import default_catalogue
-    from pipeline.plan_sources import plan_config
+    from enginesmith.core.config import default_catalogue
+    from pipeline.common.plan_sources import plan_config
 
     config = write_config(f"""
 version: 1
@@ -71,7 +71,7 @@ def test_route_options_parse_in_order_into_the_routes_deploy_passes_on():
 
 @pytest.mark.parametrize("item", ["gpu-h200-big", "=gpu-h200-big", "llama-3.1-70b-instruct/*=", " = "])
 def test_a_route_without_a_pattern_or_a_pool_is_refused_naming_the_option(item):
-    from enginesmith.errors import UserError
+    from enginesmith.core.errors import UserError
     from flows.deploy import parse_routes
 
     with pytest.raises(UserError, match="not PATTERN=POOL") as refused:
@@ -81,7 +81,7 @@ def test_a_route_without_a_pattern_or_a_pool_is_refused_naming_the_option(item):
 
 
 def test_a_pattern_routed_twice_is_refused():
-    from enginesmith.errors import UserError
+    from enginesmith.core.errors import UserError
     from flows.deploy import parse_routes
 
     with pytest.raises(UserError, match="routed twice"):

@@ -16,7 +16,7 @@ def _cell_deployments(entrypoint: str) -> list[dict]:
 
 @pytest.mark.parametrize("flow_name", ["build-cell", "run-cell"])
 def test_prefect_yaml_has_each_cell_flow_deployed_per_pool_deploy_all_creates(flow_name: str):
-    from enginesmith.config import default_catalogue
+    from enginesmith.core.config import default_catalogue
     from flows.deploy import CELL_ENTRYPOINTS, pool_names
 
     expected = pool_names(default_catalogue().targets.values())
@@ -29,7 +29,7 @@ def test_prefect_yaml_has_each_cell_flow_deployed_per_pool_deploy_all_creates(fl
 
 
 def test_pool_names_cover_both_kinds_the_nightly_pool_and_routed_pools():
-    from enginesmith.config import default_catalogue
+    from enginesmith.core.config import default_catalogue
     from flows.deploy import pool_names
 
     catalogue = default_catalogue()

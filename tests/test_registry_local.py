@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from enginesmith.errors import UserError
+from enginesmith.core.errors import UserError
 from registry.bundle import BundleStore, write_bundle
 from registry.cache import BlobCache
 from registry.catalog import find_manifest, list_model, load_manifest

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from enginesmith.errors import UserError
+from enginesmith.core.errors import UserError
 from registry.errors import IntegrityError, UnsafePathError
 from registry.manifest import (
     Manifest,

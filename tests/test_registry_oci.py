@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from enginesmith.errors import UserError
+from enginesmith.core.errors import UserError
 from registry.cache import BlobCache
 from registry.catalog import find_manifest
 from registry.names import Ref

@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from enginesmith.config import default_catalogue
-from enginesmith.gpus import read_gpus
-from enginesmith.memory import SERVING_OVERHEAD
+from enginesmith.core.config import default_catalogue
+from enginesmith.core.gpus import read_gpus
+from enginesmith.core.memory import SERVING_OVERHEAD
 from registry.machine import describe_machine
 from registry.resolve import GIB, Constraints, GpuSlot, Machine, assess, resolve
 from tests.registry_helpers import manifest_for, throughput_report, write_artefact

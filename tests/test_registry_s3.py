@@ -216,7 +216,7 @@ def test_an_s3_registry_without_boto3_names_the_extra_to_install(monkeypatch) ->
     """#31: the base install has no boto3; an s3:// registry says which extra provides it, not a raw ImportError."""
     import sys
 
-    from enginesmith.errors import UserError
+    from enginesmith.core.errors import UserError
     from registry.store import open_store
 
     monkeypatch.setitem(sys.modules, "boto3", None)  # what `import boto3` meets where it is not installed

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from enginesmith.artefacts import ARTEFACT_FILE
-from enginesmith.checkpoints.models import CheckpointFile
-from enginesmith.errors import UserError
+from enginesmith.core.artefacts import ARTEFACT_FILE
+from enginesmith.core.checkpoints.models import CheckpointFile
+from enginesmith.core.errors import UserError
 from registry.cache import BlobCache
 from registry.catalog import find_manifest
 from registry.errors import NotFoundError

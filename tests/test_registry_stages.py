@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from enginesmith.artefacts import COMPLETE_MARKER, METADATA_FILE, QuantizedCheckpoint
-from enginesmith.checkpoints.models import CheckpointFile
+from enginesmith.core.artefacts import COMPLETE_MARKER, METADATA_FILE, QuantizedCheckpoint
+from enginesmith.core.checkpoints.models import CheckpointFile
 from registry.cache import BlobCache
 from registry.errors import IntegrityError
 from registry.gc import collect_garbage

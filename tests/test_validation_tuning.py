@@ -8,10 +8,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from enginesmith.artefacts import ServeRecipe
-from enginesmith.slo import parse_slo
-from enginesmith.specs import WorkloadSpec
-from enginesmith.tuning import TuningPoint
+from enginesmith.core.artefacts import ServeRecipe
+from enginesmith.core.slo import parse_slo
+from enginesmith.core.specs import WorkloadSpec
+from enginesmith.core.tuning import TuningPoint
 from validation.tuning import Sweep, measure_profiles
 
 PACED = Path(__file__).with_name("paced_server.py")

@@ -138,10 +138,10 @@ def test_two_pools_two_workers_on_postgres_build_a_nightly_on_different_workers(
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
     from prefect.client.schemas.objects import StateType
 
-    from enginesmith.artefacts import COMPLETE_MARKER
-    from enginesmith.config import default_catalogue
+    from enginesmith.core.artefacts import COMPLETE_MARKER
+    from enginesmith.core.config import default_catalogue
     from flows.nightly import nightly
-    from pipeline.plan_sources import plan_config
+    from pipeline.common.plan_sources import plan_config
 
     config = write_tiny_matrix(tmp_path / "matrix")
     config.write_text(config.read_text() + "quantize_on:\n  '*/int4-awq/*': cpu\n")
@@ -201,7 +201,7 @@ def test_a_node_killed_mid_cell_crashes_its_run_and_the_cell_is_rebuilt_and_publ
     from prefect.client.schemas.objects import StateType
     from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFilter
 
-    from pipeline.params import CellSummary
+    from pipeline.common.params import CellSummary
 
     config = write_tiny_matrix(tmp_path / "matrix", recipes=["fp8"])
     # The nightly in a process of its own (a node that survives): the test watches and kills meanwhile.

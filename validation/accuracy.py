@@ -19,9 +19,9 @@ from typing import Any
 
 import httpx
 
-from enginesmith.assets import read_task, task_eval_path
-from enginesmith.reports.measures import Perplexity, TaskScore
-from enginesmith.tasks import AccuracyTask, answer_matches, task_spec
+from enginesmith.core.assets import read_task, task_eval_path
+from enginesmith.core.reports.measures import Perplexity, TaskScore
+from enginesmith.core.tasks import AccuracyTask, answer_matches, task_spec
 from validation.loadgen import API_PATHS, Api, completion_payload
 from validation.server import Endpoint
 
@@ -53,7 +53,7 @@ def greedy_completions(endpoint: Endpoint, prompts: Sequence[str], max_tokens: i
 def task_exact_match(endpoint: Endpoint, task: str, limit: int | None = None,
                      api: Api = "completions") -> tuple[TaskScore, list[str]]:
     """Greedy completions of the task's prompts (stopped at a newline) compared with the answers by the task's
-    own rule (``enginesmith.tasks``)."""
+    own rule (``enginesmith.core.tasks``)."""
     spec = task_spec(task)
     rows = read_task(task, limit)
     completions = greedy_completions(endpoint, [r.prompt for r in rows], spec.max_tokens, stop=["\n"], api=api)
@@ -142,7 +142,7 @@ generation_kwargs:
   do_sample: false
   temperature: 0.0
 {scoring}"""
-# exact: lm-eval's own exact_match after stripping; word: our rule (enginesmith.tasks), as process_results.
+# exact: lm-eval's own exact_match after stripping; word: our rule (enginesmith.core.tasks), as process_results.
 EXACT_SCORING = """metric_list:
   - metric: exact_match
     aggregation: mean
@@ -161,8 +161,8 @@ metric_list:
     aggregation: mean
     higher_is_better: true
 """
-WORD_SCORING_MODULE = """from enginesmith.reports.measures import Perplexity, TaskScore
-from enginesmith.tasks import AccuracyTask, answer_matches, task_spec
+WORD_SCORING_MODULE = """from enginesmith.core.reports.measures import Perplexity, TaskScore
+from enginesmith.core.tasks import AccuracyTask, answer_matches, task_spec
 
 
 def process_results(doc, results):

@@ -30,9 +30,9 @@ import httpx
 import numpy as np
 from pydantic import BaseModel, model_validator
 
-from enginesmith.artefacts import ServeRecipe
-from enginesmith.errors import UserError
-from enginesmith.reports.measures import CosineAgreement, RetrievalScore, Spread, ThroughputLevel
+from enginesmith.core.artefacts import ServeRecipe
+from enginesmith.core.errors import UserError
+from enginesmith.core.reports.measures import CosineAgreement, RetrievalScore, Spread, ThroughputLevel
 from validation.server import LOOPBACK, Endpoint, free_port, running_server
 
 if TYPE_CHECKING:

@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
 
-from enginesmith.errors import UserError
+from enginesmith.core.errors import UserError
 
 if TYPE_CHECKING:
     import numpy as np

@@ -20,9 +20,9 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Literal
 
-from enginesmith.reports.encoder import BASELINE, CANDIDATE, REFERENCE, EncoderSide, EncoderValidationReport
-from enginesmith.reports.measures import GateResult, Spread
-from enginesmith.specs import EncoderGateSpec, EncoderWorkloadSpec
+from enginesmith.core.reports.encoder import BASELINE, CANDIDATE, REFERENCE, EncoderSide, EncoderValidationReport
+from enginesmith.core.reports.measures import GateResult, Spread
+from enginesmith.core.specs import EncoderGateSpec, EncoderWorkloadSpec
 from validation.embeddings import (
     BatchRun,
     cosine_agreement,

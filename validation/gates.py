@@ -18,8 +18,8 @@ import math
 import statistics
 from typing import Literal
 
-from enginesmith.reports.measures import Decision, DecisionRule, GateResult, Spread
-from enginesmith.specs import GateSpec, WorkloadSpec
+from enginesmith.core.reports.measures import Decision, DecisionRule, GateResult, Spread
+from enginesmith.core.specs import GateSpec, WorkloadSpec
 
 Judgement = Literal["pass", "fail", "inside"]
 PRIOR_ROUNDS = 4  # the prior noise counts as this many rounds' worth of evidence

@@ -24,10 +24,10 @@ from typing import Literal
 import aiohttp
 import httpx
 
-from enginesmith.errors import UserError
-from enginesmith.reports.measures import ServerCapabilities
-from enginesmith.slo import Slo
-from enginesmith.specs import WorkloadSpec
+from enginesmith.core.errors import UserError
+from enginesmith.core.reports.measures import ServerCapabilities
+from enginesmith.core.slo import Slo
+from enginesmith.core.specs import WorkloadSpec
 from validation.metrics import BenchmarkResult, RequestRecord, summarize
 from validation.server import Endpoint
 from validation.sse import record_from_stream

@@ -18,8 +18,8 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 from pydantic import BaseModel
 
-from enginesmith.reports.measures import BenchmarkResult, Spread
-from enginesmith.slo import Slo, meets_bounds
+from enginesmith.core.reports.measures import BenchmarkResult, Spread
+from enginesmith.core.slo import Slo, meets_bounds
 
 __all__ = ["BenchmarkResult", "RequestRecord", "Spread", "summarize"]
 

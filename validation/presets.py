@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from enginesmith.errors import UserError
-from enginesmith.specs import WorkloadSpec
+from enginesmith.core.errors import UserError
+from enginesmith.core.specs import WorkloadSpec
 
 PRESETS: dict[str, WorkloadSpec] = {
     # The tiny model on a CPU: its own task's prompts, short outputs, a small concurrency sweep, short levels.

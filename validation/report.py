@@ -1,11 +1,11 @@
 """Writing a validation report where a cell's run leaves it: JSON (what the registry manifest keeps), Markdown
-(the Prefect artifact) and PNG plots. The schema and its views are the vocabulary's (``enginesmith.reports``)."""
+(the Prefect artifact) and PNG plots. The schema and its views are the vocabulary's (``enginesmith.core.reports``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from enginesmith.reports import KindReport
+from enginesmith.core.reports import KindReport
 
 REPORT_JSON, REPORT_MARKDOWN = "report.json", "report.md"
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import httpx
 
-from enginesmith.errors import TransientError, UserError
-from enginesmith.process import stop_group
+from enginesmith.core.errors import TransientError, UserError
+from enginesmith.core.process import stop_group
 
 LOOPBACK = "127.0.0.1"
 

@@ -27,12 +27,12 @@ from pydantic import BaseModel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from builders.serve import render, render_served_name
-from enginesmith.artefacts import ServeRecipe
-from enginesmith.assets import read_paragraphs
-from enginesmith.console import stderr
-from enginesmith.errors import UserError
-from enginesmith.reports.llm import Comparison, SideReport, ValidationReport
-from enginesmith.reports.measures import (
+from enginesmith.core.artefacts import ServeRecipe
+from enginesmith.core.assets import read_paragraphs
+from enginesmith.core.console import stderr
+from enginesmith.core.errors import UserError
+from enginesmith.core.reports.llm import Comparison, SideReport, ValidationReport
+from enginesmith.core.reports.measures import (
     BenchmarkResult,
     GateResult,
     Perplexity,
@@ -41,8 +41,8 @@ from enginesmith.reports.measures import (
     Spread,
     TaskScore,
 )
-from enginesmith.specs import GateSpec, WorkloadSpec
-from enginesmith.tasks import resolve_task, task_spec
+from enginesmith.core.specs import GateSpec, WorkloadSpec
+from enginesmith.core.tasks import resolve_task, task_spec
 from validation.accuracy import (
     greedy_agreement,
     greedy_completions,

@@ -2,7 +2,7 @@
 sweep (the candidate's serve command with the point's flags) and every point measured as validation measures: a
 warm-up at each level, at least the minimum duration and requests, in interleaved rounds (the points take turns
 level by level, the order alternating), each level's spread over the rounds kept. What comes out is one serving
-profile per point (``enginesmith.reports.profiles``), published in the validation report.
+profile per point (``enginesmith.core.reports.profiles``), published in the validation report.
 
 Where the servers can stay up together (the cpu target: they take turns on the candidate's cores) they do; on a GPU
 node, where each point needs the candidate's GPUs, each point's server is started for its turn in every round.
@@ -18,11 +18,11 @@ from pathlib import Path
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from enginesmith.artefacts import ServeRecipe, with_flags
-from enginesmith.console import stderr
-from enginesmith.reports.profiles import ServingProfile, profile_from_levels
-from enginesmith.specs import WorkloadSpec
-from enginesmith.tuning import TuningPoint
+from enginesmith.core.artefacts import ServeRecipe, with_flags
+from enginesmith.core.console import stderr
+from enginesmith.core.reports.profiles import ServingProfile, profile_from_levels
+from enginesmith.core.specs import WorkloadSpec
+from enginesmith.core.tuning import TuningPoint
 from validation.stage import Servers, ServerSide, SideAccuracy, SideRun, measure_turn, turns
 from validation.workloads import build_prompts
 

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from enginesmith.assets import read_task
-from enginesmith.errors import UserError
-from enginesmith.specs import WorkloadSpec
+from enginesmith.core.assets import read_task
+from enginesmith.core.errors import UserError
+from enginesmith.core.specs import WorkloadSpec
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer

@@ -1,6 +1,6 @@
 """The encoder kind: an embedding model × encoder recipe × target × artefact kind, exported to ONNX, quantised
 with ModelOpt's ONNX quantisation, built for onnxruntime (or TensorRT), validated against vLLM's embeddings of the
-checkpoint. Its plan rules are ``enginesmith.encoder_plan``; its flow the generic ``run-cell``."""
+checkpoint. Its plan rules are ``enginesmith.core.encoder_plan``; its flow the generic ``run-cell``."""
 
 from __future__ import annotations
 
@@ -8,22 +8,30 @@ import importlib.util
 from collections.abc import Iterable
 from pathlib import Path
 
-from enginesmith.artefacts import ARTEFACT_FILE, COMPLETE_MARKER
-from enginesmith.assets import EMBEDDING_CALIBRATION_FILE
-from enginesmith.checkpoints.digest import file_sha256
-from enginesmith.checkpoints.encoder_layout import read_layout
-from enginesmith.checkpoints.pull import local_checkpoint, resolve_revision
-from enginesmith.config import Catalogue
-from enginesmith.encoder_plan import EncoderCell, plan_encoders
-from enginesmith.errors import ConfigError
-from enginesmith.plan import LOCAL_MODEL_HINT
-from enginesmith.specs import PipelineConfig, TargetSpec
-from pipeline import steps
-from pipeline.kinds import CellContext, CellFilter, CellRun, Dispatch, KindPreflight, PlannedCell, StageRunner
+from enginesmith.core.artefacts import ARTEFACT_FILE, COMPLETE_MARKER
+from enginesmith.core.assets import EMBEDDING_CALIBRATION_FILE
+from enginesmith.core.checkpoints.digest import file_sha256
+from enginesmith.core.checkpoints.encoder_layout import read_layout
+from enginesmith.core.checkpoints.pull import local_checkpoint, resolve_revision
+from enginesmith.core.config import Catalogue
+from enginesmith.core.encoder_plan import EncoderCell, plan_encoders
+from enginesmith.core.errors import ConfigError
+from enginesmith.core.plan import LOCAL_MODEL_HINT
+from enginesmith.core.specs import PipelineConfig, TargetSpec
+from pipeline.common import steps
+from pipeline.common.params import RUN_CELL_FLOW, RunCellParams
+from pipeline.common.plan_sources import model_source
+from pipeline.common.protocol import (
+    CellContext,
+    CellFilter,
+    CellRun,
+    Dispatch,
+    KindPreflight,
+    PlannedCell,
+    StageRunner,
+)
+from pipeline.common.verdicts import Check, verdict
 from pipeline.kinds import encoder_steps as stages
-from pipeline.params import RUN_CELL_FLOW, RunCellParams
-from pipeline.plan_sources import model_source
-from pipeline.verdicts import Check, verdict
 
 
 def plan_encoders_loaded(config: PipelineConfig, config_dir: Path, catalogue: Catalogue, *,

@@ -8,12 +8,12 @@ from pathlib import Path
 from typing import Any
 
 from builders.encoder_artefact import EncoderBuildRequest, build_encoder_artefact
-from enginesmith.artefacts import ARTEFACT_FILE, Artefact, GpuInfo
-from enginesmith.checkpoints.models import Checkpoint
-from enginesmith.encoder_plan import EncoderCell
-from enginesmith.errors import UserError
-from enginesmith.specs import PipelineConfig
-from pipeline import steps
+from enginesmith.core.artefacts import ARTEFACT_FILE, Artefact, GpuInfo
+from enginesmith.core.checkpoints.models import Checkpoint
+from enginesmith.core.encoder_plan import EncoderCell
+from enginesmith.core.errors import UserError
+from enginesmith.core.specs import PipelineConfig
+from pipeline.common import steps
 from quantization.encoder_stage import EncoderGraph, export_stage, quantize_stage
 from quantization.onnx_export import OnnxExportResult
 
@@ -68,7 +68,7 @@ def build(cell: EncoderCell, graph: EncoderGraph, work: Path, config: PipelineCo
 
 def engine_build_gpu(cell: EncoderCell) -> GpuInfo | None:
     """The GPU of the cell's SKU that trtexec builds on (CUDA device 0 must be one); None when there is none."""
-    from enginesmith.gpus import build_gpu_info, detect
+    from enginesmith.core.gpus import build_gpu_info, detect
 
     gpus = detect([cell.target])
     if not gpus or gpus[0].match.target_id != cell.target.id:

@@ -1,6 +1,6 @@
 """The LLM kind: a model × recipe × target × parallelism × artefact kind, quantised with ModelOpt, built for
 TensorRT-LLM or vLLM and validated against vLLM serving the checkpoint. Its plan rules are
-``enginesmith.plan``/``compat``; its stages ``pipeline.steps``; its flow ``build-cell``."""
+``enginesmith.core.plan``/``compat``; its stages ``pipeline.common.steps``; its flow ``build-cell``."""
 
 from __future__ import annotations
 
@@ -11,14 +11,15 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from enginesmith.artefacts import ARTEFACT_FILE, COMPLETE_MARKER, QuantizedCheckpoint
-from enginesmith.checkpoints.models import Checkpoint
-from enginesmith.config import Catalogue, default_catalogue, load_pipeline_config
-from enginesmith.errors import ConfigError, UserError
-from enginesmith.plan import Cell
-from enginesmith.specs import ARTEFACT_KINDS, ArtefactKind, GateSpec, MatrixBlock, PipelineConfig, TargetSpec
-from pipeline import steps
-from pipeline.kinds import (
+from enginesmith.core.artefacts import ARTEFACT_FILE, COMPLETE_MARKER, QuantizedCheckpoint
+from enginesmith.core.checkpoints.models import Checkpoint
+from enginesmith.core.config import Catalogue, default_catalogue, load_pipeline_config
+from enginesmith.core.errors import ConfigError, UserError
+from enginesmith.core.plan import Cell
+from enginesmith.core.specs import ARTEFACT_KINDS, ArtefactKind, GateSpec, MatrixBlock, PipelineConfig, TargetSpec
+from pipeline.common import steps
+from pipeline.common.plan_sources import plan_loaded
+from pipeline.common.protocol import (
     CellContext,
     CellFilter,
     CellRun,
@@ -26,10 +27,9 @@ from pipeline.kinds import (
     KindPreflight,
     PlannedCell,
     StageRunner,
-    llm_steps,
 )
+from pipeline.kinds import llm_steps
 from pipeline.kinds.llm_preflight import gather, judge_cell
-from pipeline.plan_sources import plan_loaded
 
 _catalogue = default_catalogue()
 # Selects in the UI: the catalogue's ids at import time.

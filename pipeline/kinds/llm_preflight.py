@@ -15,15 +15,15 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from enginesmith.checkpoints.survey import CheckpointSurvey, survey
-from enginesmith.config import Catalogue, task_errors
-from enginesmith.errors import TransientError, UserError
-from enginesmith.memory import GIB, SERVED_REFERENCE_BYTES, MemoryNeed, cell_needs, reference_tp
-from enginesmith.plan import Cell, Plan, plan_matrix
-from enginesmith.specs import PipelineConfig
-from enginesmith.tasks import resolve_task
-from pipeline.plan_sources import model_source
-from pipeline.verdicts import CellPreflight, CellStatus, Check
+from enginesmith.core.checkpoints.survey import CheckpointSurvey, survey
+from enginesmith.core.config import Catalogue, task_errors
+from enginesmith.core.errors import TransientError, UserError
+from enginesmith.core.memory import GIB, SERVED_REFERENCE_BYTES, MemoryNeed, cell_needs, reference_tp
+from enginesmith.core.plan import Cell, Plan, plan_matrix
+from enginesmith.core.specs import PipelineConfig
+from enginesmith.core.tasks import resolve_task
+from pipeline.common.plan_sources import model_source
+from pipeline.common.verdicts import CellPreflight, CellStatus, Check
 
 # Where the serve commands point before they are parsed (the real paths exist only on the worker).
 CHECKPOINT_PLACEHOLDER, ARTEFACT_PLACEHOLDER = "/checkpoint", "/artefact"
@@ -51,7 +51,7 @@ def gather(config: PipelineConfig, config_dir: Path, catalogue: Catalogue, *, pa
            select: Callable[[Cell], bool] | None = None) -> tuple[Gathered, Plan, list[str]]:
     """What judging the plan's cells needs; the slow checks only for the buildable cells ``select`` takes (all
     where None), and none where it takes no cell."""
-    from enginesmith.calibration import calibration_fingerprint
+    from enginesmith.core.calibration import calibration_fingerprint
 
     skipped: list[str] = []
     models: dict[str, ModelFacts] = {}
@@ -120,7 +120,7 @@ def _task_dataset_checks(config: PipelineConfig) -> list[Check]:
 
 
 def _task_fingerprints(config: PipelineConfig) -> dict[str, str]:
-    from enginesmith.assets import task_fingerprints
+    from enginesmith.core.assets import task_fingerprints
 
     try:
         return task_fingerprints(config.workload.accuracy_tasks)
@@ -129,7 +129,7 @@ def _task_fingerprints(config: PipelineConfig) -> dict[str, str]:
 
 
 def _calibration_check(config: PipelineConfig) -> Check:
-    from enginesmith.calibration import calibration_source_path
+    from enginesmith.core.calibration import calibration_source_path
     from quantization.calibration import HUB_TEXT_FIELDS
 
     dataset = config.calibration.dataset
@@ -162,7 +162,7 @@ def serve_commands(cell: Cell) -> list[list[str]]:
     serving profile its tuning sweep measures, where vLLM serves it), rendered as vLLM sees them."""
     from builders.serve import ServedMemory, reference_recipe, vllm_serve_arguments
     from builders.stage import serve_recipes
-    from enginesmith.artefacts import artefact_runtimes, with_flags
+    from enginesmith.core.artefacts import artefact_runtimes, with_flags
 
     def served(bytes_per_param: float) -> ServedMemory | None:
         if cell.model.params_b is None or cell.target.is_cpu:
@@ -255,7 +255,7 @@ def _memory_check(need: MemoryNeed, cell: Cell) -> Check:
 
 
 def _runtime_check(cell: Cell) -> Check:
-    from enginesmith.artefacts import artefact_runtimes
+    from enginesmith.core.artefacts import artefact_runtimes
 
     runtimes = artefact_runtimes(cell.kind, cell.recipe, cell.target)
     if not runtimes:

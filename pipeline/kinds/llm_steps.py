@@ -10,18 +10,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from builders.stage import BuildRequest, build_artefact, read_artefact, tokenizer_dir
-from enginesmith.artefacts import ExportFormat, QuantizedCheckpoint
-from enginesmith.assets import task_fingerprints
-from enginesmith.checkpoints.models import Checkpoint
-from enginesmith.errors import ConfigError, UserError
-from enginesmith.keys import stage_key
-from enginesmith.plan import Cell, Plan
-from enginesmith.specs import PipelineConfig
-from pipeline import steps
-from pipeline.steps import ARTEFACTS_DIR, QUANTIZED_DIR, REFERENCE_DIR, REPORTS_DIR, registry_url
+from enginesmith.core.artefacts import ExportFormat, QuantizedCheckpoint
+from enginesmith.core.assets import task_fingerprints
+from enginesmith.core.checkpoints.models import Checkpoint
+from enginesmith.core.errors import ConfigError, UserError
+from enginesmith.core.keys import stage_key
+from enginesmith.core.plan import Cell, Plan
+from enginesmith.core.specs import PipelineConfig
+from pipeline.common import steps
+from pipeline.common.steps import ARTEFACTS_DIR, QUANTIZED_DIR, REFERENCE_DIR, REPORTS_DIR, registry_url
 
 if TYPE_CHECKING:
-    from enginesmith.reports.llm import ValidationReport
+    from enginesmith.core.reports.llm import ValidationReport
     from registry.stages import StashedQuantized, StashResult
     from validation.placement import Placement
 
@@ -128,7 +128,7 @@ def build(cell: Cell, quantized: QuantizedCheckpoint, work: Path, config: Pipeli
 def validate(cell: Cell, artefact_dir: Path, checkpoint: Checkpoint, config: PipelineConfig,
              work: Path) -> ValidationReport:
     from builders.serve import ServedMemory, baseline_recipe, installed_runtime_version, reference_recipe
-    from enginesmith.memory import GIB, SERVED_REFERENCE_BYTES, reference_tp
+    from enginesmith.core.memory import GIB, SERVED_REFERENCE_BYTES, reference_tp
     from validation.report import write_report
     from validation.stage import ServerSide
     from validation.stage import validate as run_validation
@@ -188,7 +188,7 @@ def validate(cell: Cell, artefact_dir: Path, checkpoint: Checkpoint, config: Pip
 
 def _placement(cell: Cell, *, reference_gpus: int) -> Placement:
     """Where the cell's servers run on this node: the candidate's and the reference's devices (or cores)."""
-    from enginesmith.gpus import visible_gpus
+    from enginesmith.core.gpus import visible_gpus
     from validation.placement import CPU_BIND_ENV, place_sides
 
     visible = [] if cell.target.is_cpu else [gpu.uuid for gpu in visible_gpus()]
@@ -202,8 +202,8 @@ def tune(cell: Cell, artefact_dir: Path, config: PipelineConfig, work: Path,
     """A passed cell's serving profiles: its tuning sweep measured on the candidate's devices and added to its
     validation report (rewritten where validation wrote it). A cell without a sweep, or one that failed its gates,
     keeps its report as it was."""
-    from enginesmith.reports.llm import ValidationReport
-    from enginesmith.tuning import tuning_levels
+    from enginesmith.core.reports.llm import ValidationReport
+    from enginesmith.core.tuning import tuning_levels
     from validation.report import write_report
     from validation.tuning import Sweep, measure_profiles
 

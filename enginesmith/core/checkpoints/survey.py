@@ -1,0 +1,129 @@
+"""What a checkpoint is, without downloading its weights: the commit a revision resolves to, the weight files a
+runtime would load, the parameter count, and ``config.json``. What ``enginesmith preflight`` reads.
+
+Offline (``HF_HUB_OFFLINE=1``) only the Hub cache is read, and only ``config.json`` and the safetensors index need
+to be there: the shards the index names are taken as the repo's (they cannot be listed), and the parameter count
+comes from the index's ``total_size``. Online the repo is listed and the safetensors headers are read from the Hub
+(range requests, no weights downloaded).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from enginesmith.core.checkpoints.files import SAFETENSORS_INDEX, needed_files, refuse_remote_code
+from enginesmith.core.checkpoints.inspect import model_shape, read_config
+from enginesmith.core.checkpoints.pull import hub_error, local_checkpoint
+from enginesmith.core.errors import UserError
+from enginesmith.core.memory import dtype_bytes
+from enginesmith.core.secrets import hf_token
+from enginesmith.core.shapes import ModelShape
+from enginesmith.core.specs import ModelSpec, check_revision
+
+
+class CheckpointSurvey(BaseModel):
+    commit_sha: str
+    weight_files: list[str]
+    parameters: int | None
+    parameters_from: str  # where the count was read: "safetensors headers", "index total_size", …
+    dtype_bytes: int
+    shape: ModelShape | None
+    notes: list[str] = []  # checks that could not be made from here
+
+
+def survey(model: ModelSpec, source: str) -> CheckpointSurvey:
+    """Raises a UserError (or a TransientError, for a Hub that does not answer) naming the model's problem."""
+    if model.is_local:
+        checkpoint = local_checkpoint(Path(source), allow_pickle=model.allow_pickle,
+                                      trust_remote_code=model.trust_remote_code)
+        return CheckpointSurvey(
+            commit_sha=checkpoint.commit_sha, weight_files=_weight_files(f.path for f in checkpoint.files),
+            parameters=checkpoint.parameter_count, parameters_from="safetensors headers",
+            dtype_bytes=dtype_bytes(read_config(Path(source))), shape=model_shape(source))
+    check_revision(model.revision)
+    from huggingface_hub import constants
+
+    try:
+        return _offline(model, source) if constants.HF_HUB_OFFLINE else _online(model, source)
+    except UserError:
+        raise
+    except Exception as exc:
+        raise hub_error(exc, source, model.revision) from None
+
+
+def _shape(config: dict[str, Any]) -> ModelShape | None:
+    try:
+        return ModelShape.from_config(config)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _weight_files(names: Iterable[str]) -> list[str]:
+    return [name for name in names if name.endswith((".safetensors", ".bin"))]
+
+
+def _offline(model: ModelSpec, repo_id: str) -> CheckpointSurvey:
+    from huggingface_hub import snapshot_download
+
+    where = f"{repo_id}@{model.revision}"
+    snapshot = Path(snapshot_download(repo_id, revision=model.revision, local_files_only=True, token=hf_token()))
+    cached = sorted(str(p.relative_to(snapshot)) for p in snapshot.rglob("*") if p.is_file())
+    index = _read_json(snapshot / SAFETENSORS_INDEX) if SAFETENSORS_INDEX in cached else None
+    shards = sorted({str(s) for s in (index or {}).get("weight_map", {}).values()})
+    names = needed_files([*cached, *shards], where=where, allow_pickle=model.allow_pickle,
+                         read_json=lambda name: _read_json(snapshot / name))
+    config = _read_json(snapshot / "config.json")
+    refuse_remote_code(config, cached, where=where, trust_remote_code=model.trust_remote_code)
+    value_bytes = dtype_bytes(config)
+    total_size = ((index or {}).get("metadata") or {}).get("total_size")
+    parameters, parameters_from = None, "unknown offline"
+    if total_size:
+        parameters, parameters_from = int(total_size) // value_bytes, f"index total_size / {value_bytes} bytes"
+    elif "model.safetensors" in cached:
+        from enginesmith.core.checkpoints.inspect import safetensors_parameter_count
+
+        parameters, parameters_from = safetensors_parameter_count(snapshot / "model.safetensors"), "safetensors header"
+    notes = [] if all(name in cached for name in names) else [
+        "offline: shards not in the cache are taken as the index names them (not listed on the Hub)"]
+    return CheckpointSurvey(commit_sha=snapshot.name, weight_files=_weight_files(names),
+                            parameters=parameters, parameters_from=parameters_from, dtype_bytes=value_bytes,
+                            shape=_shape(config), notes=notes)
+
+
+def _online(model: ModelSpec, repo_id: str) -> CheckpointSurvey:
+    from huggingface_hub import HfApi, hf_hub_download
+
+    token = hf_token()
+    where = f"{repo_id}@{model.revision}"
+    api = HfApi(token=token)
+    info = api.model_info(repo_id, revision=model.revision)
+    sha = info.sha
+    assert sha is not None
+
+    def read_json(name: str) -> Any:
+        return _read_json(Path(hf_hub_download(repo_id, name, revision=sha, token=token)))
+
+    repo_files = [s.rfilename for s in info.siblings or []]
+    names = needed_files(repo_files, where=where, allow_pickle=model.allow_pickle, read_json=read_json)
+    config = read_json("config.json")
+    refuse_remote_code(config, repo_files, where=where, trust_remote_code=model.trust_remote_code)
+    parameters = None
+    if any(name.endswith(".safetensors") for name in names):
+        counts = api.get_safetensors_metadata(repo_id, revision=sha).parameter_count
+        parameters = sum(counts.values())
+    return CheckpointSurvey(commit_sha=sha, weight_files=_weight_files(names),
+                            parameters=parameters, parameters_from="safetensors headers on the Hub",
+                            dtype_bytes=dtype_bytes(config),
+                            shape=_shape(config))
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UserError(f"cannot read {path.name}: {exc}", where=str(path)) from None

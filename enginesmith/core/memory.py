@@ -1,0 +1,124 @@
+"""How much memory each stage needs: quantise, engine build, and serving the candidate and the reference.
+
+One model for the plan's ``fits-memory`` rule, ``enginesmith preflight``, the quantize stage's own check and
+``resolve``, so a cell the plan lets through is not refused later by a stricter copy of the arithmetic. Pure:
+callers pass parameter counts, bytes and device sizes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from enginesmith.core.specs import RecipeSpec, TargetSpec
+
+GIB = 1024**3
+# Serving holds more than the weights: activations, CUDA graphs, and a minimum of KV cache.
+SERVING_OVERHEAD = 1.2
+# Calibrating on a CPU runs in fp32 (bf16 matmuls are far slower there): fp32 weights, plus activations and AWQ's
+# per-layer search caches.
+CPU_CALIBRATION_FACTOR = 3.0
+# On GPUs the checkpoint loads in its own dtype, spread over the visible GPUs; activations and AWQ's per-layer
+# caches are held for one decoder layer at a time, on top of the weights.
+GPU_CALIBRATION_FACTOR = 1.3
+DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "float8_e4m3fn": 1}
+
+Stage = Literal["quantize", "candidate", "reference"]
+# vLLM serves a checkpoint stored in fp32 in 16 bits (its dtype "auto"); the reference is never wider.
+SERVED_REFERENCE_BYTES = 2
+
+
+class MemoryNeed(BaseModel):
+    """What one stage needs on each of its devices, and what each has (None: not known here)."""
+
+    stage: Stage
+    per_device_bytes: int
+    devices: int
+    basis: str  # how the number was reached, for the message
+    available_per_device_bytes: int | None = None
+
+    @property
+    def fits(self) -> bool:
+        return self.available_per_device_bytes is None or self.per_device_bytes <= self.available_per_device_bytes
+
+    def describe(self) -> str:
+        needed = f"{self.stage} needs {self.per_device_bytes / GIB:.1f} GiB on each of {self.devices} device(s) " \
+                 f"({self.basis})"
+        if self.available_per_device_bytes is None:
+            return needed
+        return f"{needed}; each has {self.available_per_device_bytes / GIB:.1f} GiB"
+
+
+def dtype_bytes(config: Mapping[str, Any]) -> int:
+    """Bytes per value of a config.json's ``torch_dtype`` (``dtype`` in newer ones; bf16 where both are missing, as
+    most models are)."""
+    dtype = config.get("torch_dtype") or config.get("dtype") or "bfloat16"
+    return DTYPE_BYTES.get(str(dtype).removeprefix("torch."), 2)
+
+
+def serving_need(stage: Stage, weight_bytes: float, world: int, *, device_bytes: int | None = None) -> MemoryNeed:
+    """A server (or one engine-build rank) holding ``weight_bytes`` split over ``world`` devices."""
+    world = max(1, world)
+    return MemoryNeed(stage=stage, per_device_bytes=math.ceil(weight_bytes / world * SERVING_OVERHEAD), devices=world,
+                      basis=f"{weight_bytes / GIB:.1f} GiB of weights / {world} × {SERVING_OVERHEAD:g}",
+                      available_per_device_bytes=device_bytes)
+
+
+def quantize_need(parameters: int, *, on_gpu: bool, checkpoint_dtype_bytes: int, devices: int = 1,
+                  device_bytes: int | None = None) -> MemoryNeed:
+    """Calibration and export: on a CPU in fp32; on GPUs in the checkpoint's dtype, spread over ``devices``."""
+    if not on_gpu:
+        total = parameters * 4 * CPU_CALIBRATION_FACTOR
+        return MemoryNeed(stage="quantize", per_device_bytes=math.ceil(total), devices=1,
+                          basis=f"{parameters / 1e9:.2f} B parameters in fp32 × {CPU_CALIBRATION_FACTOR:g}",
+                          available_per_device_bytes=device_bytes)
+    devices = max(1, devices)
+    total = parameters * checkpoint_dtype_bytes * GPU_CALIBRATION_FACTOR
+    return MemoryNeed(stage="quantize", per_device_bytes=math.ceil(total / devices), devices=devices,
+                      basis=f"{parameters / 1e9:.2f} B parameters × {checkpoint_dtype_bytes} bytes × "
+                            f"{GPU_CALIBRATION_FACTOR:g} over {devices} GPU(s)",
+                      available_per_device_bytes=device_bytes)
+
+
+def reference_tp(parameters: float, checkpoint_dtype_bytes: int, target: TargetSpec, *, tp: int, pp: int) -> int:
+    """The tensor parallelism the BF16 reference is served at: the cell's own where its weights fit, else the
+    smallest doubling of it that fits on one node of the SKU (the cell's, when none does: its need then fails)."""
+    if target.is_cpu:
+        return tp
+    device_bytes = int(target.memory_gib * GIB)
+    weight_bytes = parameters * min(checkpoint_dtype_bytes, SERVED_REFERENCE_BYTES)
+    candidate_tp = tp
+    while candidate_tp * pp <= target.gpus_per_node:
+        if serving_need("reference", weight_bytes, candidate_tp * pp, device_bytes=device_bytes).fits:
+            return candidate_tp
+        candidate_tp *= 2
+    return tp
+
+
+def cell_needs(parameters: float, checkpoint_dtype_bytes: int, recipe: RecipeSpec, target: TargetSpec, *, tp: int,
+               pp: int, quantize_target: TargetSpec | None = None) -> list[MemoryNeed]:
+    """Memory per stage of one cell on its SKU: quantise on one node of it, or of ``quantize_target`` where the
+    config names another (on GPUs the checkpoint in its dtype spread over the node's GPUs; on the CPU in fp32),
+    serve the candidate over the cell's tp×pp devices (an engine build holds one rank's weights, as its serving
+    does), and the reference over ``reference_tp`` × pp. The plan passes
+    the config's params_b and BF16; preflight the checkpoint's own count and dtype."""
+    device_bytes, world = int(target.memory_gib * GIB), tp * pp
+    served_tp = reference_tp(parameters, checkpoint_dtype_bytes, target, tp=tp, pp=pp)
+    reference = serving_need("reference", parameters * min(checkpoint_dtype_bytes, SERVED_REFERENCE_BYTES),
+                             served_tp * pp, device_bytes=device_bytes)
+    if served_tp != tp:
+        reference.basis += f"; at tp={served_tp}, as the cell's tp={tp} cannot hold the BF16 weights"
+    quantizer = quantize_target or target
+    quantize = quantize_need(int(parameters), on_gpu=not quantizer.is_cpu,
+                             checkpoint_dtype_bytes=checkpoint_dtype_bytes, devices=quantizer.gpus_per_node,
+                             device_bytes=int(quantizer.memory_gib * GIB))
+    if quantize_target is not None:
+        quantize.basis += f", on a {quantize_target.id} node"
+    return [
+        quantize,
+        serving_need("candidate", parameters * recipe.weight_bytes_per_param, world, device_bytes=device_bytes),
+        reference,
+    ]

@@ -1,0 +1,95 @@
+"""What every kind's cell run shares, as plain functions (no Prefect here): the work directory, the registry,
+pulling the checkpoint the plan keyed, and publishing. Each kind's own stages are in ``pipeline.kinds``."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from enginesmith.core.checkpoints.models import Checkpoint
+from enginesmith.core.checkpoints.pull import pull_checkpoint
+from enginesmith.core.errors import UserError
+from enginesmith.core.specs import CheckpointSourceSpec, PipelineConfig
+from pipeline.common.plan_sources import model_source
+
+if TYPE_CHECKING:
+    from registry.publish import PublishResult
+
+QUANTIZED_DIR, ARTEFACTS_DIR, REPORTS_DIR, REFERENCE_DIR = "quantized", "artefacts", "reports", "reference"
+
+
+def workdir(config: PipelineConfig) -> Path:
+    return Path(os.environ.get("ENGINESMITH_WORKDIR", config.workdir))
+
+
+def registry_url(config: PipelineConfig) -> str:
+    return os.environ.get("ENGINESMITH_REGISTRY", config.registry.url)
+
+
+class PinnedSource(Protocol):
+    """A planned cell's checkpoint source and what the plan resolved it to."""
+
+    @property
+    def model(self) -> CheckpointSourceSpec: ...
+
+    @property
+    def source_revision(self) -> str: ...
+
+    @property
+    def revision_pinned(self) -> bool: ...
+
+
+def pull(config_path: Path, cell: PinnedSource, *, allow_pickle: bool = False,
+         trust_remote_code: bool = False) -> Checkpoint:
+    """The checkpoint the cell was planned and keyed on: a Hub model at the commit the plan resolved (a branch
+    that moved since is not followed), a local directory only while its content is what the plan digested."""
+    model = cell.model
+    source = model_source(model, config_path.parent)
+    checkpoint = pull_checkpoint(source, model.revision if model.is_local else cell.source_revision,
+                                 allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
+    if cell.revision_pinned and checkpoint.commit_sha != cell.source_revision:
+        raise UserError(f"{model.id} changed after it was planned: planned {cell.source_revision[:19]}, found "
+                        f"{checkpoint.commit_sha[:19]}", where=source,
+                        hint="leave the model alone while a cell builds; the next nightly plans and keys the new "
+                             "content")
+    return checkpoint
+
+
+class PublishedKeys:
+    """Which keys the config's registry holds, listed once per model when first asked (a night of cached cells
+    reads the registry once per model, not once per cell)."""
+
+    def __init__(self, config: PipelineConfig) -> None:
+        from registry.store import open_store
+
+        self._store = open_store(registry_url(config))
+        self._keys: dict[str, frozenset[str]] = {}
+
+    def has(self, model_id: str, key: str) -> bool:
+        if model_id not in self._keys:
+            self._keys[model_id] = frozenset(self._store.list_manifest_keys(model_id))
+        return key in self._keys[model_id]
+
+
+def published(config: PipelineConfig, model_id: str, key: str) -> bool:
+    """Is a cell's final key already in the registry (so it costs no GPU time)?"""
+    from registry.store import open_store
+
+    return open_store(registry_url(config)).read_manifest(model_id, key) is not None
+
+
+def publish(key: str, artefact_dir: Path, report_json: dict[str, object], config: PipelineConfig) -> PublishResult:
+    from registry.publish import publish_artefact
+    from registry.store import open_store
+
+    signing = config.registry.signing
+    signing_key = None
+    if signing is not None:
+        from registry.signing import load_signing_key
+
+        signing_key = load_signing_key(key_file=Path(signing.key_file) if signing.key_file else None,
+                                       key_env=signing.key_env, passphrase_env=signing.passphrase_env,
+                                       where="registry.signing")
+    return publish_artefact(open_store(registry_url(config)), artefact_dir, key=key, validation=report_json,
+                            signing_key=signing_key)
