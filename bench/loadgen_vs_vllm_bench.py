@@ -51,8 +51,8 @@ def run_vllm_bench(python: str, base_url: str, model: str, tokenizer: Path, prom
 
 
 def main() -> None:
-    from builders.serve import reference_recipe, render, vllm_cpu_python
     from enginesmith.core.assets import tiny_model_dir
+    from enginesmith.core.serving import reference_recipe, render, vllm_cpu_python
     from enginesmith.core.specs import BuildProfile, WorkloadSpec
     from validation.loadgen import LevelPlan, probe_capabilities, run_level
     from validation.server import free_port, running_server

@@ -28,12 +28,12 @@ from pathlib import Path
 
 
 def main() -> None:
-    from builders.serve import reference_recipe
     from enginesmith.core.assets import tiny_model_dir
     from enginesmith.core.console import stdout
     from enginesmith.core.reports import gate_rows
     from enginesmith.core.reports.llm import comparison_rows
     from enginesmith.core.reports.measures import fmt_ratio
+    from enginesmith.core.serving import reference_recipe
     from enginesmith.core.specs import BuildProfile, GateSpec, WorkloadSpec
     from validation.placement import CPU_BIND_ENV, place_sides
     from validation.stage import ServerSide, validate

@@ -14,16 +14,22 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from builders.serve import ENGINESMITH_PYTHON
 from builders.stage import finished_artefact
 from enginesmith.core.artefacts import ARTEFACT_FILE, Artefact, GpuInfo, Lineage, ServeRecipe, artefact_record_bytes
 from enginesmith.core.checkpoints.digest import file_sha256
 from enginesmith.core.checkpoints.models import CheckpointFile
+from enginesmith.core.encoder_graph import (
+    GRAPH_FILE,
+    EmbeddingServeConfig,
+    EncoderGraph,
+    OnnxExportResult,
+    check_encoder_tools,
+)
 from enginesmith.core.errors import UserError
 from enginesmith.core.locks import output_lock
+from enginesmith.core.serving import ENGINESMITH_PYTHON
 from enginesmith.core.specs import EncoderKind, TargetSpec, Toolchains
 from enginesmith.core.staging import staged_output
-from quantization.encoder_stage import GRAPH_FILE, EncoderGraph, check_encoder_tools
 
 TOKENIZER_FILE = "tokenizer.json"
 ONNX_RUNTIME = "onnxruntime"
@@ -68,8 +74,6 @@ def build_encoder_artefact(request: EncoderBuildRequest, *, build_gpu: GpuInfo |
 
 
 def _build_into(request: EncoderBuildRequest, staging: Path, build_gpu: GpuInfo | None) -> Artefact:
-    from validation.embeddings_server import EmbeddingServeConfig
-
     graph = request.graph
     checkpoint_dir = Path(graph.checkpoint.local_path)
     tokenizer = checkpoint_dir / TOKENIZER_FILE
@@ -91,7 +95,6 @@ def _build_into(request: EncoderBuildRequest, staging: Path, build_gpu: GpuInfo 
     runtimes: list[str] = []
     if request.kind == "tensorrt-engine":
         from builders.tensorrt_encoder import build_tensorrt_encoder
-        from quantization.onnx_export import OnnxExportResult
 
         export = OnnxExportResult.model_validate_json((Path(graph.export_path).parent / "export.json").read_text())
         # The log goes beside the artefact, not into it: a failed build deletes the staging directory, and the log

@@ -15,9 +15,9 @@ from typing import Any
 
 import yaml
 
-from builders.serve import TRTLLM_OPTIONS_FILE
 from enginesmith.core.artefacts import QuantizedCheckpoint
 from enginesmith.core.errors import UserError
+from enginesmith.core.serving import TRTLLM_OPTIONS_FILE
 from enginesmith.core.specs import BuildProfile, RecipeSpec, TargetSpec
 
 

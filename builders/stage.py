@@ -14,13 +14,6 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from builders.hf_quantized import build_hf_quantized
-from builders.serve import (
-    ServedMemory,
-    trtllm_engine_recipe,
-    trtllm_pytorch_recipe,
-    vllm_cpu_recipe,
-    vllm_recipe,
-)
 from builders.trtllm_engine import DEFAULT_BUILD_TIMEOUT_S, EngineToolchain, build_engine, engine_toolchain
 from enginesmith.core.artefacts import (
     ARTEFACT_FILE,
@@ -32,6 +25,7 @@ from enginesmith.core.artefacts import (
     ServeRecipe,
     artefact_record_bytes,
     artefact_runtimes,
+    read_artefact,
 )
 from enginesmith.core.checkpoints.digest import file_sha256
 from enginesmith.core.checkpoints.models import CheckpointFile
@@ -40,6 +34,13 @@ from enginesmith.core.errors import IncompatibleError, UserError
 from enginesmith.core.gpus import VISIBLE_ENV, DetectedGpu, build_gpu_info, detect
 from enginesmith.core.locks import output_lock
 from enginesmith.core.memory import GIB
+from enginesmith.core.serving import (
+    ServedMemory,
+    trtllm_engine_recipe,
+    trtllm_pytorch_recipe,
+    vllm_cpu_recipe,
+    vllm_recipe,
+)
 from enginesmith.core.specs import ArtefactKind, BuildProfile, ModelSpec, RecipeSpec, TargetSpec, Toolchains
 from enginesmith.core.staging import staged_output
 
@@ -66,11 +67,6 @@ class BuildRequest(BaseModel):
         if self.kind == "trtllm-engine":
             return self.quantized.tp, self.quantized.pp
         return self.tp, self.pp
-
-
-def read_artefact(artefact_dir: Path) -> Artefact | None:
-    path = artefact_dir / ARTEFACT_FILE
-    return Artefact.model_validate_json(path.read_text()) if path.is_file() else None
 
 
 def tokenizer_dir(artefact_dir: Path, kind: str) -> Path:

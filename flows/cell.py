@@ -19,16 +19,16 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.context import TaskRunContext
 
+import enginesmith.entry  # noqa: F401  (first: our components, never a same-named folder where Prefect runs)
 from enginesmith.core.config import default_catalogue, load_pipeline_config
 from enginesmith.core.errors import ConfigError, TransientError, UserError
 from enginesmith.core.reports import GATE_COLUMNS, gate_rows, parse_report
 from enginesmith.core.specs import PipelineConfig
 from flows.history import record_cell
 from pipeline.common import steps
-from pipeline.common.params import RUN_CELL_FLOW, CellSummary, RunCellParams
+from pipeline.common.params import BUILD_CELL_FLOW, RUN_CELL_FLOW, BuildCellParams, CellSummary, RunCellParams
 from pipeline.common.protocol import CellContext, CellKind, PlannedCell
-from pipeline.kind_registry import find_planned
-from pipeline.kinds.llm import LLM, BuildCellParams, cell_for
+from pipeline.kind_registry import find_planned, planned_from_form
 
 RETRY_DELAYS_S: list[float] = [10, 60, 300]
 STAGE_TIMEOUT_S = 6 * 3600  # a stage run on another pool (quantize_on), waited for
@@ -172,14 +172,14 @@ def publish_task(key: str, artefact_dir: Path, report: dict[str, Any], config: P
     return result.signer
 
 
-@flow(name="build-cell", persist_result=True)
+@flow(name=BUILD_CELL_FLOW, persist_result=True)
 def build_cell(params: BuildCellParams = BuildCellParams()) -> CellSummary:
-    config_path, config, cell = cell_for(params)
+    kind, config_path, config, cell = planned_from_form(params)
 
     def until(stage: str) -> dict[str, Any]:
         return {"params": params.model_copy(update={"until": stage}).model_dump(mode="json")}
 
-    return run_planned(LLM, cell, config_path, config, PrefectStages("build-cell", until),
+    return run_planned(kind, cell, config_path, config, PrefectStages(BUILD_CELL_FLOW, until),
                        until=None if params.until == "publish" else params.until)
 
 

@@ -16,13 +16,17 @@ from uuid import UUID
 
 from pydantic import BaseModel
 
-from enginesmith.core.config import REPO_ROOT, default_catalogue
+from enginesmith.core.config import default_catalogue
 from enginesmith.core.errors import UserError
 from enginesmith.core.specs import TargetSpec
 from pipeline.common.params import RUN_CELL_FLOW
 from pipeline.kind_registry import KINDS
 
 NIGHTLY_CRON = "0 2 * * *"
+# Where the flows' code is: the directory holding the ``flows`` package (a checkout, or the environment's
+# site-packages). Deployments load their entrypoints from here and run with it as their working directory, so a
+# worker never imports a user's ``flows/`` or ``registry/`` folder of the same name.
+PACKAGES_ROOT = Path(__file__).resolve().parents[1]
 # The flows a cell is dispatched to, each deployed on every pool (a route may send any cell to any pool).
 CELL_ENTRYPOINTS = {"build-cell": "flows/cell.py:build_cell", RUN_CELL_FLOW: "flows/cell.py:run_cell"}
 DEPLOYMENT_TAG = "enginesmith"
@@ -66,7 +70,7 @@ def parse_routes(items: Iterable[str]) -> dict[str, str]:
     return routes
 
 
-def deploy_all(*, source_dir: Path = REPO_ROOT, nightly_config: str = "configs/nightly.yaml",
+def deploy_all(*, source_dir: Path = PACKAGES_ROOT, nightly_config: str = "configs/nightly.yaml",
                cron: str = NIGHTLY_CRON, targets: list[str] | None = None,
                pools: dict[str, str] | None = None) -> DeployResult:
     """Create (or update) the work pools and deployments against the server ``PREFECT_API_URL`` names: a pool per

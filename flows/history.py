@@ -42,7 +42,7 @@ def record_cell(config: PipelineConfig, cell: PlannedCell, status: OutcomeStatus
                 report: dict[str, Any] | None = None, artefact_dir: Path | None = None, reason: str = "",
                 flow_run: str | None = None, signer: str | None = None) -> CellOutcome | None:
     """Record how a run of ``cell`` ended; the outcome, or None where the registry could not take it."""
-    from builders.stage import read_artefact
+    from enginesmith.core.artefacts import read_artefact
     from registry.history import record_outcome
     from registry.store import open_store
 

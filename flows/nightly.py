@@ -16,6 +16,7 @@ from prefect.deployments import run_deployment
 from prefect.futures import PrefectFuture
 from prefect.states import Cancelled, State
 
+import enginesmith.entry  # noqa: F401  (first: our components, never a same-named folder where Prefect runs)
 from enginesmith.core.config import default_catalogue, load_pipeline_config
 from enginesmith.core.errors import TransientError
 from enginesmith.core.plan import first_route

@@ -4,7 +4,11 @@ Planning, the preflight, the nightly, deploy and the CLI reach the kinds through
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
 
 from enginesmith.core.config import Catalogue
 from enginesmith.core.errors import ConfigError
@@ -13,10 +17,25 @@ from enginesmith.core.specs import PipelineConfig
 from pipeline.common.protocol import CellKind, PlannedCell
 
 KINDS: dict[str, CellKind] = {}
+# A kind's own typed form (the parameters of a flow of its own, which the Prefect UI renders) and how that kind plans
+# the one cell a filled-in form asks for: the config's path, the config as the form amends it, the planned cell.
+FormPlanner = Callable[[Any], tuple[Path, PipelineConfig, PlannedCell]]
+FORMS: dict[type[BaseModel], tuple[CellKind, FormPlanner]] = {}
 
 
 def register_kind(kind: CellKind) -> None:
     KINDS[kind.name] = kind
+
+
+def register_form(form: type[BaseModel], kind: CellKind, planner: FormPlanner) -> None:
+    FORMS[form] = (kind, planner)
+
+
+def planned_from_form(form: BaseModel) -> tuple[CellKind, Path, PipelineConfig, PlannedCell]:
+    """The kind whose form ``form`` is, and the cell it asks for, planned by that kind."""
+    kind, planner = FORMS[type(form)]
+    config_path, config, cell = planner(form)
+    return kind, config_path, config, cell
 
 
 def kinds_of(config: PipelineConfig) -> list[CellKind]:
@@ -45,11 +64,13 @@ def find_planned(config: PipelineConfig, config_dir: Path, catalogue: Catalogue,
 
 
 def _register_builtin() -> None:
+    from pipeline.common.params import BuildCellParams
     from pipeline.kinds.encoder import ENCODER
-    from pipeline.kinds.llm import LLM
+    from pipeline.kinds.llm import LLM, cell_for
 
     register_kind(LLM)
     register_kind(ENCODER)
+    register_form(BuildCellParams, LLM, cell_for)
 
 
 _register_builtin()

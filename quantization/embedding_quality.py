@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from enginesmith.core.encoder_graph import EmbeddingAgreement, row_cosines
 from enginesmith.core.errors import UserError
 
 if TYPE_CHECKING:
@@ -23,19 +24,6 @@ if TYPE_CHECKING:
 DEFAULT_BATCH_SIZE = 32
 # An FP32 export should reproduce PyTorch to rounding: anything lower is an export bug, not precision.
 EXPORT_MIN_COSINE = 0.9999
-
-
-class EmbeddingAgreement(BaseModel):
-    """Per-sentence cosine similarity of ``candidate`` against ``reference`` embeddings."""
-
-    model_config = ConfigDict(frozen=True)
-
-    reference: str
-    candidate: str
-    sentences: int
-    min_cosine: float
-    mean_cosine: float
-    worst_sentence: str
 
 
 class OnnxTiming(BaseModel):
@@ -106,17 +94,6 @@ def torch_embeddings(model_dir: Path, sentences: list[str], *, batch_size: int =
             feeds = tokenize_batch(model_dir, sentences[start:start + batch_size], input_names, max_length)
             chunks.append(encoder(*(torch.from_numpy(feeds[name]) for name in input_names)).numpy())
     return np.concatenate(chunks).astype(np.float32)
-
-
-def row_cosines(reference: np.ndarray, candidate: np.ndarray) -> np.ndarray:
-    """cos(reference_i, candidate_i) for each row, in float64 (a zero vector counts as norm 1e-12)."""
-    import numpy as np
-
-    if reference.shape != candidate.shape:
-        raise ValueError(f"shapes differ: {reference.shape} vs {candidate.shape}")
-    reference, candidate = np.asarray(reference, dtype=np.float64), np.asarray(candidate, dtype=np.float64)
-    norms = np.linalg.norm(reference, axis=1) * np.linalg.norm(candidate, axis=1)
-    return (reference * candidate).sum(axis=1) / np.maximum(norms, 1e-12)
 
 
 def compare_embeddings(reference: np.ndarray, candidate: np.ndarray, sentences: list[str], *,

@@ -11,69 +11,17 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from pydantic import BaseModel
-
 from enginesmith.core.artefacts import COMPLETE_MARKER
 from enginesmith.core.checkpoints.encoder_layout import EncoderLayout
 from enginesmith.core.checkpoints.models import Checkpoint
+from enginesmith.core.encoder_graph import GRAPH_FILE, STAGE_RECORD, EncoderGraph, check_encoder_tools
 from enginesmith.core.errors import ConfigError, UserError
 from enginesmith.core.locks import output_lock
 from enginesmith.core.specs import EncoderModelSpec, EncoderRecipeSpec
 from enginesmith.core.staging import staged_output
-from quantization.embedding_quality import EmbeddingAgreement
 from quantization.onnx_export import OnnxExportResult
-from quantization.onnx_quantize import OnnxQuantizeResult
 
-GRAPH_FILE = "model.onnx"
-STAGE_RECORD = "encoder.json"
 FP16_IO_NOTE = "inputs and outputs stay int64/fp32 (keep_io_types)"
-
-
-class EncoderGraph(BaseModel):
-    """The quantise stage's output: the recipe's graph and what made it."""
-
-    key: str  # the quantize stage key
-    recipe: str
-    checkpoint: Checkpoint
-    out_dir: str
-    export_path: str  # the FP32 export (the unquantised baseline validation also serves)
-    opset: int
-    layout: EncoderLayout
-    max_seq_length: int
-    quantization: OnnxQuantizeResult | None = None
-    precision: str
-    agreement: EmbeddingAgreement | None = None  # this graph vs the FP32 export, held-out sentences
-    calibration_sha256: str | None = None
-    versions: dict[str, str]
-
-    @property
-    def graph_path(self) -> Path:
-        return Path(self.out_dir) / GRAPH_FILE
-
-
-# The distributions whose versions the encoder stage keys name, by the name the keys use.
-ENCODER_TOOL_DISTRIBUTIONS = {"torch": "torch", "transformers": "transformers", "onnx": "onnx",
-                              "onnxruntime": "onnxruntime", "modelopt": "nvidia-modelopt"}
-
-
-def installed_encoder_tools() -> dict[str, str]:
-    """The installed versions of the encoder toolchain (a local build suffix such as ``+cpu`` dropped)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    found = {}
-    for name, distribution in ENCODER_TOOL_DISTRIBUTIONS.items():
-        try:
-            found[name] = version(distribution).split("+")[0]
-        except PackageNotFoundError:
-            continue
-    return found
-
-
-def check_encoder_tools(expected: dict[str, str]) -> None:
-    """Refuse to run a stage under another toolchain than the one its key names (``quantization.stage``'s rule)."""
-    from quantization.stage import check_versions
-
-    check_versions(expected, installed_encoder_tools())
 
 
 def served_layout(model: EncoderModelSpec, checkpoint_dir: Path) -> tuple[EncoderLayout, int]:

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from enginesmith.core.checkpoints.encoder_layout import EncoderLayout, read_layout
+from enginesmith.core.encoder_graph import OnnxExportResult
 from enginesmith.core.errors import UserError
 
 if TYPE_CHECKING:
@@ -49,19 +50,6 @@ class OnnxExportRequest(BaseModel):
     onnx_path: Path
     opset: int = Field(13, ge=9, le=MAX_OPSET)  # 13 for int8, 21 for fp8
     attention: Literal["eager", "sdpa"] = "eager"
-
-
-class OnnxExportResult(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    onnx_path: Path
-    opset: int
-    input_names: list[str]
-    output_name: str
-    hidden_size: int
-    layout: EncoderLayout
-    exporter: str
-    export_seconds: float
 
 
 def _pooled_encoder_class() -> type:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from enginesmith.core.assets import EMBEDDING_CALIBRATION_FILE, EMBEDDING_HELD_OUT_FILE
+from enginesmith.core.encoder_graph import OnnxQuantizeResult, OnnxQuantMode
 from enginesmith.core.errors import UserError
 from quantization.onnx_export import check_onnx_file, default_opset
 
@@ -33,7 +34,6 @@ CALIBRATION_FILE = EMBEDDING_CALIBRATION_FILE
 HELD_OUT_FILE = EMBEDDING_HELD_OUT_FILE
 MIN_CALIBRATION_SENTENCES = 16
 MIN_OPSET: dict[str, int] = {"int8": 13, "fp8": 21}
-OnnxQuantMode = Literal["int8", "fp8"]
 
 
 class OnnxQuantizeRequest(BaseModel):
@@ -61,22 +61,6 @@ class OnnxQuantizeRequest(BaseModel):
     # int8, the graph falls from 86.6 to 56.0 MiB (the FP32 word-embedding table is most of what is left) with the
     # same embeddings (cosine to FP32 identical to the Q/DQ-on-weights graph's, min 0.9662 on the held-out set).
     weights_stored_quantized: bool = True
-
-
-class OnnxQuantizeResult(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    output_path: Path
-    mode: OnnxQuantMode
-    calibration_method: str
-    input_opset: int
-    output_opset: int
-    calibration_sentences: int
-    sequence_length: int
-    quantize_linear_nodes: int
-    dequantize_linear_nodes: int
-    quantized_op_types: dict[str, int]  # op type -> how many of its nodes take a DequantizeLinear output
-    quantize_seconds: float
 
 
 def read_sentences(path: Path) -> list[str]:

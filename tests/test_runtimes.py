@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 from packaging.specifiers import SpecifierSet
 
-from builders.serve import installed_runtime_version, render, trtllm_engine_recipe, vllm_cpu_recipe, vllm_recipe
 from builders.stage import BuildRequest, build_artefact
 from enginesmith.core.artefacts import QuantizedCheckpoint
 from enginesmith.core.checkpoints.models import Checkpoint
@@ -30,6 +29,13 @@ from enginesmith.core.runtimes import (
     read_requirements,
     runtimes_dir,
     tool_path,
+)
+from enginesmith.core.serving import (
+    installed_runtime_version,
+    render,
+    trtllm_engine_recipe,
+    vllm_cpu_recipe,
+    vllm_recipe,
 )
 from enginesmith.core.specs import BuildProfile, Toolchains
 from tests.conftest import REPO_ROOT

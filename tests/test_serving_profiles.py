@@ -148,7 +148,7 @@ def test_a_report_without_a_sweep_is_one_profile_the_candidate_as_validated():
 
 def _publish_swept(tmp_path: Path) -> tuple[str, str]:
     """A registry holding one cpu artefact whose report carries the sweep's three profiles; (registry, key)."""
-    from builders.serve import vllm_cpu_recipe
+    from enginesmith.core.serving import vllm_cpu_recipe
     from enginesmith.core.specs import BuildProfile
 
     report = ValidationReport.model_validate(llm_report([1.0, 1.0]))

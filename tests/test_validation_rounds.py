@@ -187,8 +187,8 @@ def paced_artefact(root: Path, tokenizer_from: Path, *, seconds_per_token: float
     """An artefact directory whose serve recipe runs the paced double (``tests/paced_server.py``) at one pace."""
     import shutil
 
-    from builders.serve import ENGINESMITH_PYTHON
     from enginesmith.core.artefacts import ARTEFACT_FILE, Artefact, Lineage, ServeRecipe
+    from enginesmith.core.serving import ENGINESMITH_PYTHON
 
     shutil.copytree(tokenizer_from, root / "model", ignore=shutil.ignore_patterns("*.safetensors"))
     serve = ServeRecipe(runtime="paced-test-double", argv=[

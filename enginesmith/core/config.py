@@ -21,9 +21,6 @@ from enginesmith.core.tasks import resolve_task
 from enginesmith.core.tuning import KNOBS_FILE, ServingKnobs
 from enginesmith.core.yamlio import YamlDocument, format_loc
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
 CATALOGUE_ENV = "ENGINESMITH_CONFIG_DIR"
 CATALOGUE_FILES = ("targets.yaml", "recipes.yaml", "runtimes/runtimes.yaml")
 

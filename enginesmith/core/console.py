@@ -5,15 +5,19 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
-# Piped output (CI logs, `| less`) gets a wide table rather than the 80 columns rich assumes.
-stdout = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
-stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+# Piped output (CI logs, `| less`) gets a wide table rather than the 80 columns rich assumes. Console markup is off:
+# text in square brackets (``enginesmith[validation]``, ``files[3]``, a URL's ``[::1]``) prints as it is. A print
+# that styles passes ``markup=True`` and escapes every value it interpolates; a styled table cell is a ``Text``.
+stdout = Console(highlight=False, markup=False, width=None if sys.stdout.isatty() else 200)
+stderr = Console(stderr=True, highlight=False, markup=False, soft_wrap=True)
 
 
 def print_json(value: Any) -> None:
@@ -27,7 +31,12 @@ def print_json(value: Any) -> None:
     print(text)
 
 
-def table(title: str | None, columns: list[str], rows: list[list[str]]) -> Table:
+def styled(text: str, style: str) -> Text:
+    """A table cell (or part of one) in a style, its text taken literally."""
+    return Text(text, style=style)
+
+
+def table(title: str | None, columns: list[str], rows: Sequence[Sequence[str | Text]]) -> Table:
     result = Table(title=title, show_lines=False, header_style="bold")
     for column in columns:
         result.add_column(column, overflow="fold")

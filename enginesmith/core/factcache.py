@@ -14,13 +14,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-CACHE_ENV = "ENGINESMITH_CACHE_DIR"
-DEFAULT_CACHE_DIR = ".enginesmith/cache"
+from enginesmith.core.state import CACHE_ENV
+from enginesmith.core.state import cache_dir as cache_root
 
-
-def cache_root() -> Path:
-    """``$ENGINESMITH_CACHE_DIR``, else ``.enginesmith/cache``."""
-    return Path(os.environ.get(CACHE_ENV) or DEFAULT_CACHE_DIR)
+__all__ = ["CACHE_ENV", "cache_root", "fact_path", "read_fact", "write_fact"]
 
 
 def fact_path(kind: str, *identity: Any, root: Path | None = None) -> Path:

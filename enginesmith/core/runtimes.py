@@ -26,9 +26,10 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from enginesmith.core.config import REPO_ROOT, config_dir
+from enginesmith.core.config import config_dir
 from enginesmith.core.errors import ConfigError, UserError
 from enginesmith.core.specs import SLUG, StrictModel
+from enginesmith.core.state import runtime_dir
 from enginesmith.core.yamlio import YamlDocument
 
 log = logging.getLogger(__name__)
@@ -217,7 +218,7 @@ def locate(env: RuntimeEnvironment) -> Location:
     if env.kind == "image":
         return Location(env, None, f"kind image ({env.image})")
     if env.location:
-        return Location(env, REPO_ROOT / env.location, f"{REGISTRY_FILE}: {env.name}.location")
+        return Location(env, runtime_dir(env.location), f"{REGISTRY_FILE}: {env.name}.location")
     root = os.environ.get(ENVS_ROOT_ENV)
     return Location(env, Path(root or DEFAULT_ENVS_ROOT).expanduser().absolute() / env.name,
                     ENVS_ROOT_ENV if root else f"the default {DEFAULT_ENVS_ROOT}")

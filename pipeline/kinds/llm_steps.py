@@ -127,8 +127,8 @@ def build(cell: Cell, quantized: QuantizedCheckpoint, work: Path, config: Pipeli
 
 def validate(cell: Cell, artefact_dir: Path, checkpoint: Checkpoint, config: PipelineConfig,
              work: Path) -> ValidationReport:
-    from builders.serve import ServedMemory, baseline_recipe, installed_runtime_version, reference_recipe
     from enginesmith.core.memory import GIB, SERVED_REFERENCE_BYTES, reference_tp
+    from enginesmith.core.serving import ServedMemory, baseline_recipe, installed_runtime_version, reference_recipe
     from validation.report import write_report
     from validation.stage import ServerSide
     from validation.stage import validate as run_validation

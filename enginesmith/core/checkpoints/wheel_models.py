@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -23,9 +22,9 @@ from typing import Literal
 from pydantic import BaseModel
 
 from enginesmith.core.checkpoints.gguf import convert_gguf, linear_weight_quantization, place_checkpoint
-from enginesmith.core.config import REPO_ROOT
 from enginesmith.core.errors import UserError
 from enginesmith.core.locks import exclusive
+from enginesmith.core.state import MODELS_ENV, models_dir, writable_dir
 
 PROVENANCE = "provenance.json"
 # Bumped when the conversion itself changes (2: tokenizer files normalised for transformers 4 and 5; 3: the GGUF's
@@ -61,11 +60,6 @@ WHEEL_MODELS: dict[str, WheelModel] = {m.id: m for m in [
                caveat="A sentence-transformers directory (BERT, 6 layers, hidden 384, mean pooling, L2-normalised) "
                       "as the package ships it: the upstream FP32 weights, unchanged."),
 ]}
-
-
-def models_dir() -> Path:
-    configured = os.environ.get("ENGINESMITH_MODELS_DIR")
-    return Path(configured).expanduser() if configured else REPO_ROOT / ".enginesmith" / "models"
 
 
 def wheel_model(model_id: str) -> WheelModel:
@@ -127,7 +121,8 @@ def _card(model: WheelModel) -> str:
 def fetch_wheel_model(model_id: str, *, dest_root: Path | None = None, force: bool = False) -> Path:
     """The checkpoint directory of a shipped model, downloaded and converted on first use."""
     model = wheel_model(model_id)
-    out_dir = (dest_root or models_dir()) / model.id
+    out_dir = writable_dir(dest_root or models_dir(), what="models", variable="--dest" if dest_root else MODELS_ENV) \
+        / model.id
     if not force and is_current(model, out_dir):
         return out_dir
     # Two processes fetching one model (two test workers, two nightlies on a node): the second waits, then finds it.

