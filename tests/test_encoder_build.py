@@ -51,7 +51,7 @@ def test_export_is_reused_and_the_fp32_recipe_is_the_export(fp32_graph) -> None:
 
 
 def test_onnx_artefact_holds_graph_tokenizer_and_serving_config(fp32_graph, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    from validation.embeddings_server import EmbeddingServeConfig
+    from enginesmith.core.encoder_graph import EmbeddingServeConfig
 
     graph = fp32_graph[0]
     artefact = build(graph, "onnx", "cpu", tmp_path / "onnx")
@@ -151,7 +151,8 @@ def test_a_failed_engine_build_leaves_its_log_and_no_artefact(  # type: ignore[n
 
 
 def test_a_stage_refuses_a_toolchain_other_than_its_keys(fp32_graph, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    from quantization.encoder_stage import export_stage, installed_encoder_tools
+    from enginesmith.core.encoder_graph import installed_encoder_tools
+    from quantization.encoder_stage import export_stage
 
     _, checkpoint, _, _ = fp32_graph
     installed = installed_encoder_tools()

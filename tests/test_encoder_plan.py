@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from enginesmith.core.config import default_catalogue, load_pipeline_config
-from enginesmith.core.encoder_plan import plan_encoders
 from enginesmith.core.errors import ConfigError
 from enginesmith.core.specs import PipelineConfig
+from pipeline.kinds.encoder_plan import plan_encoders
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 MINILM_CPU = CONFIGS / "examples" / "minilm-cpu.yaml"

@@ -154,3 +154,87 @@ def test_the_s3_extra_alone_reads_an_s3_registry(wheel: Path, seaweedfs, s3_env:
     assert {f.path for f in artefact.files} <= {str(p.relative_to(tmp_path / "pulled"))
                                                 for p in (tmp_path / "pulled").rglob("*") if p.is_file()}
     cli("catalogue", "--out", str(tmp_path / "site"))
+
+
+def node_run(python: Path, tmp_path: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """The installed console script as a node runs it (outside the checkout, the checkout off sys.path), whatever
+    it exits with."""
+    elsewhere = tmp_path / "node"
+    elsewhere.mkdir(exist_ok=True)
+    clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    clean |= {"ENGINESMITH_CACHE_DIR": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1",
+              "PATH": f"{python.parent}{os.pathsep}/usr/bin:/bin", **env}
+    return subprocess.run([str(python.parent / "enginesmith"), *args], capture_output=True, text=True, env=clean,
+                          cwd=elsewhere, timeout=300)
+
+
+@pytest.mark.slow
+def test_every_command_in_a_base_install_runs_or_names_the_extra_it_needs(base_install: Path, tmp_path: Path):
+    """#48: each command of the CLI, run in the base install outside a checkout: the deployment node's commands run;
+    each one that needs a build extra exits 2 with one line naming it (never a raw ModuleNotFoundError); the table
+    of what each did is printed (pytest -s shows it)."""
+    from registry.local import LocalStore
+    from registry.publish import publish_artefact
+
+    registry = tmp_path / "registry"
+    source = served_artefact(tmp_path / "build")
+    artefact = read_artefact(source)
+    publish_artefact(LocalStore(registry), source, key="v" * 64,
+                     validation=llm_report([1.0, 1.01, 0.99], artefact_key=artefact.key, key="v" * 64))
+    env = {"ENGINESMITH_REGISTRY": str(registry)}
+    tiny = node_run(base_install, tmp_path, env, "tiny-model").stdout.split("tiny model:")[-1].strip()
+    assert (Path(tiny) / "config.json").is_file(), tiny
+    config = tmp_path / "matrix.yaml"
+    config.write_text(f"version: 1\nname: node\nmodels:\n  - id: tiny\n    repo: {tiny}\n    task: addition\nmatrix:\n"
+                      "  - models: [tiny]\n    recipes: [fp8]\n    targets: [cpu]\n    kinds: [hf-quantized]\n")
+    runs: dict[str, tuple[tuple[str, ...], int, str]] = {
+        # command: (arguments, the exit code it must end with, what its output must say)
+        "version": (("--version",), 0, "0.1.0"),
+        "env": (("env",), 0, "ENGINESMITH_MODELS_DIR"),
+        "schema": (("schema",), 0, "properties"),
+        "targets": (("targets",), 0, "h100-sxm"),
+        "recipes": (("recipes",), 0, "int4-awq"),
+        "gpus": (("gpus",), 0, "No NVIDIA GPU found"),
+        "plan": (("plan", str(config)), 0, "tiny/fp8/cpu"),
+        "checkpoint": (("checkpoint", tiny), 0, "LlamaForCausalLM"),
+        "tiny-model": (("tiny-model",), 0, "tiny model:"),
+        "models list": (("models", "list"), 0, "smollm2-135m-instruct"),
+        "ls": (("ls",), 0, "tiny-llama"),
+        "show": (("show", "tiny-llama:latest"), 0, "v" * 12),
+        "resolve": (("resolve", "tiny-llama", "--target", "cpu"), 0, "chosen"),
+        "pull": (("pull", "tiny-llama", "--dest", str(tmp_path / "pulled")), 0, "pulled"),
+        "serve": (("serve", str(tmp_path / "pulled"), "--print"), 0, "vllm.entrypoints.openai.api_server"),
+        "report": (("report", "tiny-llama:latest"), 0, "PASSED"),
+        "history": (("history", "tiny-llama"), 0, "tiny-llama"),
+        "catalogue": (("catalogue", "--out", str(tmp_path / "site")), 0, "pip install 'enginesmith[validation]'"),
+        "promote": (("promote", f"tiny-llama@{'v' * 12}", "stable"), 0, "stable"),
+        "bundle": (("bundle", str(tmp_path / "node.bundle"), "tiny-llama"), 0, "bundle"),
+        "gc": (("gc", "--dry-run"), 0, "gc"),
+        "publish": (("publish", str(source), "--key", "w" * 64), 0, "published"),
+        # What a deployment node lacks: one line naming the extra, exit 2.
+        "quantize": (("quantize", tiny, "--recipe", "fp8", "--out", str(tmp_path / "q")), 2,
+                     "needs the quantization extra"),
+        "eval-task": (("eval-task", tiny), 2, "needs the quantization extra"),
+        "validate": (("validate", "--candidate", str(tmp_path / "pulled"), "--reference", tiny), 2,
+                     "needs the validation extra"),
+        "history --plots": (("history", "tiny-llama", "--plots", str(tmp_path / "plots")), 2,
+                            "needs the validation extra"),
+        "nightly": (("nightly", str(config)), 2, "needs the flows extra"),
+        "deploy": (("deploy", "--api-url", "http://127.0.0.1:9/api"), 2, "needs the flows extra"),
+        "preflight": (("preflight", str(config)), 2, "needs the"),
+        "build": (("build", str(tmp_path / "q"), "--target", "cpu"), 2, "not a finished quantize output"),
+    }
+    seen = []
+    for name, (args, rc, says) in runs.items():
+        done = node_run(base_install, tmp_path, env, *args)
+        output = done.stdout + done.stderr
+        last = (done.stderr.strip() or done.stdout.strip() or "-").splitlines()[-1]
+        seen.append(f"{name:<16} exit {done.returncode}  {last[:110]}")
+        assert done.returncode == rc, f"{name}: exit {done.returncode}\n{output[-3000:]}"
+        assert says in output, f"{name}: {output[-3000:]}"
+        assert "Traceback" not in output and "ModuleNotFoundError" not in output, f"{name}: {output[-3000:]}"
+        if rc == 2 and "extra" in says:
+            assert len(done.stderr.strip().splitlines()) == 1, f"{name}: {done.stderr}"
+            extra = says.split("needs the ")[1].split()[0]
+            assert f"pip install 'enginesmith[{extra}]'" in done.stderr, done.stderr
+    print("\n".join(["every command in a base install:", *seen]))

@@ -46,5 +46,7 @@ def test_the_sdist_and_the_wheel_pass_twine_check(tmp_path: Path):
     with tarfile.open(sdist) as archive:
         names = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
     assert {"enginesmith/catalogue/targets.yaml", "enginesmith/catalogue/runtimes/runtimes.yaml",
-            "registry/templates/catalogue.css", "pyproject.toml", "README.md"} <= names
+            "registry/templates/catalogue.css", "pyproject.toml", "README.md", "LICENSE"} <= names
+    with zipfile.ZipFile(wheel) as archive:  # the license the metadata names travels in the wheel too
+        assert [n for n in archive.namelist() if n.endswith(".dist-info/licenses/LICENSE")], archive.namelist()
     assert not [name for name in names if name.startswith((".venv", "build/"))]

@@ -15,7 +15,7 @@ from rich.text import Text
 from enginesmith import __version__
 from enginesmith.cli.registry_commands import add_registry_commands
 from enginesmith.cli.views import print_validation
-from enginesmith.core.console import keep_user_errors_off_the_console, print_json, stderr, stdout, styled, table
+from enginesmith.core.console import Cell, keep_user_errors_off_the_console, print_json, stderr, stdout, styled, table
 from enginesmith.core.errors import UserError
 
 if TYPE_CHECKING:
@@ -124,7 +124,7 @@ def plan(
         print_json({"config": pipeline.name, "cells": [{**cell.listing(), "cell_kind": kind.name}
                                                        for kind, cell in planned]})
         return
-    rows = []
+    rows: list[list[Cell]] = []
     for kind, cell in planned:
         parallel, note = kind.table_row(cell)
         status = styled("build", "green") if cell.status == "build" else Text.assemble(styled("invalid", "red"),
@@ -156,8 +156,8 @@ def preflight(
                     "summary": {s: report.count(s) for s in ("ready", "invalid", "blocked")}})
     else:
         colour = {"ready": "green", "invalid": "yellow", "blocked": "red"}
-        rows = [[c.id, c.key[:12], styled(c.status, colour[c.status]), "\n".join(c.reasons)]
-                for c in report.cells]
+        rows: list[list[Cell]] = [[c.id, c.key[:12], styled(c.status, colour[c.status]), "\n".join(c.reasons)]
+                                  for c in report.cells]
         stdout.print(table(f"Preflight: {config}", ["cell", "key", "status", "reasons"], rows))
         for line in report.skipped:
             stdout.print(f"[dim]skipped[/] {escape(line)}", markup=True)
@@ -447,7 +447,7 @@ def nightly(
         return
     colours = {"built": "green", "cached": "cyan", "quantized": "cyan", "invalid": "yellow", "blocked": "red",
                "failed": "red", "no-worker": "red"}
-    rows = [[s.cell, styled(s.status, colours[s.status]), s.key[:12], s.reason] for s in summaries]
+    rows: list[list[Cell]] = [[s.cell, styled(s.status, colours[s.status]), s.key[:12], s.reason] for s in summaries]
     stdout.print(table(f"nightly: {config}", ["cell", "status", "key", "reason"], rows))
     built = sum(s.status == "built" for s in summaries)
     stdout.print(f"{built} built, {sum(s.status == 'cached' for s in summaries)} already published (nothing rebuilt)")

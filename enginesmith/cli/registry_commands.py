@@ -18,7 +18,7 @@ from rich.markup import escape
 from rich.text import Text
 
 from enginesmith.cli.views import print_validation
-from enginesmith.core.console import print_json, stderr, stdout, styled, table
+from enginesmith.core.console import Cell, print_json, stderr, stdout, styled, table
 from enginesmith.core.diskspace import size_label
 from enginesmith.core.errors import UserError
 from enginesmith.core.extras import EXTRA_HINT
@@ -163,9 +163,9 @@ def list_artefacts(
         if json_output:
             print_json(summaries)
             return
-        rows = [[s.model, str(s.artefacts), ", ".join(f"{c}→{k[:12]}" for c, k in sorted(s.channels.items())) or "-"]
-                for s in summaries]
-        stdout.print(table(f"Models in {store.location}", ["model", "artefacts", "channels"], rows))
+        stdout.print(table(f"Models in {store.location}", ["model", "artefacts", "channels"], [
+            [s.model, str(s.artefacts), ", ".join(f"{c}→{k[:12]}" for c, k in sorted(s.channels.items())) or "-"]
+            for s in summaries]))
         return
     listing = list_model(store, check_name(model, "MODEL"))
     if json_output:
@@ -174,7 +174,7 @@ def list_artefacts(
     channels_of: dict[str, list[str]] = {}
     for channel, key in listing.channels.items():
         channels_of.setdefault(key, []).append(channel)
-    rows = [
+    rows: list[list[Cell]] = [
         [m.key[:12], m.artefact.kind, m.recipe, m.artefact.target, f"{m.artefact.tp}×{m.artefact.pp}",
          size_label(m.total_bytes), m.published[:19].replace("T", " "),
          ", ".join(sorted(channels_of.get(m.key, []))) or "-"]
@@ -652,7 +652,7 @@ def _print_resolution(resolution: Resolution) -> None:
               "incompatible": "red", "untrusted": "red"}
     slo = resolution.constraints.slo
     metric_name = "tok/s" if resolution.constraints.objective == "throughput" else "TPOT ms"
-    rows = []
+    rows: list[list[Cell]] = []
     for candidate in resolution.candidates:
         chosen = resolution.chosen is not None and candidate.key == resolution.chosen.key
         detail = "; ".join(candidate.reasons + candidate.notes) or "-"

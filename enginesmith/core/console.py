@@ -31,12 +31,15 @@ def print_json(value: Any) -> None:
     print(text)
 
 
+Cell = str | Text  # a table cell: plain text (printed as it is), or a styled Text
+
+
 def styled(text: str, style: str) -> Text:
     """A table cell (or part of one) in a style, its text taken literally."""
     return Text(text, style=style)
 
 
-def table(title: str | None, columns: list[str], rows: Sequence[Sequence[str | Text]]) -> Table:
+def table(title: str | None, columns: list[str], rows: Sequence[Sequence[Cell]]) -> Table:
     result = Table(title=title, show_lines=False, header_style="bold")
     for column in columns:
         result.add_column(column, overflow="fold")

@@ -6,10 +6,48 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 
 from enginesmith.core.errors import ConfigError
 
 PLUGINS_ENV = "ENGINESMITH_PLUGINS"
+# Module paths of enginesmith 0.1 that moved (#48), and where each is now: a plug-in (or a config's plugins list)
+# naming one is told the new path instead of seeing a bare ImportError.
+_VOCABULARY = ("artefacts", "assets", "calibration", "checkpoints", "compat", "config", "console", "diskspace",
+               "errors", "factcache", "gpus", "keys", "locks", "memory", "plan", "plugins", "process",
+               "reports", "runtimes", "secrets", "shapes", "slo", "specs", "staging", "tasks", "tuning", "yamlio")
+MOVED_MODULES = {
+    **{f"enginesmith.{name}": f"enginesmith.core.{name}" for name in _VOCABULARY},
+    "enginesmith.cli_registry": "enginesmith.cli.registry_commands",
+    "enginesmith.encoder_plan": "pipeline.kinds.encoder_plan",
+    "builders.serve": "enginesmith.core.serving",
+    "builders.vllm_argcheck": "enginesmith.core.vllm_argcheck",
+    **{f"pipeline.{name}": f"pipeline.common.{name}" for name in ("steps", "params", "verdicts", "plan_sources")},
+}
+# Names that left ``pipeline.kinds`` (now the kinds' own package) for the layer below the kinds or above them.
+MOVED_NAMES = {
+    **{("pipeline.kinds", name): "pipeline.common.protocol" for name in (
+        "CellContext", "CellFilter", "CellKind", "CellRun", "Dispatch", "KindPreflight", "PlainStages", "PlannedCell",
+        "StageRunner", "kind_section")},
+    **{("pipeline.kinds", name): "pipeline.kind_registry" for name in (
+        "KINDS", "register_kind", "kinds_of", "find_planned")},
+}
+_CANNOT_IMPORT = re.compile(r"cannot import name '(?P<name>\w+)' from '(?P<module>[\w.]+)'")
+
+
+def moved_to(exc: ImportError) -> str | None:
+    """Where the module (or name) an import failed on lives now, as a hint; None where it did not move."""
+    if isinstance(exc, ModuleNotFoundError) and exc.name:
+        for old, new in MOVED_MODULES.items():
+            if exc.name == old or exc.name.startswith(old + "."):
+                return f"{exc.name} moved to {new + exc.name[len(old):]}: import it from there"
+        return None
+    found = _CANNOT_IMPORT.search(str(exc))
+    if found:
+        moved = MOVED_NAMES.get((found["module"], found["name"]))
+        if moved:
+            return f"{found['name']} moved from {found['module']} to {moved}: import it from there"
+    return None
 
 
 def load_plugins(modules: list[str], *, field: str = "plugins") -> None:
@@ -19,8 +57,10 @@ def load_plugins(modules: list[str], *, field: str = "plugins") -> None:
         try:
             importlib.import_module(module)
         except ImportError as exc:
+            moved = moved_to(exc)
             raise ConfigError(f"plugin module {module!r} could not be imported: {exc}", field=f"{field}[{index}]",
-                              hint="install the package that provides it, or remove it from the list") from None
+                              hint=moved or "install the package that provides it, or remove it from the list") \
+                from None
 
 
 def env_plugins() -> list[str]:

@@ -1,6 +1,6 @@
 """The encoder kind: an embedding model × encoder recipe × target × artefact kind, exported to ONNX, quantised
 with ModelOpt's ONNX quantisation, built for onnxruntime (or TensorRT), validated against vLLM's embeddings of the
-checkpoint. Its plan rules are ``enginesmith.core.encoder_plan``; its flow the generic ``run-cell``."""
+checkpoint. Its plan rules are ``pipeline.kinds.encoder_plan``; its flow the generic ``run-cell``."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from enginesmith.core.checkpoints.digest import file_sha256
 from enginesmith.core.checkpoints.encoder_layout import read_layout
 from enginesmith.core.checkpoints.pull import local_checkpoint, resolve_revision
 from enginesmith.core.config import Catalogue
-from enginesmith.core.encoder_plan import EncoderCell, plan_encoders
 from enginesmith.core.errors import ConfigError
 from enginesmith.core.plan import LOCAL_MODEL_HINT
 from enginesmith.core.specs import PipelineConfig, TargetSpec
@@ -32,6 +31,7 @@ from pipeline.common.protocol import (
 )
 from pipeline.common.verdicts import Check, verdict
 from pipeline.kinds import encoder_steps as stages
+from pipeline.kinds.encoder_plan import EncoderCell, plan_encoders
 
 
 def plan_encoders_loaded(config: PipelineConfig, config_dir: Path, catalogue: Catalogue, *,

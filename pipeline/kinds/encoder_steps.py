@@ -10,10 +10,10 @@ from typing import Any
 from builders.encoder_artefact import EncoderBuildRequest, build_encoder_artefact
 from enginesmith.core.artefacts import ARTEFACT_FILE, Artefact, GpuInfo
 from enginesmith.core.checkpoints.models import Checkpoint
-from enginesmith.core.encoder_plan import EncoderCell
 from enginesmith.core.errors import UserError
 from enginesmith.core.specs import PipelineConfig
 from pipeline.common import steps
+from pipeline.kinds.encoder_plan import EncoderCell
 from quantization.encoder_stage import EncoderGraph, export_stage, quantize_stage
 from quantization.onnx_export import OnnxExportResult
 
