@@ -208,9 +208,10 @@ def test_every_command_in_a_base_install_runs_or_names_the_extra_it_needs(base_i
         "history": (("history", "tiny-llama"), 0, "tiny-llama"),
         "catalogue": (("catalogue", "--out", str(tmp_path / "site")), 0, "pip install 'enginesmith[validation]'"),
         "promote": (("promote", f"tiny-llama@{'v' * 12}", "stable"), 0, "stable"),
-        "bundle": (("bundle", str(tmp_path / "node.bundle"), "tiny-llama"), 0, "bundle"),
-        "gc": (("gc", "--dry-run"), 0, "gc"),
-        "publish": (("publish", str(source), "--key", "w" * 64), 0, "published"),
+        "bundle": (("bundle", "tiny-llama", "--out", str(tmp_path / "node.bundle")), 0, "bundle"),
+        "gc": (("gc", "--dry-run"), 0, "would delete"),
+        "publish": (("publish", str(source)), 0, "published"),
+        "preflight": (("preflight", str(config)), 0, "1 ready"),
         # What a deployment node lacks: one line naming the extra, exit 2.
         "quantize": (("quantize", tiny, "--recipe", "fp8", "--out", str(tmp_path / "q")), 2,
                      "needs the quantization extra"),
@@ -221,7 +222,6 @@ def test_every_command_in_a_base_install_runs_or_names_the_extra_it_needs(base_i
                             "needs the validation extra"),
         "nightly": (("nightly", str(config)), 2, "needs the flows extra"),
         "deploy": (("deploy", "--api-url", "http://127.0.0.1:9/api"), 2, "needs the flows extra"),
-        "preflight": (("preflight", str(config)), 2, "needs the"),
         "build": (("build", str(tmp_path / "q"), "--target", "cpu"), 2, "not a finished quantize output"),
     }
     seen = []
