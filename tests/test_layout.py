@@ -160,3 +160,24 @@ def test_the_installed_distribution_names_which_extra_brings_a_module():
     assert [extra_providing(m) for m in ("torch", "modelopt.torch.quantization", "prefect", "matplotlib.pyplot",
                                           "boto3", "model_signing", "no_such_module")] == [
         "quantization", "quantization", "flows", "validation", "s3", "signing", None]
+
+
+def test_a_work_or_cache_directory_that_cannot_be_made_is_named_with_its_variable(tmp_path: Path,
+                                                                                  monkeypatch: pytest.MonkeyPatch):
+    from enginesmith.core.errors import UserError
+    from enginesmith.core.state import writable_dir
+    from pipeline.common.steps import workdir
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("ENGINESMITH_WORKDIR", str(blocker / "work"))
+    config = type("Config", (), {"workdir": ".enginesmith/work"})()
+    with pytest.raises(UserError) as caught:
+        workdir(config)  # type: ignore[arg-type]
+    assert caught.value.where == "ENGINESMITH_WORKDIR" and str(blocker / "work") in caught.value.message
+    with pytest.raises(UserError) as caught:
+        writable_dir(blocker / "cache", what="cache", variable="ENGINESMITH_CACHE_DIR", create=False)
+    assert caught.value.where == "ENGINESMITH_CACHE_DIR" and not (blocker.parent / "cache").exists()
+    assert writable_dir(tmp_path / "new" / "cache", what="cache", variable="X", create=False) == \
+        tmp_path / "new" / "cache"
+    assert not (tmp_path / "new").exists()  # only checked, not made

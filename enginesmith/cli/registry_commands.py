@@ -334,7 +334,10 @@ def pull(
         stderr.print(f"[yellow]warning:[/] {escape(manifest.ref)} is {candidate.status} on "
                      f"{escape(machine.description)}: {escape('; '.join(candidate.reasons))}", markup=True)
     profile = _chosen_profile(manifest, candidate, constraints)
-    cache = BlobCache(cache_dir or default_cache_dir())
+    from enginesmith.core.state import CACHE_ENV, writable_dir
+
+    cache = BlobCache(writable_dir(cache_dir or default_cache_dir(), what="cache",
+                                   variable="--cache-dir" if cache_dir else CACHE_ENV, create=False))
     destination = dest or cache.default_dest(manifest.model, manifest.key)
     plan = plan_pull(manifest, cache, destination, store.location)
     if not dry_run:

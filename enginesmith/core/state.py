@@ -70,16 +70,21 @@ def runtime_dir(location: str) -> Path:
     return in_project if in_project.exists() else Path(sys.prefix).parent / location
 
 
-def writable_dir(path: Path, *, what: str, variable: str) -> Path:
-    """``path``, made if missing; a directory that cannot be made or written is a UserError naming it and the
-    variable that moves it."""
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        writable = os.access(path, os.W_OK | os.X_OK)
-    except OSError as exc:
-        raise UserError(f"the {what} directory {path} cannot be made: {exc.strerror or exc}", where=variable,
-                        hint=f"set {variable} to a directory you can write") from None
-    if not writable:
-        raise UserError(f"the {what} directory {path} is not writable", where=variable,
-                        hint=f"set {variable} to a directory you can write")
+def writable_dir(path: Path, *, what: str, variable: str, create: bool = True) -> Path:
+    """``path``, made if missing (with ``create``; else only checked: its nearest existing ancestor must be a
+    directory one can write); a directory that cannot be made or written is a UserError naming it and the variable
+    that moves it."""
+    hint = f"set {variable} to a directory you can write"
+    existing = next((p for p in (path, *path.absolute().parents) if p.exists()), Path("/"))
+    if not existing.is_dir():
+        raise UserError(f"the {what} directory {path} cannot be made: {existing} is not a directory", where=variable,
+                        hint=hint)
+    if create:
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UserError(f"the {what} directory {path} cannot be made: {exc.strerror or exc}", where=variable,
+                            hint=hint) from None
+    if not os.access(path if path.exists() else existing, os.W_OK | os.X_OK):
+        raise UserError(f"the {what} directory {path} is not writable", where=variable, hint=hint)
     return path

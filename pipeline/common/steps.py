@@ -11,6 +11,7 @@ from enginesmith.core.checkpoints.models import Checkpoint
 from enginesmith.core.checkpoints.pull import pull_checkpoint
 from enginesmith.core.errors import UserError
 from enginesmith.core.specs import CheckpointSourceSpec, PipelineConfig
+from enginesmith.core.state import WORK_ENV, writable_dir
 from pipeline.common.plan_sources import model_source
 
 if TYPE_CHECKING:
@@ -20,7 +21,10 @@ QUANTIZED_DIR, ARTEFACTS_DIR, REPORTS_DIR, REFERENCE_DIR = "quantized", "artefac
 
 
 def workdir(config: PipelineConfig) -> Path:
-    return Path(os.environ.get("ENGINESMITH_WORKDIR", config.workdir))
+    """The work directory stage outputs go to (made here; one that cannot be written is a UserError naming it)."""
+    configured = os.environ.get(WORK_ENV)
+    return writable_dir(Path(configured or config.workdir), what="work",
+                        variable=WORK_ENV if configured else f"workdir (the config's; or {WORK_ENV})")
 
 
 def registry_url(config: PipelineConfig) -> str:
