@@ -21,7 +21,7 @@ MOVED_MODULES = {
     "enginesmith.cli_registry": "enginesmith.cli.registry_commands",
     "enginesmith.encoder_plan": "pipeline.kinds.encoder_plan",
     "builders.serve": "enginesmith.core.serving",
-    "builders.vllm_argcheck": "enginesmith.core.vllm_argcheck",
+    "builders.vllm_argcheck": "enginesmith.core.in_runtime.vllm_argcheck",
     **{f"pipeline.{name}": f"pipeline.common.{name}" for name in ("steps", "params", "verdicts", "plan_sources")},
 }
 # Names that left ``pipeline.kinds`` (now the kinds' own package) for the layer below the kinds or above them.

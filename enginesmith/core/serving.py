@@ -206,7 +206,7 @@ def render(recipe: ServeRecipe, *, artefact_dir: Path, host: str, port: int, mod
     return argv, dict(recipe.env)
 
 
-VLLM_ARGCHECK_SCRIPT = Path(__file__).with_name("vllm_argcheck.py")
+VLLM_ARGCHECK_SCRIPT = Path(__file__).parent / "in_runtime" / "vllm_argcheck.py"
 
 
 def vllm_serve_arguments(recipe: ServeRecipe, *, artefact_dir: Path, port: int = 8000) -> list[str]:
