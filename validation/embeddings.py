@@ -31,6 +31,7 @@ import numpy as np
 from pydantic import BaseModel, model_validator
 
 from enginesmith.core.artefacts import ServeRecipe
+from enginesmith.core.assets import ASSETS_DIR
 from enginesmith.core.errors import UserError
 from enginesmith.core.reports.measures import CosineAgreement, RetrievalScore, Spread, ThroughputLevel
 from validation.server import LOOPBACK, Endpoint, free_port, running_server
@@ -38,7 +39,7 @@ from validation.server import LOOPBACK, Endpoint, free_port, running_server
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
-RETRIEVAL_SET = Path(__file__).resolve().parents[1] / "enginesmith" / "assets" / "embeddings" / "retrieval.json"
+RETRIEVAL_SET = ASSETS_DIR / "embeddings" / "retrieval.json"
 EMBEDDINGS_PATH = "/v1/embeddings"
 
 
