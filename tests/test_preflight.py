@@ -224,3 +224,53 @@ tuning: {{knobs: {{max_num_seqs: [1, 4]}}, budget_s: 600}}
     seqs = [argv[argv.index("--max-num-seqs") + 1] for argv in commands]
     assert len(commands) == 4 and sorted(seqs[2:]) == ["1", "4"]  # reference, candidate, then the two profiles
     assert all(argv.count("--max-num-seqs") == 1 for argv in commands)
+
+
+def _tiny_copy(tmp_path: Path, *, chat_template: bool = True, eos: bool = True) -> Path:
+    model = tmp_path / "tiny"
+    shutil.copytree(REPO_ROOT / "enginesmith" / "assets" / "tiny-llama", model)
+    tokenizer_config = json.loads((model / "tokenizer_config.json").read_text())
+    if not chat_template:
+        tokenizer_config.pop("chat_template")
+    if not eos:
+        tokenizer_config.pop("eos_token", None)
+        for name in ("config.json", "generation_config.json"):
+            found = json.loads((model / name).read_text())
+            found.pop("eos_token_id", None)
+            (model / name).write_text(json.dumps(found))
+    (model / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    return model
+
+
+@pytest.mark.parametrize(("api", "chat_template", "input_len", "eos", "blocked_by"), [
+    ("chat", False, 16, True, ["chat template"]),  # a base model's servers answer 400 on /v1/chat/completions
+    ("chat", True, 16, True, []),
+    ("completions", False, 16, True, []),  # a base model on completions is fine
+    ("completions", True, 250, True, ["context"]),  # 250 + 16 > the tiny model's 256 positions
+    ("completions", True, 16, False, ["eos token"]),
+])
+def test_what_the_servers_would_refuse_late_blocks_the_cell_at_preflight(tmp_path: Path, api: str,
+                                                                         chat_template: bool, input_len: int,
+                                                                         eos: bool, blocked_by: list[str]) -> None:
+    """#49: a chat workload on a model without a chat template failed after quantise and build, 246 s into
+    validation, with a raw 400; a workload longer than the model's context or a tokenizer with no EOS would fail as
+    late. The preflight blocks each cell first, naming what to change."""
+    from enginesmith.core.config import default_catalogue
+    from pipeline.preflight import run_preflight
+
+    model = _tiny_copy(tmp_path, chat_template=chat_template, eos=eos)
+    config_path = tmp_path / "c.yaml"
+    config_path.write_text(f"""
+name: late
+models: [{{id: tiny, repo: {model}}}]
+matrix: [{{models: [tiny], recipes: [fp8], targets: [cpu], kinds: [hf-quantized]}}]
+workload: {{name: w, api: {api}, input_len: {input_len}, output_len: 16, num_prompts: 4, concurrency: [1]}}
+""")
+    _, _, report = run_preflight(config_path, default_catalogue(), parse_with_vllm=False)
+    [cell] = report.cells
+    failed = [c.name for c in cell.checks if c.ok is False]
+    assert failed == blocked_by, cell.checks
+    assert cell.status == ("blocked" if blocked_by else "ready")
+    if "chat template" in blocked_by:
+        [check] = [c for c in cell.checks if c.name == "chat template"]
+        assert "workload.api: completions" in check.detail and "400" in check.detail

@@ -175,3 +175,38 @@ def test_quantize_refuses_a_block_size_before_it_loads_any_weights(smollm2_confi
                               out_dir=str(tmp_path / "out"), formats=["hf"], awq_block_size=128)
     with pytest.raises(UserError, match=r"block size 128.*576"):
         quantize_checkpoint(request)
+
+
+# Qwen3-30B-A3B's config.json fields that decide the shapes (128 experts of width 768, top-8, no shared expert).
+QWEN3_MOE_CONFIG = {"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 2048,
+                    "intermediate_size": 6144, "moe_intermediate_size": 768, "num_experts": 128,
+                    "num_experts_per_tok": 8, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+                    "vocab_size": 151936, "max_position_embeddings": 40960}
+# Qwen1.5-MoE-A2.7B's: 60 experts of width 1408 and a shared expert of width 5632.
+QWEN2_MOE_CONFIG = {"model_type": "qwen2_moe", "architectures": ["Qwen2MoeForCausalLM"], "hidden_size": 2048,
+                    "intermediate_size": 5632, "moe_intermediate_size": 1408, "num_experts": 60,
+                    "shared_expert_intermediate_size": 5632, "num_attention_heads": 16, "num_key_value_heads": 16,
+                    "vocab_size": 151936}
+
+
+def test_expert_widths_per_rank_enter_the_awq_block_rule():
+    """#49: a quantiser packs every expert's down_proj too. Qwen3-30B-A3B at tp 4 has experts 192 wide per rank:
+    block 128 would fail at export after calibration, so the plan takes 64; at tp 8 (96 per rank) no block fits and
+    the refusal names the expert width; Qwen2-MoE's shared expert enters the rule too."""
+    from enginesmith.core.shapes import ModelShape, choose_awq_block_size
+
+    recipe = default_catalogue().recipe("int4-awq")
+    qwen3 = ModelShape.from_config(QWEN3_MOE_CONFIG)
+    assert (qwen3.num_experts, qwen3.moe_intermediate_size, qwen3.max_position_embeddings) == (128, 768, 40960)
+    assert qwen3.quantized_input_widths(4)["experts.down_proj"] == 192
+    assert choose_awq_block_size(recipe, qwen3, tp=1).size == 128
+    at_tp4 = choose_awq_block_size(recipe, qwen3, tp=4)
+    assert at_tp4.size == 64 and "experts.down_proj 192" in at_tp4.reason
+    at_tp8 = choose_awq_block_size(recipe, qwen3, tp=8)  # 96 per rank: 96 % 64 == 32
+    assert at_tp8.size is None and "experts.down_proj 96 not divisible by 64" in at_tp8.reason
+    qwen2 = ModelShape.from_config(QWEN2_MOE_CONFIG)
+    widths = qwen2.quantized_input_widths(2)
+    assert (widths["experts.down_proj"], widths["shared_expert.down_proj"]) == (704, 2816)
+    assert choose_awq_block_size(recipe, qwen2, tp=2).size == 64
+    refused = choose_awq_block_size(recipe, qwen2, tp=4)  # experts 352 per rank
+    assert refused.size is None and "experts.down_proj 352" in refused.reason

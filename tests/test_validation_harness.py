@@ -152,3 +152,47 @@ def test_a_flag_vllm_rejects_fails_at_once_naming_it(tiny_model_dir, tmp_path):
         pass
     assert not isinstance(caught.value, TransientError)
     assert "rejected its arguments" in caught.value.message and "--no-such-flag" in caught.value.message
+
+
+class _RefusingHandler(BaseHTTPRequestHandler):
+    """Answers as vLLM does a chat request on a model without a chat template (400, its error body), and 503 to
+    anything else."""
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        if self.path == "/v1/chat/completions":
+            status, body = 400, {"object": "error", "type": "BadRequestError", "code": 400, "param": None,
+                                 "message": "As of transformers v4.44, default chat template is no longer allowed"}
+        else:
+            status, body = 503, {"error": {"message": "the engine is shutting down"}}
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+def test_a_server_refusing_a_request_is_a_clear_error_with_its_own_reason():
+    """#49: a 400 from vLLM surfaced as a raw httpx.HTTPStatusError traceback hiding vLLM's reason. Now a 4xx is a
+    UserError carrying the server's message (the request's fault: not retried), a 5xx a TransientError."""
+    from enginesmith.core.errors import TransientError
+    from validation.accuracy import greedy_completions
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _RefusingHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        endpoint = Endpoint(base_url=f"http://127.0.0.1:{server.server_address[1]}", model="m")
+        with pytest.raises(UserError) as refused:
+            greedy_completions(endpoint, ["1+1="], 4, api="chat")
+        assert not isinstance(refused.value, TransientError)
+        assert "answered 400: As of transformers v4.44, default chat template" in refused.value.message
+        assert "/v1/chat/completions" in refused.value.message
+        with pytest.raises(TransientError) as unavailable:
+            greedy_completions(endpoint, ["1+1="], 4, api="completions")
+        assert "answered 503: the engine is shutting down" in unavailable.value.message
+    finally:
+        server.shutdown()

@@ -23,7 +23,7 @@ from enginesmith.core.assets import read_task, task_eval_path
 from enginesmith.core.reports.measures import Perplexity, TaskScore
 from enginesmith.core.tasks import AccuracyTask, answer_matches, task_spec
 from validation.loadgen import API_PATHS, Api, completion_payload
-from validation.server import Endpoint
+from validation.server import Endpoint, check_answer
 
 
 async def _greedy_completions(endpoint: Endpoint, prompts: Sequence[str], max_tokens: int, *,
@@ -37,7 +37,7 @@ async def _greedy_completions(endpoint: Endpoint, prompts: Sequence[str], max_to
                 payload["stop"] = stop
             async with semaphore:
                 response = await client.post(f"{endpoint.base_url}{API_PATHS[api]}", json=payload)
-            response.raise_for_status()
+            check_answer(response, what=f"a greedy {api} request of the accuracy check")
             choice = response.json()["choices"][0]
             return str(choice["message"]["content"] or "" if api == "chat" else choice["text"])
 
@@ -73,7 +73,7 @@ async def _prompt_logprobs(endpoint: Endpoint, paragraphs: Sequence[str], concur
                        "logprobs": 0}
             async with semaphore:
                 response = await client.post(f"{endpoint.base_url}/v1/completions", json=payload)
-            response.raise_for_status()
+            check_answer(response, what="a prompt-logprobs request of the perplexity check")
             body = response.json()
             prompt_tokens = int(body["usage"]["prompt_tokens"])
             logprobs = body["choices"][0]["logprobs"]["token_logprobs"][:prompt_tokens]

@@ -29,6 +29,31 @@ class Endpoint:
     pid: int | None = None  # the server process we started, if we did
 
 
+def server_reason(response: httpx.Response) -> str:
+    """What the server said about a refused request: the message of its OpenAI-style error body (vLLM's
+    ``{"object": "error", "message": ...}`` or ``{"error": {"message": ...}}``), else the start of its body."""
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:500].strip() or response.reason_phrase
+    error = body.get("error") if isinstance(body, dict) else None
+    message = (error.get("message") if isinstance(error, dict) else None) or (
+        body.get("message") if isinstance(body, dict) else None)
+    return str(message)[:1000] if message else response.text[:500]
+
+
+def check_answer(response: httpx.Response, *, what: str) -> None:
+    """A request the server refused, as an error carrying the server's own reason: 4xx is the request's or the
+    model's fault (a UserError, never retried as it is), 5xx a TransientError."""
+    if response.is_success:
+        return
+    url = response.request.url
+    message = f"{what}: {url.path} on {url.host}:{url.port} answered {response.status_code}: {server_reason(response)}"
+    if response.status_code >= 500:
+        raise TransientError(message, where=str(url), hint="the server's log says more")
+    raise UserError(message, where=str(url), hint="the server refused the request itself; its reason is above")
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind((LOOPBACK, 0))
@@ -38,7 +63,7 @@ def free_port() -> int:
 def served_model_name(base_url: str, timeout_s: float = 10) -> str:
     """The first model id ``/v1/models`` lists."""
     response = httpx.get(f"{base_url}/v1/models", timeout=timeout_s)
-    response.raise_for_status()
+    check_answer(response, what="listing the served models")
     return str(response.json()["data"][0]["id"])
 
 

@@ -52,6 +52,12 @@ class ModelShape(BaseModel):
     vocab_size: int = Field(gt=0)
     tie_word_embeddings: bool = False
     prior_quantization: PriorQuantization | None = None
+    # Mixtures of experts: each routed expert's MLP width (Qwen-MoE's and DeepSeek's moe_intermediate_size; Mixtral's
+    # experts are intermediate_size wide) and the shared expert's, where the family has one.
+    num_experts: int | None = None
+    moe_intermediate_size: int | None = None
+    shared_expert_intermediate_size: int | None = None
+    max_position_embeddings: int | None = None
 
     @classmethod
     def from_config(cls, config: dict[str, Any], provenance: dict[str, Any] | None = None) -> ModelShape:
@@ -68,17 +74,41 @@ class ModelShape(BaseModel):
             vocab_size=int(config["vocab_size"]),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
             prior_quantization=PriorQuantization.from_files(config, provenance),
+            num_experts=_first_int(config, "num_local_experts", "num_experts", "n_routed_experts"),
+            moe_intermediate_size=_first_int(config, "moe_intermediate_size"),
+            shared_expert_intermediate_size=_shared_expert_width(config),
+            max_position_embeddings=_first_int(config, "max_position_embeddings"),
         )
 
     def quantized_input_widths(self, tp: int = 1) -> dict[str, int]:
         """The input width of each quantised linear on one tensor-parallel rank (lm_head and the embeddings stay
-        unquantised): the row-parallel o_proj and down_proj are split along their input by ``tp``."""
-        return {
+        unquantised): the row-parallel o_proj and down_proj are split along their input by ``tp``; so is each
+        expert's down_proj (experts sharded by tensor parallelism, as vLLM and TensorRT-LLM do by default) and the
+        shared expert's."""
+        widths = {
             "q_proj/k_proj/v_proj": self.hidden_size,
             "o_proj": self.num_attention_heads * self.head_dim // tp,
             "gate_proj/up_proj": self.hidden_size,
             "down_proj": self.intermediate_size // tp,
         }
+        if self.num_experts:
+            widths["experts.down_proj"] = (self.moe_intermediate_size or self.intermediate_size) // tp
+        if self.shared_expert_intermediate_size:
+            widths["shared_expert.down_proj"] = self.shared_expert_intermediate_size // tp
+        return widths
+
+
+def _first_int(config: dict[str, Any], *names: str) -> int | None:
+    return next((int(config[name]) for name in names if isinstance(config.get(name), int) and config[name] > 0), None)
+
+
+def _shared_expert_width(config: dict[str, Any]) -> int | None:
+    """Qwen2-MoE names its shared expert's width; DeepSeek has ``n_shared_experts`` experts of the routed width."""
+    named = _first_int(config, "shared_expert_intermediate_size")
+    if named:
+        return named
+    shared, width = _first_int(config, "n_shared_experts"), _first_int(config, "moe_intermediate_size")
+    return shared * width if shared and width else None
 
 
 class BlockSizeChoice(BaseModel):

@@ -210,7 +210,7 @@ def judge_cell(cell: Cell, config: PipelineConfig, gathered: Gathered) -> CellPr
     if facts.survey is None:
         checks.append(Check(name="model", ok=False, detail=facts.problem or "not reachable"))
     else:
-        checks += _model_checks(cell, facts.survey)
+        checks += _model_checks(cell, config, facts.survey)
     checks.append(Check(name="tasks", ok=not gathered.task_problems,
                         detail="; ".join(gathered.task_problems) or ", ".join(config.workload.accuracy_tasks)
                         or "none asked for"))
@@ -227,12 +227,13 @@ def judge_cell(cell: Cell, config: PipelineConfig, gathered: Gathered) -> CellPr
     return CellPreflight(id=cell.id, key=cell.key, status=status, checks=checks)
 
 
-def _model_checks(cell: Cell, found: CheckpointSurvey) -> list[Check]:
+def _model_checks(cell: Cell, config: PipelineConfig, found: CheckpointSurvey) -> list[Check]:
     counted = f"{found.parameters / 1e9:.2f} B parameters ({found.parameters_from})" if found.parameters else \
         "parameter count unknown"
     checks = [Check(name="model", ok=True, detail=f"{cell.model.repo}@{found.commit_sha[:12]}: "
                                                   f"{len(found.weight_files)} weight files, {counted}")]
     checks += [Check(name="model", ok=None, detail=note) for note in found.notes]
+    checks += _serving_checks(cell, config, found)
     declared = cell.model.params_b
     if declared and found.parameters and abs(found.parameters / (declared * 1e9) - 1) > PARAMS_TOLERANCE:
         checks.append(Check(name="params_b", ok=False,
@@ -246,6 +247,36 @@ def _model_checks(cell: Cell, found: CheckpointSurvey) -> list[Check]:
         needs = cell_needs(parameters, found.dtype_bytes, cell.recipe, cell.target, tp=cell.tp, pp=cell.pp,
                            quantize_target=cell.quantize_target)
         checks += [_memory_check(need, cell) for need in needs]
+    return checks
+
+
+def _serving_checks(cell: Cell, config: PipelineConfig, found: CheckpointSurvey) -> list[Check]:
+    """What the servers would refuse only once validation sends its first request: a chat workload on a model
+    without a chat template (vLLM answers 400 on /v1/chat/completions), prompts and outputs longer than the model's
+    context, a tokenizer with no end-of-sequence token to stop at."""
+    workload, checks = config.workload, []
+    if workload.api == "chat":
+        has_template = found.tokenizer.chat_template
+        checks.append(Check(
+            name="chat template", ok=has_template,
+            detail="the tokenizer has a chat template (workload.api: chat)" if has_template else
+            "could not be read from here (tokenizer_config.json not available)" if has_template is None else
+            f"workload.api is chat but {cell.model.id} has no chat template (no chat_template in "
+            "tokenizer_config.json, no chat_template.jinja): its servers would answer 400 Bad Request on "
+            "/v1/chat/completions after quantise and build; set workload.api: completions for a base model"))
+    shape = found.shape
+    context = shape.max_position_embeddings if shape is not None else None
+    needed = workload.input_len + workload.output_len
+    if context is not None:
+        checks.append(Check(name="context", ok=needed <= context,
+                            detail=f"workload.input_len + output_len = {needed} tokens "
+                                   f"{'fit' if needed <= context else 'exceed'} the model's max_position_embeddings "
+                                   f"{context}" + ("" if needed <= context else ": lower them in the workload")))
+    if found.tokenizer.eos_token is False:
+        checks.append(Check(name="eos token", ok=False,
+                            detail=f"{cell.model.id} names no end-of-sequence token (config.json eos_token_id, "
+                                   "generation_config.json, tokenizer_config.json eos_token): a server could not "
+                                   "stop a generation; add one to the checkpoint's files"))
     return checks
 
 

@@ -10,7 +10,7 @@ comes from the index's ``total_size``. Online the repo is listed and the safeten
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,41 @@ from enginesmith.core.secrets import hf_token
 from enginesmith.core.shapes import ModelShape
 from enginesmith.core.specs import ModelSpec, check_revision
 
+CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
+TOKENIZER_CONFIG = "tokenizer_config.json"
+
+
+class TokenizerFacts(BaseModel):
+    """What a server needs of the tokenizer files: a chat template for /v1/chat/completions, and an end-of-sequence
+    token to stop generating at. None where it could not be read from here."""
+
+    chat_template: bool | None = None
+    eos_token: bool | None = None
+
+    @classmethod
+    def read(cls, names: Iterable[str], read_json: Callable[[str], Any]) -> TokenizerFacts:
+        names = set(names)
+
+        def optional(name: str) -> dict[str, Any] | None:
+            if name not in names:
+                return None
+            try:
+                found = read_json(name)
+            except (UserError, OSError):
+                return None
+            return found if isinstance(found, dict) else None
+
+        tokenizer_config = optional(TOKENIZER_CONFIG)
+        if any(name in names for name in CHAT_TEMPLATE_FILES) or (tokenizer_config or {}).get("chat_template"):
+            chat_template: bool | None = True
+        else:
+            chat_template = False if TOKENIZER_CONFIG not in names or tokenizer_config is not None else None
+        model_config = optional("config.json") or {}
+        generation = optional("generation_config.json") or {}
+        eos = (model_config.get("eos_token_id") is not None or generation.get("eos_token_id") is not None
+               or bool((tokenizer_config or {}).get("eos_token")))
+        return cls(chat_template=chat_template, eos_token=eos or (None if tokenizer_config is None else False))
+
 
 class CheckpointSurvey(BaseModel):
     commit_sha: str
@@ -33,6 +68,7 @@ class CheckpointSurvey(BaseModel):
     parameters_from: str  # where the count was read: "safetensors headers", "index total_size", …
     dtype_bytes: int
     shape: ModelShape | None
+    tokenizer: TokenizerFacts = TokenizerFacts()
     notes: list[str] = []  # checks that could not be made from here
 
 
@@ -41,10 +77,13 @@ def survey(model: ModelSpec, source: str) -> CheckpointSurvey:
     if model.is_local:
         checkpoint = local_checkpoint(Path(source), allow_pickle=model.allow_pickle,
                                       trust_remote_code=model.trust_remote_code)
+        directory = Path(source)
         return CheckpointSurvey(
             commit_sha=checkpoint.commit_sha, weight_files=_weight_files(f.path for f in checkpoint.files),
             parameters=checkpoint.parameter_count, parameters_from="safetensors headers",
-            dtype_bytes=dtype_bytes(read_config(Path(source))), shape=model_shape(source))
+            dtype_bytes=dtype_bytes(read_config(directory)), shape=model_shape(source),
+            tokenizer=TokenizerFacts.read((p.name for p in directory.iterdir()),
+                                          lambda name: _read_json(directory / name)))
     check_revision(model.revision)
     from huggingface_hub import constants
 
@@ -92,7 +131,8 @@ def _offline(model: ModelSpec, repo_id: str) -> CheckpointSurvey:
         "offline: shards not in the cache are taken as the index names them (not listed on the Hub)"]
     return CheckpointSurvey(commit_sha=snapshot.name, weight_files=_weight_files(names),
                             parameters=parameters, parameters_from=parameters_from, dtype_bytes=value_bytes,
-                            shape=_shape(config), notes=notes)
+                            shape=_shape(config), notes=notes,
+                            tokenizer=TokenizerFacts.read(cached, lambda name: _read_json(snapshot / name)))
 
 
 def _online(model: ModelSpec, repo_id: str) -> CheckpointSurvey:
@@ -119,7 +159,7 @@ def _online(model: ModelSpec, repo_id: str) -> CheckpointSurvey:
     return CheckpointSurvey(commit_sha=sha, weight_files=_weight_files(names),
                             parameters=parameters, parameters_from="safetensors headers on the Hub",
                             dtype_bytes=dtype_bytes(config),
-                            shape=_shape(config))
+                            shape=_shape(config), tokenizer=TokenizerFacts.read(repo_files, read_json))
 
 
 def _read_json(path: Path) -> Any:
