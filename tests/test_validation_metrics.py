@@ -126,6 +126,26 @@ def test_gates_list_every_gate_with_its_median_and_spread():
     assert not verdict_passed["accuracy_drop:addition"] and not verdict_passed["failed_requests"]
 
 
+@pytest.mark.parametrize(("reference", "accept", "passed", "decision"), [
+    (0.0, False, False, "not-judged"),  # both sides 0 %: every drop "passed" before; now the cell fails
+    (0.05, True, True, "not-judged"),  # the config accepts an unjudged task: published, and the report says so
+    (0.69, False, True, "clear"),
+])
+def test_an_accuracy_task_the_reference_fails_is_not_judged(reference, accept, passed, decision):
+    """#49: a task on which the reference scores below gates.min_reference_accuracy (a base model answering a
+    leading newline to an exact-match task scored both sides 0 %) cannot discriminate: its gate says "not judged"
+    and fails the cell unless the config accepts it."""
+    gates = GateSpec(accept_unjudged_accuracy=accept)
+    results = evaluate_gates(gates, "fp8", throughput_ratio=_rounds(1.0, 1.0), tpot_ratio=_rounds(1.0, 1.0),
+                             accuracy_drops_points={"task/enginesmith": 0.0}, failed_requests=0,
+                             reference_accuracy={"task/enginesmith": reference})
+    [accuracy] = [g for g in results if g.name.startswith("accuracy_drop")]
+    assert (accuracy.passed, accuracy.decision) == (passed, decision)
+    if decision == "not-judged":
+        assert "not judged" in accuracy.detail and f"{reference:.1%}" in accuracy.detail
+        assert "not judged" in accuracy.decided_by
+
+
 def test_a_margin_inside_the_spread_is_undecided_until_the_last_round_then_the_median_decides():
     gates = GateSpec(min_throughput_ratio=0.9, max_tpot_ratio=1.1)
     # Median 0.95 clears 0.9 by 0.05, but the rounds spread ±0.2: not a difference yet.

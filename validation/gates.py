@@ -114,6 +114,7 @@ def evaluate_gates(
     tpot_ratio: Spread | None,
     accuracy_drops_points: dict[str, float],
     failed_requests: int,
+    reference_accuracy: dict[str, float] | None = None,
     e2el_ratio: Spread | None = None,
     tpot_unobservable: str | None = None,
     perplexity_increase: float | None = None,
@@ -150,6 +151,16 @@ def evaluate_gates(
             detail=f"candidate's most goodput over the levels (requests/s within {slo}) / reference's, per round"))
     limit = gates.max_drop_for(recipe_id)
     for task, drop in sorted(accuracy_drops_points.items()):
+        reference = (reference_accuracy or {}).get(task)
+        if reference is not None and reference < gates.min_reference_accuracy:
+            results.append(GateResult(
+                name=f"accuracy_drop:{task}", measured=drop, limit=limit, passed=gates.accept_unjudged_accuracy,
+                decision="not-judged",
+                detail=f"not judged: the reference scores {reference:.1%} on it, below gates.min_reference_accuracy "
+                       f"{gates.min_reference_accuracy:.0%}, so the task cannot tell a broken candidate from a good "
+                       "one (check the task's prompts and scoring for this model, or set "
+                       "gates.accept_unjudged_accuracy)"))
+            continue
         results.append(GateResult(name=f"accuracy_drop:{task}", measured=drop, limit=limit, passed=drop <= limit,
                                   detail=f"reference − candidate, points; limit for {recipe_id}"))
     if perplexity_increase is not None:

@@ -288,8 +288,10 @@ def judge(comparison: Comparison, gates: GateSpec, recipe_id: str, *, final: boo
     reference_scores = {(r.task, r.source): r.value for r in ref.accuracy}
     drops = {f"{c.task}/{c.source}": 100 * (reference_scores[(c.task, c.source)] - c.value)
              for c in cand.accuracy if (c.task, c.source) in reference_scores}
+    references = {f"{task}/{source}": value for (task, source), value in reference_scores.items()}
     return evaluate_gates(gates, recipe_id, throughput_ratio=comparison.throughput_ratios,
                           tpot_ratio=comparison.tpot_ratios, accuracy_drops_points=drops,
+                          reference_accuracy=references,
                           perplexity_increase=comparison.perplexity_increase,
                           failed_requests=cand.failed_requests + ref.failed_requests,
                           e2el_ratio=comparison.e2el_ratios, tpot_unobservable="; ".join(unobservable) or None,

@@ -396,6 +396,12 @@ class GateSpec(StrictModel):
                                  "nvfp4": 3.0, "int8-sq": 3.0}
     )
     default_max_accuracy_drop_points: float = 2.0
+    min_reference_accuracy: float = Field(
+        0.1, ge=0, le=1, description="an accuracy task on which the reference scores below this cannot tell a broken "
+        "candidate from a good one (both at 0 %): its gate is not judged, and the cell fails unless "
+        "accept_unjudged_accuracy")
+    accept_unjudged_accuracy: bool = Field(
+        False, description="publish a cell whose accuracy gates could not be judged (the report says so)")
     max_perplexity_increase: dict[str, float] = Field(
         default_factory=lambda: {"bf16": 0.005, "fp8": 0.03, "fp8-kv": 0.05, "int4-awq": 0.15, "w4a8-awq": 0.15,
                                  "nvfp4": 0.10, "int8-sq": 0.05},

@@ -100,8 +100,9 @@ class BenchmarkResult(BaseModel):
 
 
 # clear: the bounds lie wholly on one side of the limit; inside: undecided, measure more rounds;
-# median: still undecided when no more rounds were allowed, decided on the median.
-Decision = Literal["clear", "inside", "median"]
+# median: still undecided when no more rounds were allowed, decided on the median; not-judged: the measure cannot
+# discriminate (an accuracy task the reference itself fails), so the gate's verdict is the config's choice.
+Decision = Literal["clear", "inside", "median", "not-judged"]
 
 
 class GateResult(BaseModel):
@@ -127,6 +128,9 @@ class GateResult(BaseModel):
             return f"limit inside the bounds{bounds}: re-measuring"
         if self.decision == "median":
             return f"limit inside the bounds after {self.rounds} rounds{bounds}: decided on the median"
+        if self.decision == "not-judged":
+            return "not judged: the measure cannot discriminate (" + ("accepted by the config)" if self.passed else
+                                                                     "the cell fails unless the config accepts it)")
         return f"clear of the bounds over {self.rounds} rounds{bounds}" if self.rounds else \
             "measured once (deterministic)"
 
