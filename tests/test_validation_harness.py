@@ -7,7 +7,9 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
+import httpx
 import pytest
 
 from enginesmith.core.errors import UserError
@@ -196,3 +198,52 @@ def test_a_server_refusing_a_request_is_a_clear_error_with_its_own_reason():
         assert "answered 503: the engine is shutting down" in unavailable.value.message
     finally:
         server.shutdown()
+
+
+# A process that stands in for a vLLM server: healthy until the file named by its second argument appears, then
+# /health answers 503 (vLLM's answer once its engine is dead); it exits when the file holds "exit".
+_DYING_SERVER = """
+import http.server, json, os, sys, threading
+port, switch = int(sys.argv[1]), sys.argv[2]
+class H(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *a): pass
+    def do_GET(self):
+        dead = os.path.exists(switch)
+        if dead and open(switch).read() == "exit":
+            print("EngineDeadError: EngineCore encountered an issue", flush=True); os._exit(1)
+        body = json.dumps({"data": [{"id": "m"}]}).encode()
+        self.send_response(503 if dead else 200); self.send_header("Content-Length", str(len(body)))
+        self.end_headers(); self.wfile.write(body)
+print("serving", flush=True)
+http.server.ThreadingHTTPServer(("127.0.0.1", port), H).serve_forever()
+"""
+
+
+@pytest.mark.parametrize(("death", "said"), [("engine", "/health answered 503"), ("exit", "its process exited")])
+def test_a_server_that_dies_mid_validation_stops_the_cell_as_a_runtime_failure(tmp_path, death, said):
+    """#49: a reference server that died mid-validation (EngineDeadError) was sent requests for 609 s and the cell
+    was recorded as gate-failed. Now a level with failed requests asks whether the server still serves; a dead one
+    stops the cell at once with a TransientError (retried, never a verdict on the artefact) carrying its log."""
+    from enginesmith.core.errors import TransientError
+    from validation.server import check_still_serving
+
+    switch = tmp_path / "switch"
+    port = free_port()
+    argv = [sys.executable, "-c", _DYING_SERVER, str(port), str(switch)]
+    with running_server(argv, {}, port=port, log_path=tmp_path / "s.log", name="reference", health_timeout_s=60,
+                        model_name="m") as endpoint:
+        check_still_serving(endpoint, name="reference", during="round 1")  # alive: nothing raised
+        switch.write_text(death)
+        if death == "exit":
+            with pytest.raises(httpx.HTTPError):
+                httpx.get(f"{endpoint.base_url}/health", timeout=10)  # the request that makes it exit
+            deadline = time.monotonic() + 30  # until the process has gone: its state in /proc says so
+            while Path(f"/proc/{endpoint.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                assert time.monotonic() < deadline, "the stand-in server did not exit"
+                time.sleep(0.1)
+        with pytest.raises(TransientError) as caught:
+            check_still_serving(endpoint, name="reference", during="round 2 at concurrency 4")
+    assert said in caught.value.message and "round 2 at concurrency 4" in caught.value.message
+    assert "nothing was judged" in caught.value.message
+    if death == "exit":
+        assert "EngineDeadError" in caught.value.message  # the log's tail

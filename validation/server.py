@@ -54,6 +54,39 @@ def check_answer(response: httpx.Response, *, what: str) -> None:
     raise UserError(message, where=str(url), hint="the server refused the request itself; its reason is above")
 
 
+def _process_gone(pid: int) -> bool:
+    """Has our server process exited (a zombie not yet reaped counts as exited)? Read from /proc."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return Path("/proc/self").exists()  # no such process, where /proc can tell
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+
+def check_still_serving(endpoint: Endpoint, *, name: str, during: str) -> None:
+    """A server that died mid-validation (its process gone, or its engine dead: ``/health`` no longer 200) stops the
+    cell at once, as a runtime failure carrying its log's tail, not as failed requests a gate would judge. It is a
+    TransientError: the artefact was not shown to be at fault, and the flows retry the cell."""
+    gone = endpoint.pid is not None and _process_gone(endpoint.pid)
+    health = None
+    if not gone:
+        try:
+            health = httpx.get(f"{endpoint.base_url}/health", timeout=10).status_code
+        except httpx.HTTPError as exc:
+            health = f"{type(exc).__name__}"
+        if health == 200 or (isinstance(health, int) and health < 500):  # a server without /health (404) serves
+            return
+    what = "its process exited" if gone else f"/health answered {health}"
+    tail = f"\n--- last lines of {endpoint.log_path} ---\n{_log_tail(endpoint.log_path)}" if endpoint.log_path \
+        else ""
+    raise TransientError(f"the {name} server died during {during} ({what}): stopped measuring; nothing was judged"
+                         f"{tail}", where=str(endpoint.log_path or endpoint.base_url),
+                         hint="a runtime failure, not a verdict on the artefact: the flows retry the cell; the log "
+                              "says why the server died (out of memory, an engine error)")
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind((LOOPBACK, 0))

@@ -55,7 +55,7 @@ from validation.accuracy import (
 from validation.gates import decision_rule, evaluate_gates, undecided
 from validation.loadgen import LevelPlan, probe_capabilities, run_level
 from validation.sampling import UsageSampler
-from validation.server import Endpoint, external_endpoint, free_port, running_server
+from validation.server import Endpoint, check_still_serving, external_endpoint, free_port, running_server
 from validation.workloads import build_prompts, perplexity_windows
 
 GREEDY_AGREEMENT_PROMPTS = 32
@@ -486,6 +486,9 @@ def measure_turn(run: SideRun, concurrencies: list[int], round_index: int, serve
                                   capabilities=capabilities, seed=round_index,
                                   label=f"{run_id}-{role}-r{round_index + 1}-c{concurrency}",
                                   on_done=lambda: progress.advance(task))
+                if level.failed:
+                    check_still_serving(endpoint, name=role,
+                                        during=f"round {round_index + 1} at concurrency {concurrency}")
                 run.levels.append(level.model_copy(update={"round": round_index}))
         run.absorb(sampler)
         progress.update(task, description=f"{role}: round {round_index + 1} done")
