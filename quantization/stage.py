@@ -33,6 +33,7 @@ from enginesmith.core.checkpoints.inspect import read_config
 from enginesmith.core.checkpoints.models import Checkpoint, CheckpointFile
 from enginesmith.core.encoder_graph import check_versions
 from enginesmith.core.errors import UserError
+from enginesmith.core.families import TRTLLM_DECODER_TYPES
 from enginesmith.core.locks import output_lock
 from enginesmith.core.memory import GPU_CALIBRATION_FACTOR, dtype_bytes, quantize_need
 from enginesmith.core.specs import RecipeSpec
@@ -46,7 +47,7 @@ from quantization.export import (
     export_trtllm,
 )
 
-DECODER_TYPES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen", "qwen3": "qwen"}
+DECODER_TYPES = TRTLLM_DECODER_TYPES
 
 
 class QuantizeRequest(BaseModel):

@@ -210,3 +210,35 @@ def test_expert_widths_per_rank_enter_the_awq_block_rule():
     assert choose_awq_block_size(recipe, qwen2, tp=2).size == 64
     refused = choose_awq_block_size(recipe, qwen2, tp=4)  # experts 352 per rank
     assert refused.size is None and "experts.down_proj 352" in refused.reason
+
+
+def test_a_family_the_trtllm_export_cannot_take_is_refused_at_plan_time(write_config, tmp_path):
+    """#49: a qwen3_moe trtllm-engine cell was planned and preflighted ready, then failed at export after loading
+    and calibration ("no TensorRT-LLM export for model_type 'qwen3_moe'"). The plan refuses it, naming the export
+    and what it takes; the same model's hf-quantized cells stay buildable; a model_type nothing knows is refused
+    for every kind, naming the known families."""
+    moe = write_header_only_checkpoint(tmp_path / "qwen3-moe", QWEN3_MOE_CONFIG)
+    config = write_config(f"""
+version: 1
+name: families
+models:
+  - id: moe
+    repo: {moe}
+matrix:
+  - models: [moe]
+    recipes: [fp8, bf16]
+    targets: [h100-sxm]
+    kinds: [trtllm-engine, hf-quantized]
+""")
+    cells = {c.id: c for c in plan_config(config, default_catalogue(), resolve_hub=False)[1].cells}
+    for recipe in ("fp8", "bf16"):
+        engine = cells[f"moe/{recipe}/h100-sxm/tp1/trtllm-engine"]
+        assert engine.status == "invalid" and [v.rule for v in engine.violations] == ["trtllm-export-family"]
+        assert "'qwen3_moe'" in engine.reason and "llama, mistral, qwen2, qwen3" in engine.reason
+    assert cells["moe/fp8/h100-sxm/tp1/hf-quantized"].status == "build"
+
+    odd = write_header_only_checkpoint(tmp_path / "odd", {**SMOLLM2_CONFIG, "model_type": "gpt_bigcode"})
+    cells = _plan_cells(write_config, odd, "[fp8]")
+    [cell] = cells.values()
+    assert cell.status == "invalid" and "model-family" in [v.rule for v in cell.violations]
+    assert "'gpt_bigcode'" in cell.reason and "qwen3_moe" in cell.reason

@@ -14,6 +14,7 @@ from functools import cached_property
 
 from pydantic import BaseModel
 
+from enginesmith.core.families import no_trtllm_export, unknown_family
 from enginesmith.core.memory import SERVED_REFERENCE_BYTES, cell_needs
 from enginesmith.core.shapes import BlockSizeChoice, ModelShape, choose_awq_block_size
 from enginesmith.core.specs import ArtefactKind, ModelSpec, RecipeSpec, TargetSpec, Toolchains
@@ -139,6 +140,16 @@ def _awq_block_fits(cell: CellRequest) -> str | None:
     return f"{cell.recipe.id} on {cell.model.id}: {choice.reason}"
 
 
+def _known_family(cell: CellRequest) -> str | None:
+    return unknown_family(cell.shape.model_type) if cell.shape is not None else None
+
+
+def _trtllm_export_family(cell: CellRequest) -> str | None:
+    if cell.kind != "trtllm-engine" or cell.shape is None:
+        return None
+    return no_trtllm_export(cell.shape.model_type)
+
+
 def _weights_not_already_quantized(cell: CellRequest) -> str | None:
     prior = cell.shape.prior_quantization if cell.shape else None
     if prior is None or cell.recipe.is_passthrough or cell.recipe.weight_bits > prior.weight_bits:
@@ -150,6 +161,10 @@ def _weights_not_already_quantized(cell: CellRequest) -> str | None:
 
 
 RULES: tuple[Rule, ...] = (
+    Rule("model-family", "a checkpoint's model_type must be a family the stages have been run on "
+         "(enginesmith.core.families): an unknown one is refused before any model is loaded.", _known_family),
+    Rule("trtllm-export-family", "the TensorRT-LLM checkpoint export takes a decoder type per family; a family it "
+         "has none for would fail at export, after loading and calibration.", _trtllm_export_family),
     Rule("engine-needs-gpu", "trtllm-build times kernels on the GPU it builds for; there is no CPU engine.",
          _engine_needs_gpu),
     Rule("recipe-on-cpu", "a cpu artefact serves the quantised weights folded into BF16, which needs the "
