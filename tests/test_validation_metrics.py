@@ -146,6 +146,24 @@ def test_an_accuracy_task_the_reference_fails_is_not_judged(reference, accept, p
         assert "not judged" in accuracy.decided_by
 
 
+def test_greedy_agreement_with_the_reference_has_a_floor_per_recipe():
+    """#49: gemma3_text and qwen3_moe int4 passed at 0.0 greedy agreement. The gate holds a floor per recipe (a low
+    default that only a broken candidate falls under), and says nothing where agreement was not measured."""
+    gates = GateSpec(min_greedy_agreement={"int4-awq": 0.6})
+    common = {"throughput_ratio": _rounds(1.0, 1.0), "tpot_ratio": _rounds(1.0, 1.0), "accuracy_drops_points": {},
+              "failed_requests": 0}
+
+    def agreement(recipe: str, value: float | None) -> tuple[float, bool] | None:
+        found = [g for g in evaluate_gates(gates, recipe, greedy_agreement=value, **common)  # type: ignore[arg-type]
+                 if g.name == "min_greedy_agreement"]
+        return (found[0].limit, found[0].passed) if found else None
+
+    assert agreement("int4-awq", 0.0) == (0.6, False)
+    assert agreement("int4-awq", 0.7) == (0.6, True)
+    assert agreement("fp8", 0.05) == (0.1, False) and agreement("fp8", 0.188) == (0.1, True)
+    assert agreement("fp8", None) is None
+
+
 def test_a_margin_inside_the_spread_is_undecided_until_the_last_round_then_the_median_decides():
     gates = GateSpec(min_throughput_ratio=0.9, max_tpot_ratio=1.1)
     # Median 0.95 clears 0.9 by 0.05, but the rounds spread ±0.2: not a difference yet.

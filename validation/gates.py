@@ -115,6 +115,7 @@ def evaluate_gates(
     accuracy_drops_points: dict[str, float],
     failed_requests: int,
     reference_accuracy: dict[str, float] | None = None,
+    greedy_agreement: float | None = None,
     e2el_ratio: Spread | None = None,
     tpot_unobservable: str | None = None,
     perplexity_increase: float | None = None,
@@ -163,6 +164,12 @@ def evaluate_gates(
             continue
         results.append(GateResult(name=f"accuracy_drop:{task}", measured=drop, limit=limit, passed=drop <= limit,
                                   detail=f"reference − candidate, points; limit for {recipe_id}"))
+    if greedy_agreement is not None:
+        floor = gates.min_greedy_agreement_for(recipe_id)
+        results.append(GateResult(name="min_greedy_agreement", measured=greedy_agreement, limit=floor,
+                                  passed=greedy_agreement >= floor,
+                                  detail=f"share of prompts whose first greedy tokens match the BF16 reference's; "
+                                         f"floor for {recipe_id}"))
     if perplexity_increase is not None:
         limit = gates.max_perplexity_increase_for(recipe_id)
         results.append(GateResult(name="max_perplexity_increase", measured=perplexity_increase, limit=limit,

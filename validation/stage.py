@@ -291,7 +291,7 @@ def judge(comparison: Comparison, gates: GateSpec, recipe_id: str, *, final: boo
     references = {f"{task}/{source}": value for (task, source), value in reference_scores.items()}
     return evaluate_gates(gates, recipe_id, throughput_ratio=comparison.throughput_ratios,
                           tpot_ratio=comparison.tpot_ratios, accuracy_drops_points=drops,
-                          reference_accuracy=references,
+                          reference_accuracy=references, greedy_agreement=comparison.greedy_agreement,
                           perplexity_increase=comparison.perplexity_increase,
                           failed_requests=cand.failed_requests + ref.failed_requests,
                           e2el_ratio=comparison.e2el_ratios, tpot_unobservable="; ".join(unobservable) or None,
