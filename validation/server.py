@@ -70,14 +70,16 @@ def check_still_serving(endpoint: Endpoint, *, name: str, during: str) -> None:
     cell at once, as a runtime failure carrying its log's tail, not as failed requests a gate would judge. It is a
     TransientError: the artefact was not shown to be at fault, and the flows retry the cell."""
     gone = endpoint.pid is not None and _process_gone(endpoint.pid)
-    health = None
+    health = ""
     if not gone:
         try:
-            health = httpx.get(f"{endpoint.base_url}/health", timeout=10).status_code
+            status = httpx.get(f"{endpoint.base_url}/health", timeout=10).status_code
         except httpx.HTTPError as exc:
-            health = f"{type(exc).__name__}"
-        if health == 200 or (isinstance(health, int) and health < 500):  # a server without /health (404) serves
-            return
+            health = type(exc).__name__
+        else:
+            if status < 500:  # 200; or 404 from a server without /health, which still serves
+                return
+            health = str(status)
     what = "its process exited" if gone else f"/health answered {health}"
     tail = f"\n--- last lines of {endpoint.log_path} ---\n{_log_tail(endpoint.log_path)}" if endpoint.log_path \
         else ""
