@@ -235,6 +235,7 @@ matrix:
         engine = cells[f"moe/{recipe}/h100-sxm/tp1/trtllm-engine"]
         assert engine.status == "invalid" and [v.rule for v in engine.violations] == ["trtllm-export-family"]
         assert "'qwen3_moe'" in engine.reason and "llama, mistral, qwen2, qwen3" in engine.reason
+        assert "ModelOpt 0.47" in engine.reason and "qwen3moe" in engine.reason  # the upstream reason
     assert cells["moe/fp8/h100-sxm/tp1/hf-quantized"].status == "build"
 
     odd = write_header_only_checkpoint(tmp_path / "odd", {**SMOLLM2_CONFIG, "model_type": "gpt_bigcode"})

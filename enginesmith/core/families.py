@@ -29,10 +29,31 @@ def unknown_family(model_type: str) -> str | None:
             "no stage has been run on its layers")
 
 
+# Why ModelOpt's TensorRT-LLM checkpoint export does not take a family, read from ModelOpt 0.47.0's own code and
+# tried on CPU with small checkpoints of each family (a session's research, 2026-12-04).
+TRTLLM_EXPORT_REFUSALS: dict[str, str] = {
+    "gemma3_text": "ModelOpt 0.47's export_tensorrt_llm_checkpoint builds the TensorRT-LLM config itself for "
+                   "gpt/gemma/llama/qwen decoders only and raises NotImplementedError for gemma3 "
+                   "(modelopt/torch/export/tensorrt_llm_utils.py)",
+    "phi3": "ModelOpt 0.47's export_tensorrt_llm_checkpoint raises NotImplementedError for decoder type phi3 "
+            "(modelopt/torch/export/tensorrt_llm_utils.py)",
+    "qwen3_moe": "ModelOpt 0.47's export asserts the MoE decoder type is one of llama, dbrx, phi3, deepseek, qwen, and "
+                 "Qwen3-MoE's is qwen3moe (modelopt/torch/export/layer_utils.py)",
+    "qwen2_moe": "ModelOpt 0.47's export writes the expert weights but no moe block in the TensorRT-LLM config (its "
+                 "hf_config_map reads num_local_experts; Qwen-MoE's field is num_experts), so the engine would be "
+                 "built dense",
+    "mixtral": "ModelOpt 0.47 exports it (decoder llama, with a moe block) but warns that TensorRT-LLM may not "
+               "support quantised MoE layers other than FP8, and no engine of it has been built with "
+               "trtllm-build 1.2.1 here",
+}
+
+
 def no_trtllm_export(model_type: str) -> str | None:
-    """Why a ``trtllm-engine`` cell of ``model_type`` cannot be exported; None where it can."""
+    """Why a ``trtllm-engine`` cell of ``model_type`` cannot be exported (naming the upstream reason where one is
+    known); None where it can."""
     if model_type in TRTLLM_DECODER_TYPES:
         return None
-    return (f"the TensorRT-LLM checkpoint export (ModelOpt export_tensorrt_llm_checkpoint) has no decoder type for "
-            f"model_type {model_type!r} here (it takes: {', '.join(TRTLLM_DECODER_TYPES)}); build kind hf-quantized, "
-            "which TensorRT-LLM's PyTorch backend and vLLM serve")
+    upstream = TRTLLM_EXPORT_REFUSALS.get(model_type, "no decoder type for it")
+    return (f"no TensorRT-LLM checkpoint export for model_type {model_type!r}: {upstream} (the export takes: "
+            f"{', '.join(TRTLLM_DECODER_TYPES)}); build kind hf-quantized, which TensorRT-LLM's PyTorch backend and "
+            "vLLM serve")
