@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     import torch
     from transformers import (
         LlamaConfig,
+        PretrainedConfig,
         PreTrainedTokenizerFast,
     )
 
@@ -253,21 +254,29 @@ def train_tiny_model(
     learning_rate: float = 3e-3,
     log: Callable[[str], None] | None = print,
     log_every: int = 100,
+    model_config: PretrainedConfig | None = None,
+    warm_start: Callable[[torch.nn.Module], None] | None = None,
+    stop_at_exact_match: float | None = None,
 ) -> TrainingSummary:
-    """Train the tiny Llama on the addition training split and save it to ``out_dir``.
+    """Train the tiny Llama (or the architecture ``model_config`` describes, whose vocabulary must hold the
+    tokenizer's: scripts/make_standins.py) on the addition training split and save it to ``out_dir``.
 
     Training is seeded and runs in fp32 on CPU (AdamW, linear warm-up then cosine decay); the loss
     covers only the answer tokens and the closing ``</s>``. The model is then cast to bfloat16 and
     saved as safetensors with its tokenizer and generation config. Every ``log_every`` steps the
     loss and the teacher-forced exact match on held-out examples (equal to greedy exact match) are
-    passed to ``log``. Returns a :class:`TrainingSummary`.
+    passed to ``log``. ``warm_start`` sets some of the new model's weights before training (a stand-in starts from
+    the tiny Llama's); with ``stop_at_exact_match`` training stops at the first check that reaches it.
+    Returns a :class:`TrainingSummary`.
     """
     import torch
-    from transformers import GenerationConfig, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM, GenerationConfig
 
     torch.manual_seed(seed)
     tokenizer = build_tokenizer()
-    model = LlamaForCausalLM(build_model_config(tokenizer)).float()
+    model = AutoModelForCausalLM.from_config(model_config or build_model_config(tokenizer)).float()
+    if warm_start is not None:
+        warm_start(model)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, betas=(0.9, 0.98), weight_decay=0.1)
     warmup_steps = max(1, min(200, steps // 10))
@@ -279,7 +288,9 @@ def train_tiny_model(
 
     started = time.perf_counter()
     loss_value = math.nan
+    steps_run = 0
     for step in range(1, steps + 1):
+        steps_run = step
         batch = [next(train_stream) for _ in range(batch_size)]
         input_ids, labels = _encode_for_training(tokenizer, batch)
         loss = model(input_ids=input_ids, labels=labels).loss
@@ -296,6 +307,8 @@ def train_tiny_model(
                 f"step {step}/{steps} loss {loss_value:.4f} "
                 f"held-out exact match {held_out_exact_match:.3f} ({elapsed:.0f} s)"
             )
+            if stop_at_exact_match is not None and held_out_exact_match >= stop_at_exact_match:
+                break
     wall_seconds = time.perf_counter() - started
     final_exact_match = _teacher_forced_exact_match(model, monitor_ids, monitor_labels)
 
@@ -311,7 +324,7 @@ def train_tiny_model(
     save_tokenizer(tokenizer, out_path)
     return TrainingSummary(
         out_dir=out_path,
-        steps=steps,
+        steps=steps_run,
         wall_seconds=wall_seconds,
         final_loss=loss_value,
         held_out_exact_match_fp32=final_exact_match,

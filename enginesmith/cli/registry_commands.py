@@ -88,6 +88,7 @@ def add_registry_commands(app: typer.Typer) -> None:
     app.command("bundle")(bundle)
     app.command("catalogue")(catalogue)
     app.command("report")(report)
+    app.command("support")(support)
 
 
 def publish(
@@ -480,6 +481,66 @@ def report(
         print_json(parsed)
         return
     print_validation(parsed)
+
+
+def support(
+    config: Annotated[Path, typer.Argument(help="A build-matrix config whose cells to show.")],
+    markdown: Annotated[Path | None, typer.Option(
+        "--markdown", help="Also write the matrix as a Markdown table to this file.")] = None,
+    registry: Annotated[str | None, typer.Option(
+        "--registry", envvar="ENGINESMITH_REGISTRY",
+        help="The registry whose history to read (default: the config's).")] = None,
+    s3_endpoint: S3EndpointOption = None,
+    json_output: JsonOption = False,
+) -> None:
+    """The support matrix of a config: each model × recipe × kind × target cell as validated (accuracy drop, greedy
+    agreement with BF16, perplexity), gate-failed, failed (the stage's error), refused by the plan (its rule and
+    reason) or not run, from the plan and the registry's history of the planned inputs.
+
+    Example: enginesmith support configs/examples/tiny-cpu.yaml --markdown support.md
+    """
+    from enginesmith.core.checkpoints.inspect import model_shape
+    from enginesmith.core.config import default_catalogue, load_pipeline_config
+    from pipeline.common.plan_sources import model_source
+    from pipeline.common.steps import registry_url
+    from pipeline.kind_registry import kinds_of
+    from registry.history import load_history
+    from registry.support import PlannedFacts, markdown_table, support_matrix
+
+    catalogue = default_catalogue()
+    pipeline = load_pipeline_config(config, catalogue)
+    model_types = {}
+    for model in pipeline.models:
+        shape = model_shape(model_source(model, config.parent), model.revision) if model.is_local else None
+        model_types[model.id] = shape.model_type if shape is not None else ""
+    planned = [PlannedFacts(cell=cell.id, model=cell.model.id, model_type=model_types.get(cell.model.id, ""),
+                            recipe=cell.recipe.id, kind=cell.kind, target=cell.target.id, key=cell.key,
+                            buildable=cell.status == "build", rules=[v.rule for v in getattr(cell, "violations", [])],
+                            reason=cell.reason)
+               for kind in kinds_of(pipeline) for cell in kind.plan(pipeline, config.parent, catalogue,
+                                                                    resolve_hub=False)]
+    store = _open_store(registry or registry_url(pipeline), s3_endpoint)
+    histories = {model: load_history(store, model) for model in dict.fromkeys(cell.model for cell in planned)}
+    matrix = support_matrix(pipeline.name, planned, histories)
+    if markdown is not None:
+        markdown.write_text(markdown_table(matrix), encoding="utf-8")
+    if json_output:
+        print_json(matrix)
+        return
+    _print_support(matrix)
+
+
+def _print_support(matrix: Any) -> None:
+    from registry.support import cell_summary
+
+    colours = {"validated": "green", "gate-failed": "red", "failed": "red", "refused": "yellow", "not run": "dim"}
+    rows: list[list[Cell]] = [[cell.model, cell.model_type, cell.recipe, cell.kind, cell.target,
+                               styled(cell_summary(cell), colours[cell.status]),
+                               cell.reason[:160] if cell.status in ("refused", "failed") else ""]
+                              for cell in matrix.cells]
+    stdout.print(table(f"Support: {matrix.config}", ["model", "model_type", "recipe", "kind", "target", "status",
+                                                     "reason"], rows))
+    stdout.print(", ".join(f"{count} {status}" for status, count in matrix.counts().items()))
 
 
 def gc(

@@ -83,11 +83,40 @@ def local_checkpoint(path: Path, *, allow_pickle: bool = False, trust_remote_cod
     names = needed_files(repo_files, where=where, allow_pickle=allow_pickle, read_json=_json_in(path))
     refuse_remote_code(read_config(path), repo_files, where=where, trust_remote_code=trust_remote_code)
     files = [CheckpointFile(path=n, size=(path / n).stat().st_size, sha256=file_sha256(path / n)) for n in names]
+    check_recorded_digests(path, {f.path: f.sha256 for f in files})
     return Checkpoint(
         source="local", repo_id=str(path.resolve()), requested_revision="-",
         commit_sha=directory_digest(path, names), local_path=str(path.resolve()), files=files,
         total_bytes=sum(f.size for f in files), **describe(path, names),
     )
+
+
+def check_recorded_digests(path: Path, known: dict[str, str] | None = None) -> None:
+    """Refuse a directory whose ``provenance.json`` records file digests (``"files": {name: sha256}``, as the
+    architecture stand-ins' do) where a file is missing or differs: what the provenance describes is no longer
+    what is there. ``known`` holds digests already computed."""
+    provenance_path = path / "provenance.json"
+    if not provenance_path.is_file():
+        return
+    try:
+        recorded = json.loads(provenance_path.read_text()).get("files")
+    except (OSError, ValueError, AttributeError):
+        raise UserError("provenance.json is not a JSON object", where=str(provenance_path),
+                        hint="restore it, or remove it if the directory has no provenance") from None
+    if not isinstance(recorded, dict):
+        return
+    for name, expected in sorted(recorded.items()):
+        file_path = path / name
+        if not file_path.is_file():
+            raise UserError(f"{name} is missing: provenance.json records it", where=str(file_path),
+                            hint="restore the directory as it was made (git checkout, or the script its "
+                                 "provenance names)")
+        actual = (known or {}).get(name) or file_sha256(file_path)
+        if actual != expected:
+            raise UserError(f"{name} was modified after provenance.json was written (sha256 {actual[:12]}, "
+                            f"recorded {str(expected)[:12]})", where=str(file_path),
+                            hint="restore the directory as it was made (git checkout, or the script its "
+                                 "provenance names); a changed model is a new model with a provenance of its own")
 
 
 def _json_in(directory: Path) -> Callable[[str], Any]:
