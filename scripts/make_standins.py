@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
-
 from train_tiny_model import (
     ADDITION_EVAL_JSONL,
     build_tokenizer,
@@ -62,6 +61,9 @@ COMMON_NOT_KEPT = [
     "the family's training data: trained on 1-3 digit addition only",
 ]
 
+SLIDING_WINDOW_UNUSED = ("sliding_window's number: upstream's is unused while use_sliding_window is false, and "
+                         "transformers writes null for it")
+
 FAMILIES: list[FamilySpec] = [
     FamilySpec(
         family="llama3", upstream="meta-llama/Llama-3.1-8B-Instruct",
@@ -81,9 +83,9 @@ FAMILIES: list[FamilySpec] = [
               "use_sliding_window": False},
         shrunk={"hidden_size": (3584, 128), "intermediate_size": (18944, 384), "num_hidden_layers": (28, 4),
                 "num_attention_heads": (28, 2), "num_key_value_heads": (4, 1),
-                "max_position_embeddings": (32768, 512), "sliding_window": (131072, 512),
-                "max_window_layers": (28, 4)},
-        not_kept=["q/k/v biases are the architecture's own (Qwen2 attention always has them), not a config field"]),
+                "max_position_embeddings": (32768, 512), "max_window_layers": (28, 4)},
+        not_kept=["q/k/v biases are the architecture's own (Qwen2 attention always has them), not a config field",
+                  SLIDING_WINDOW_UNUSED]),
     FamilySpec(
         family="mistral", upstream="mistralai/Mistral-7B-Instruct-v0.3",
         kept={"model_type": "mistral", "architectures": ["MistralForCausalLM"], "hidden_act": "silu",
@@ -148,8 +150,8 @@ FAMILIES: list[FamilySpec] = [
         shrunk={"hidden_size": (2048, 128), "intermediate_size": (5632, 384), "num_hidden_layers": (24, 4),
                 "num_attention_heads": (16, 2), "num_key_value_heads": (16, 2), "num_experts": (60, 8),
                 "moe_intermediate_size": (1408, 128), "shared_expert_intermediate_size": (5632, 384),
-                "max_position_embeddings": (8192, 512), "sliding_window": (32768, 512),
-                "max_window_layers": (21, 4)}),
+                "max_position_embeddings": (8192, 512), "max_window_layers": (21, 4)},
+        not_kept=[SLIDING_WINDOW_UNUSED]),
     FamilySpec(
         family="qwen3-moe", upstream="Qwen/Qwen3-30B-A3B",
         kept={"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": False,
@@ -200,15 +202,15 @@ def warm_start_from_tiny_llama(model: Any) -> None:
         prefix = f"model.layers.{layer}."
         if prefix + "self_attn.q_proj.weight" not in tiny:
             continue
-        attn, mlp = (lambda name: tiny[prefix + "self_attn." + name]), (lambda name: tiny[prefix + "mlp." + name])
-        tiny[prefix + "self_attn.qkv_proj.weight"] = torch.cat(
-            [attn("q_proj.weight"), attn("k_proj.weight"), attn("v_proj.weight")])
-        tiny[prefix + "mlp.gate_up_proj.weight"] = torch.cat([mlp("gate_proj.weight"), mlp("up_proj.weight")])
+        attn = {name: tiny[f"{prefix}self_attn.{name}.weight"] for name in ("q_proj", "k_proj", "v_proj")}
+        mlp = {name: tiny[f"{prefix}mlp.{name}.weight"] for name in ("gate_proj", "up_proj", "down_proj")}
+        tiny[prefix + "self_attn.qkv_proj.weight"] = torch.cat([attn["q_proj"], attn["k_proj"], attn["v_proj"]])
+        tiny[prefix + "mlp.gate_up_proj.weight"] = torch.cat([mlp["gate_proj"], mlp["up_proj"]])
         for expert in range(getattr(model.config, "num_local_experts", 0)):
             for ours, theirs in (("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj")):
-                tiny[f"{prefix}block_sparse_moe.experts.{expert}.{ours}.weight"] = mlp(f"{theirs}.weight")
-        for projection in ("gate_proj", "up_proj", "down_proj"):
-            tiny[f"{prefix}mlp.shared_expert.{projection}.weight"] = mlp(f"{projection}.weight")
+                tiny[f"{prefix}block_sparse_moe.experts.{expert}.{ours}.weight"] = mlp[theirs]
+        for projection, weight in mlp.items():
+            tiny[f"{prefix}mlp.shared_expert.{projection}.weight"] = weight
     gemma = model.config.model_type.startswith("gemma")
     copied = 0
     with torch.no_grad():
@@ -250,6 +252,17 @@ def make_standin(spec: FamilySpec, out_root: Path, *, threads: int) -> dict[str,
                            f"(steps in its FamilySpec)")
     for path in out_dir.iterdir():
         path.chmod(0o644)
+    training = {"script": "scripts/make_standins.py", "steps": summary.steps, "seed": 0,
+                "warm_start": "the tiny Llama's weights where a tensor has the same role and shape",
+                "batch_size": BATCH_SIZE, "learning_rate": LEARNING_RATE,
+                "task": "addition", "bf16_exact_match": round(exact_match, 4),
+                "wall_seconds": round(time.perf_counter() - started, 1), "torch_threads": threads}
+    return write_provenance(spec, out_dir, training, file_digests(out_dir))
+
+
+def write_provenance(spec: FamilySpec, out_dir: Path, training: dict[str, Any], files: dict[str, str]
+                     ) -> dict[str, Any]:
+    """Write what the stand-in is and is not, how it was trained, and the digest of each of its files."""
     config = json.loads((out_dir / "config.json").read_text())
     provenance = {
         "provenance_version": PROVENANCE_VERSION,
@@ -262,15 +275,21 @@ def make_standin(spec: FamilySpec, out_root: Path, *, threads: int) -> dict[str,
         "is_not": ["a pre-trained model: it knows addition and nothing else", *COMMON_NOT_KEPT, *spec.not_kept],
         "kept": spec.kept,
         "shrunk": {name: {"upstream": upstream, "here": here} for name, (upstream, here) in spec.shrunk.items()},
-        "training": {"script": "scripts/make_standins.py", "steps": summary.steps, "seed": 0,
-                     "warm_start": "the tiny Llama's weights where a tensor has the same role and shape",
-                     "batch_size": BATCH_SIZE, "learning_rate": LEARNING_RATE,
-                     "task": "addition", "bf16_exact_match": round(exact_match, 4),
-                     "wall_seconds": round(time.perf_counter() - started, 1), "torch_threads": threads},
-        "files": file_digests(out_dir),
+        "training": training,
+        "files": files,
     }
     (out_dir / "provenance.json").write_text(json.dumps(provenance, indent=2) + "\n")
     return provenance
+
+
+def rewrite_provenance(spec: FamilySpec, out_root: Path) -> None:
+    """Re-write a stand-in's provenance from its (corrected) spec without training again: only where every file is
+    still the one its provenance recorded."""
+    out_dir = out_root / spec.family
+    recorded = json.loads((out_dir / "provenance.json").read_text())
+    if file_digests(out_dir) != recorded["files"]:
+        raise SystemExit(f"{out_dir}: its files are not the ones its provenance recorded; make it again")
+    write_provenance(spec, out_dir, recorded["training"], recorded["files"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -279,10 +298,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=STANDINS_DIR)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--steps", type=int, help="override every family's training steps")
+    parser.add_argument("--rewrite-provenance", action="store_true",
+                        help="re-write the provenance of existing stand-ins from their specs; train nothing")
     args = parser.parse_args(argv)
     unknown = sorted(set(args.families) - set(FAMILY_BY_NAME))
     if unknown:
         parser.error(f"unknown families {unknown}; known: {', '.join(FAMILY_BY_NAME)}")
+    if args.rewrite_provenance:
+        for name in args.families or [p.name for p in sorted(args.out.iterdir()) if p.name in FAMILY_BY_NAME]:
+            rewrite_provenance(FAMILY_BY_NAME[name], args.out)
+        return 0
     failed = []
     for name in args.families or list(FAMILY_BY_NAME):
         spec = FAMILY_BY_NAME[name]

@@ -17,7 +17,7 @@ import typer
 from rich.markup import escape
 from rich.text import Text
 
-from enginesmith.cli.views import print_validation
+from enginesmith.cli.views import print_support, print_validation
 from enginesmith.core.console import Cell, print_json, stderr, stdout, styled, table
 from enginesmith.core.diskspace import size_label
 from enginesmith.core.errors import UserError
@@ -527,20 +527,7 @@ def support(
     if json_output:
         print_json(matrix)
         return
-    _print_support(matrix)
-
-
-def _print_support(matrix: Any) -> None:
-    from registry.support import cell_summary
-
-    colours = {"validated": "green", "gate-failed": "red", "failed": "red", "refused": "yellow", "not run": "dim"}
-    rows: list[list[Cell]] = [[cell.model, cell.model_type, cell.recipe, cell.kind, cell.target,
-                               styled(cell_summary(cell), colours[cell.status]),
-                               cell.reason[:160] if cell.status in ("refused", "failed") else ""]
-                              for cell in matrix.cells]
-    stdout.print(table(f"Support: {matrix.config}", ["model", "model_type", "recipe", "kind", "target", "status",
-                                                     "reason"], rows))
-    stdout.print(", ".join(f"{count} {status}" for status, count in matrix.counts().items()))
+    print_support(matrix)
 
 
 def gc(

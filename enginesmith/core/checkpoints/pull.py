@@ -83,7 +83,7 @@ def local_checkpoint(path: Path, *, allow_pickle: bool = False, trust_remote_cod
     names = needed_files(repo_files, where=where, allow_pickle=allow_pickle, read_json=_json_in(path))
     refuse_remote_code(read_config(path), repo_files, where=where, trust_remote_code=trust_remote_code)
     files = [CheckpointFile(path=n, size=(path / n).stat().st_size, sha256=file_sha256(path / n)) for n in names]
-    check_recorded_digests(path, {f.path: f.sha256 for f in files})
+    check_recorded_digests(path, {f.path: f.sha256 for f in files if f.sha256})
     return Checkpoint(
         source="local", repo_id=str(path.resolve()), requested_revision="-",
         commit_sha=directory_digest(path, names), local_path=str(path.resolve()), files=files,

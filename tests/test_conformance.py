@@ -1,0 +1,128 @@
+"""The architecture stand-ins and the conformance matrix (#49): each stand-in is its family's upstream config with
+only the sizes shrunk and says so; a modified one is refused; the README's support table is the recorded run's and
+the plan still refuses what that run's plan refused; every family quantises and exports, and a dense non-Llama and
+a mixture of experts go through the nightly to a validated cell (slow tier)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from bench.conformance import (
+    CONFORMANCE,
+    README,
+    README_END,
+    README_START,
+    RECORDED,
+    STANDINS,
+    write_config,
+)
+from tests.conftest import CONFIGS, run_cli
+
+FAMILY_DIRS = sorted(path for path in STANDINS.iterdir() if path.is_dir())
+# The families #49 names: each must have a stand-in (one MoE with shared experts among them).
+REQUIRED_MODEL_TYPES = {"llama", "qwen2", "mistral", "qwen3", "gemma3_text", "phi3", "mixtral"}
+SHARED_EXPERT_MODEL_TYPES = {"qwen2_moe", "deepseek_v2", "deepseek_v3"}
+
+
+def provenance(family_dir: Path) -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads((family_dir / "provenance.json").read_text())
+    return loaded
+
+
+def test_every_family_the_issue_names_has_a_standin_and_the_nightly_matrix_models_are_covered():
+    model_types = {provenance(d)["model_type"] for d in FAMILY_DIRS}
+    assert REQUIRED_MODEL_TYPES <= model_types
+    assert model_types & SHARED_EXPERT_MODEL_TYPES
+    upstreams = {provenance(d)["upstream"] for d in FAMILY_DIRS}
+    nightly = yaml.safe_load((CONFIGS / "nightly.yaml").read_text())
+    small = [model["repo"] for model in nightly["models"] if model["params_b"] < 10]
+    assert len(small) == 3 and set(small) <= upstreams, (small, upstreams)
+
+
+@pytest.mark.parametrize("family_dir", FAMILY_DIRS, ids=lambda path: path.name)
+def test_a_standin_keeps_its_upstream_fields_shrinks_only_sizes_and_says_what_it_is_not(family_dir: Path):
+    recorded = provenance(family_dir)
+    config = json.loads((family_dir / "config.json").read_text())
+    for field, value in recorded["kept"].items():
+        if field == "rope_scaling" and value:  # its sizes are shrunk below; its kind and factors are kept
+            assert {k: v for k, v in config[field].items() if k != "original_max_position_embeddings"} == \
+                {k: v for k, v in value.items() if k != "original_max_position_embeddings"}
+            continue
+        assert config.get(field) == value, field
+    for field, sizes in recorded["shrunk"].items():
+        parent, _, child = field.partition(".")
+        here = config[parent][child] if child else config[parent]
+        assert here == sizes["here"] and sizes["here"] != sizes["upstream"], field
+    assert recorded["training"]["bf16_exact_match"] >= 0.9
+    assert any("tokenizer" in line for line in recorded["is_not"]) and any("chat template" in line
+                                                                           for line in recorded["is_not"])
+    assert set(recorded["files"]) == {p.name for p in family_dir.iterdir() if p.name != "provenance.json"}
+
+
+def _plan_one(tmp_path: Path, model_dir: Path) -> Any:
+    config = tmp_path / "matrix.yaml"
+    config.write_text(yaml.safe_dump({
+        "version": 1, "name": "one", "registry": {"url": str(tmp_path / "registry")}, "workdir": str(tmp_path / "w"),
+        "models": [{"id": "standin", "repo": str(model_dir), "task": "addition"}],
+        "matrix": [{"models": ["standin"], "recipes": ["fp8"], "targets": ["cpu"], "kinds": ["hf-quantized"]}],
+        "calibration": {"dataset": "builtin:addition"},
+        "workload": {"name": "w", "dataset": "task", "accuracy_tasks": ["addition"]}}))
+    return run_cli("plan", str(config), "--json")
+
+
+@pytest.mark.parametrize("change", ["edit", "remove"])
+def test_a_standin_modified_after_its_provenance_is_refused_naming_the_file(tmp_path: Path, change: str):
+    copy = shutil.copytree(STANDINS / "qwen2.5", tmp_path / "qwen2.5")
+    assert _plan_one(tmp_path, copy).returncode == 0
+    if change == "edit":
+        config = json.loads((copy / "config.json").read_text())
+        config["num_hidden_layers"] = 3
+        (copy / "config.json").write_text(json.dumps(config))
+        named, said = "config.json", "was modified after provenance.json was written"
+    else:
+        (copy / "tokenizer.json").unlink()
+        named, said = "tokenizer.json", "is missing: provenance.json records it"
+    result = _plan_one(tmp_path, copy)
+    assert result.returncode == 2
+    assert named in result.stderr and said in result.stderr, result.stderr
+    assert "restore the directory" in result.stderr
+
+
+def _recorded() -> dict[str, Any]:
+    if not RECORDED.is_file():
+        pytest.fail(f"{RECORDED} is missing: run python bench/conformance.py --record")
+    loaded: dict[str, Any] = json.loads(RECORDED.read_text())
+    return loaded
+
+
+def test_the_readme_support_table_is_the_recorded_run():
+    from registry.support import SupportMatrix, markdown_table
+
+    text = README.read_text()
+    shown = text[text.index(README_START) + len(README_START):text.index(README_END)].strip()
+    assert shown == markdown_table(SupportMatrix.model_validate(_recorded())).strip(), \
+        "the README's support table is stale: run python bench/conformance.py --record"
+
+
+def test_the_plan_refuses_today_what_the_recorded_run_refused(tmp_path: Path):
+    """The recorded matrix describes the plan as it is: the same cells, refused by the same rules (a rule added or
+    changed since makes the table stale)."""
+    today = []
+    for half in ("cpu.yaml", "gpu.yaml"):
+        config = write_config(CONFORMANCE / half, tmp_path / half, tmp_path, families=None, recipes=None)
+        result = run_cli("support", str(config), "--json")
+        assert result.returncode == 0, result.stderr[-3000:]
+        today += json.loads(result.stdout)["cells"]
+    recorded = _recorded()["cells"]
+
+    def refusals(cells: list[dict[str, Any]]) -> dict[str, list[str]]:
+        return {c["cell"]: sorted(c["rules"]) if c["status"] == "refused" else [] for c in cells}
+
+    assert refusals(today) == refusals(recorded), \
+        "the plan has changed since the recorded run: run python bench/conformance.py --record"
