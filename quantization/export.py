@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from enginesmith.core.checkpoints.files import TOKENIZER_FILES
+from enginesmith.core.families import trtllm_checkpoint_problems
 from enginesmith.core.specs import RecipeSpec
 
 if TYPE_CHECKING:
@@ -108,6 +109,13 @@ def check_trtllm_export(export_dir: Path, recipe: RecipeSpec, group_size: int | 
     if "rope_theta" in hf_config and config.get("rotary_base") != float(hf_config["rope_theta"]):
         raise ExportCheckError(f"rotary_base {config.get('rotary_base')} is not rope_theta {hf_config['rope_theta']}")
     _expect(config.get("quantization", {}), recipe, group_size, where=str(export_dir / "config.json"))
+    problems = trtllm_checkpoint_problems(config)
+    if problems:
+        # ModelOpt builds this config with TensorRT-LLM's own from_hugging_face where tensorrt_llm imports, and by
+        # hand otherwise (a config without Qwen's qwen_type, and without its attention bias).
+        raise ExportCheckError(f"{'; '.join(problems)}; ModelOpt {config.get('producer', {}).get('version', '?')} "
+                               "wrote this config by hand because tensorrt_llm was not importable where it ran: "
+                               "quantise engine cells where TensorRT-LLM is installed (its image)")
     return dict(config)
 
 

@@ -33,7 +33,7 @@ from enginesmith.core.checkpoints.inspect import read_config
 from enginesmith.core.checkpoints.models import Checkpoint, CheckpointFile
 from enginesmith.core.encoder_graph import check_versions
 from enginesmith.core.errors import UserError
-from enginesmith.core.families import TRTLLM_DECODER_TYPES
+from enginesmith.core.families import TRTLLM_DECODER_TYPES, no_trtllm_export
 from enginesmith.core.locks import output_lock
 from enginesmith.core.memory import GPU_CALIBRATION_FACTOR, dtype_bytes, quantize_need
 from enginesmith.core.specs import RecipeSpec
@@ -148,6 +148,8 @@ def _run(request: QuantizeRequest, staging: Path) -> QuantizedCheckpoint:
     hf_config = read_config(source)
     group_size = request.awq_block_size or request.recipe.awq_block_size
     _check_block_size(hf_config, request.recipe, group_size, tp=request.tp, where=str(source / "config.json"))
+    if "trtllm" in request.formats:
+        _decoder_type(hf_config)  # before any weights are loaded
     device = _pick_device(request.device)
     if device == "cpu":
         torch.set_num_threads(int(os.environ.get("ENGINESMITH_CPU_THREADS", "1")))
@@ -206,9 +208,12 @@ def _run(request: QuantizeRequest, staging: Path) -> QuantizedCheckpoint:
                 f"({hf_config.get('model_type')}); try fp8, or report it with the traceback (--debug)"):
             model = mtq.quantize(model, config, forward_loop)
             # What the export does first: layers that share an input (q/k/v, gate/up) get one input scale and
-            # AWQ pre-quant scale, and are re-quantised. Doing it here makes the quality report describe the
-            # weights that are exported, not an intermediate state.
+            # AWQ pre-quant scale, and are re-quantised; for a mixture of experts, experts calibration never
+            # routed a token to get their input scales, and each expert's gate/up pair one weight scale. Doing it
+            # here makes the quality report describe the weights that are exported, not an intermediate state.
+            prepare_experts_as_exported(model)
             requantize_resmooth_fused_llm_layers(model)
+            sync_experts_as_exported(model)
         # On CUDA the first fake-quantised forward also compiles ModelOpt's extensions (cached afterwards).
         with _timed(timings, "quality_s"):
             quantized_logits = held_out_logits(model, data.held_out)
@@ -249,7 +254,7 @@ def _run(request: QuantizeRequest, staging: Path) -> QuantizedCheckpoint:
                     check_trtllm_export(trtllm_dir, recipe, group_size, tp=request.tp, pp=request.pp,
                                         hf_config=hf_config)
         except ExportCheckError as exc:
-            raise UserError(f"the export does not match recipe {recipe.id}: {exc}", where=str(staging)) from None
+            raise UserError(f"the {recipe.id} export failed its check: {exc}", where=str(staging)) from None
 
     if "hf-bf16" in request.formats:
         from quantization.dequant import write_folded_bf16
@@ -265,6 +270,14 @@ def _run(request: QuantizeRequest, staging: Path) -> QuantizedCheckpoint:
             dequantized = load_dequantized_model(hf_dir, source).to(device)
             quality.export_dequant_rel_err = logits_rel_err(held_out_logits(dequantized, data.held_out),
                                                             weight_only_logits)
+        bound = recipe.max_export_dequant_rel_err
+        if bound is not None and quality.export_dequant_rel_err > bound:
+            raise UserError(f"the {recipe.id} export of {model_name} does not hold the weights calibration chose: "
+                            f"dequantised, its logits differ from the calibrated weights' by "
+                            f"{quality.export_dequant_rel_err:.4f} (relative), over the recipe's bound {bound}",
+                            where=str(staging / "hf"), hint="report it with --debug: the exporter re-scaled or "
+                            "re-quantised weights after calibration (ModelOpt "
+                            f"{versions.get('modelopt', '?')}, model_type {hf_config.get('model_type')})")
 
     files = [CheckpointFile(path=str(p.relative_to(staging)), size=p.stat().st_size, sha256=file_sha256(p))
              for p in sorted(staging.rglob("*")) if p.is_file()]
@@ -319,6 +332,27 @@ def _check_block_size(hf_config: dict[str, Any], recipe: RecipeSpec, group_size:
                                           "e.g. 64), or pass --awq-block-size with one that divides every width")
 
 
+def prepare_experts_as_exported(model: Any) -> None:
+    """ModelOpt 0.47's unified HF export's own first step for mixtures of experts (``_prepare_moe_inputs``): input
+    scales for the experts calibration never routed a token to. A no-op on dense models."""
+    import torch
+    from modelopt.torch.export import unified_export_hf
+
+    prepare = getattr(unified_export_hf, "_prepare_moe_inputs", None)
+    if prepare is not None:
+        prepare(model, torch.bfloat16, False)
+
+
+def sync_experts_as_exported(model: Any) -> None:
+    """ModelOpt 0.47's export's gate/up weight-scale sync for experts the re-smoothing did not reach
+    (``sync_moe_gate_up_amax``). A no-op on dense models."""
+    from modelopt.torch.export import layer_utils
+
+    sync = getattr(layer_utils, "sync_moe_gate_up_amax", None)
+    if sync is not None:
+        sync(model)
+
+
 def _task_exact_match(model: Any, tokenizer: Any, task: str | None) -> float | None:
     if task is None:
         return None
@@ -328,10 +362,10 @@ def _task_exact_match(model: Any, tokenizer: Any, task: str | None) -> float | N
 
 
 def _decoder_type(hf_config: dict[str, Any]) -> str:
-    model_type = hf_config.get("model_type", "")
-    if model_type not in DECODER_TYPES:
-        raise UserError(f"no TensorRT-LLM export for model_type {model_type!r}", where="config.json",
-                        hint=f"supported: {', '.join(DECODER_TYPES)}; or export only the HF format (--formats hf)")
+    model_type = str(hf_config.get("model_type", ""))
+    refused = no_trtllm_export(model_type)
+    if refused is not None:
+        raise UserError(refused, where="config.json", hint="export only the HF format (--formats hf)")
     return DECODER_TYPES[model_type]
 
 

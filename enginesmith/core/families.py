@@ -57,3 +57,39 @@ def no_trtllm_export(model_type: str) -> str | None:
     return (f"no TensorRT-LLM checkpoint export for model_type {model_type!r}: {upstream} (the export takes: "
             f"{', '.join(TRTLLM_DECODER_TYPES)}); build kind hf-quantized, which TensorRT-LLM's PyTorch backend and "
             "vLLM serve")
+
+
+# TensorRT-LLM's engine-backend model map (``MODEL_MAP``, tensorrt_llm/models/__init__.py), for the architectures of
+# these families: trtllm-build looks the checkpoint's ``architecture`` up there (``PretrainedConfig.from_dict``, then
+# an assert in commands/build.py). Read from upstream's code at the 1.x line (Qwen3 dense and MoE were added to the
+# engine backend in 1.0: PRs #5650 and #6470); a session's research, 2026-12-04.
+TRTLLM_MODEL_MAP: dict[str, str] = {
+    "LlamaForCausalLM": "LLaMAForCausalLM", "MistralForCausalLM": "LLaMAForCausalLM",
+    "MixtralForCausalLM": "LLaMAForCausalLM", "Qwen2ForCausalLM": "QWenForCausalLM",
+    "Qwen3ForCausalLM": "QWenForCausalLM", "Qwen2MoeForCausalLM": "QWenForCausalLM",
+    "Qwen3MoeForCausalLM": "QWenForCausalLM", "Gemma3ForCausalLM": "GemmaForCausalLM",
+    "Phi3ForCausalLM": "Phi3ForCausalLM",
+}
+# Fields a checkpoint's config.json must carry for trtllm-build 1.2.1: ``PretrainedConfig``'s keyword-only ones, those
+# whose defaults are wrong for these decoders (the vocabulary, the activation, rope), and per TensorRT-LLM class what
+# its model reads without a default (QWen's ``qwen_type`` and ``seq_length``, tensorrt_llm/models/qwen/).
+TRTLLM_REQUIRED_FIELDS: tuple[str, ...] = ("architecture", "dtype", "hidden_size", "num_hidden_layers",
+                                           "num_attention_heads", "vocab_size", "hidden_act",
+                                           "position_embedding_type")
+TRTLLM_CLASS_FIELDS: dict[str, tuple[str, ...]] = {"QWenForCausalLM": ("qwen_type", "seq_length")}
+
+
+def trtllm_checkpoint_problems(config: dict[str, object]) -> list[str]:
+    """What in a TensorRT-LLM checkpoint's config.json trtllm-build 1.2.1 would not load: an architecture outside its
+    model map, or a field its config or model class needs that is missing. Empty where none."""
+    architecture = str(config.get("architecture", ""))
+    trtllm_class = TRTLLM_MODEL_MAP.get(architecture)
+    if trtllm_class is None:
+        return [f"architecture {architecture!r} is not in TensorRT-LLM 1.2.1's model map (known here: "
+                f"{', '.join(TRTLLM_MODEL_MAP)})"]
+    missing = [name for name in (*TRTLLM_REQUIRED_FIELDS, *TRTLLM_CLASS_FIELDS.get(trtllm_class, ()))
+               if config.get(name) in (None, "")]
+    if missing:
+        return [f"{', '.join(missing)} missing: TensorRT-LLM 1.2.1's {trtllm_class} ({architecture}) reads "
+                f"{'them' if len(missing) > 1 else 'it'} without a default"]
+    return []

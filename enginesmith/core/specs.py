@@ -162,6 +162,10 @@ class RecipeSpec(StrictModel):
     weight_bits: int = Field(ge=1, le=16, description="bits of each stored weight value: the grid the recipe "
                                                        "rounds weights onto (scales come on top)")
     weight_bytes_per_param: float = Field(gt=0)
+    max_export_dequant_rel_err: float | None = Field(
+        None, gt=0, description="the most the exported checkpoint, dequantised, may differ from the calibrated "
+                                "weights it was written from (relative logits error on held-out text); beyond it the "
+                                "export wrote other weights than calibration chose, and the quantize stage stops")
     calibration: CalibrationDefaults | None = None
     support: dict[ArtefactKind, KindSupport]
     cpu: CpuSupport
