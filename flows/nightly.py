@@ -17,7 +17,7 @@ from prefect.futures import PrefectFuture
 from prefect.states import Cancelled, State
 
 import enginesmith.entry  # noqa: F401  (first: our components, never a same-named folder where Prefect runs)
-from enginesmith.core.config import default_catalogue, load_pipeline_config
+from enginesmith.core.config import Catalogue, default_catalogue, load_pipeline_config
 from enginesmith.core.errors import TransientError
 from enginesmith.core.plan import first_route
 from enginesmith.core.specs import PipelineConfig
@@ -182,14 +182,17 @@ def nightly(config: str = "configs/nightly.yaml", dispatch: Literal["deployments
          "throughput ratio": s.throughput_ratio, "TPOT ratio": s.tpot_ratio,
          "vs last night": versus_last_night(pipeline, built_tonight[s.cell], s, last_night.get(s.cell))
          if s.cell in built_tonight else ""} for s in summaries])
-    publish_catalogue(pipeline, changed=any(s.status in ("built", "failed", "no-worker") for s in summaries))
+    publish_catalogue(pipeline, changed=any(s.status in ("built", "failed", "no-worker") for s in summaries),
+                      support_of=(Path(config).parent, catalogue, [cell for _, cell in planned]))
     return summaries
 
 
-def publish_catalogue(pipeline: PipelineConfig, *, changed: bool) -> None:
+def publish_catalogue(pipeline: PipelineConfig, *, changed: bool,
+                      support_of: tuple[Path, Catalogue, list[PlannedCell]] | None = None) -> None:
     """Regenerate the registry's static catalogue where tonight added to the registry or its history (or there is
-    no catalogue yet), and link it from the run; a catalogue that cannot be written is logged (the night's builds
-    are published whatever the site says)."""
+    no catalogue yet), with the config's support matrix where ``support_of`` gives its planned cells; and link it
+    from the run. A catalogue that cannot be written is logged (the night's builds are published whatever the site
+    says)."""
     from prefect.artifacts import create_link_artifact
 
     from enginesmith.core.errors import UserError
@@ -201,7 +204,14 @@ def publish_catalogue(pipeline: PipelineConfig, *, changed: bool) -> None:
     if not changed and out.exists():
         return
     try:
-        result = write_catalogue(open_store(url), out, registry_url=url)
+        store = open_store(url)
+        support = None
+        if support_of is not None:
+            from pipeline.support import config_support
+
+            config_dir, catalogue, cells = support_of
+            support = config_support(pipeline, config_dir, catalogue, store, cells=cells)
+        result = write_catalogue(store, out, registry_url=url, support=support)
         index = Path(result.index).resolve()
         create_link_artifact(key="catalogue", link=index.as_uri(), link_text="the registry's catalogue",
                              description=f"catalogue of {url}")

@@ -36,10 +36,12 @@ if TYPE_CHECKING:
     import jinja2
 
     from registry.signing import Trust
+    from registry.support import SupportMatrix
 
 # Written into every catalogue: a directory holding it may be replaced by the next one, any other may not.
 MARKER_FILE = ".enginesmith-catalogue"
 STYLESHEET = "catalogue.css"
+SUPPORT_PAGE = "support.html"
 # Beside the artefact pages of a model; a registry name cannot start with "_", so no key collides with it.
 HISTORY_DIR = "_history"
 
@@ -276,13 +278,15 @@ def template_environment() -> jinja2.Environment:
 
 
 def write_catalogue(store: RegistryStore, out_dir: Path, *, registry_url: str,
-                    s3_endpoint: str | None = None, trust: Trust | None = None) -> CatalogueResult:
+                    s3_endpoint: str | None = None, trust: Trust | None = None,
+                    support: SupportMatrix | None = None) -> CatalogueResult:
     """Write the site for every model in ``store`` to ``out_dir``, replacing the catalogue there if any.
 
     The pages are written to a new directory beside ``out_dir`` and renamed into place at the end, so an
     interrupted run leaves the previous site whole (but for the instant between two renames, which the next run
     recovers from: ``_swap_into_place``). ``registry_url`` (and ``s3_endpoint``) is what the pull commands
-    name. With ``trust``, each signature is checked against it (``signature_label``).
+    name. With ``trust``, each signature is checked against it (``signature_label``). With ``support`` (the matrix of
+    the config whose night wrote it), a support page too, linked from the index.
 
     Raises ``UserError`` when ``out_dir`` exists and is not a catalogue this command wrote.
     """
@@ -296,7 +300,7 @@ def write_catalogue(store: RegistryStore, out_dir: Path, *, registry_url: str,
     try:
         writer = _SiteWriter(staging, template_environment(), registry_url=registry_url,
                              bundle=isinstance(store, BundleStore), s3_endpoint=s3_endpoint, trust=trust)
-        result = writer.write(store)
+        result = writer.write(store, support)
         (staging / MARKER_FILE).write_text("written by enginesmith catalogue; replaced whole by the next run\n")
         _swap_into_place(staging, out_dir)
     except BaseException:
@@ -358,8 +362,10 @@ class _SiteWriter:
         path.write_text(html, encoding="utf-8")
         self.pages += 1
 
-    def write(self, store: RegistryStore) -> CatalogueResult:
+    def write(self, store: RegistryStore, support: SupportMatrix | None = None) -> CatalogueResult:
         shutil.copyfile(Path(__file__).parent / "templates" / STYLESHEET, self.root / STYLESHEET)
+        if support is not None:
+            self.write_support(support)
         index_rows: list[IndexRow] = []
         broken: list[UnreadableRow] = []
         artefacts = unreadable = 0
@@ -377,9 +383,21 @@ class _SiteWriter:
                                        artefacts=len(listing.manifests), unreadable=len(page.unreadable),
                                        channels=listing.channels))
         self.render("index.html.j2", self.root / "index.html", depth=0, models=index_rows, broken=broken,
-                    location=store.location, title="enginesmith catalogue")
+                    location=store.location, title="enginesmith catalogue",
+                    support=SUPPORT_PAGE if support is not None else None)
         return CatalogueResult(out_dir=str(self.root), index=str(self.root / "index.html"), pages=self.pages,
                                models=len(index_rows), artefacts=artefacts, unreadable=unreadable)
+
+    def write_support(self, matrix: SupportMatrix) -> None:
+        from registry.support import cell_summary, reasons, support_rows
+
+        recipes, rows = support_rows(matrix)
+        shown = [{**row.model_dump(exclude={"cells"}),
+                  "cells": [None if cell is None else {"status": cell.status, "reason": cell.reason,
+                                                       "summary": cell_summary(cell)} for cell in row.cells]}
+                 for row in rows]
+        self.render("support.html.j2", self.root / SUPPORT_PAGE, depth=0, config=matrix.config, recipes=recipes,
+                    rows=shown, reasons=reasons(matrix), title=f"support matrix: {matrix.config}")
 
     def write_model(self, store: RegistryStore, listing: ModelListing) -> ModelPage:
         from registry.history import load_history

@@ -133,20 +133,49 @@ def cell_summary(cell: SupportCell) -> str:
     return cell.status
 
 
-def markdown_table(matrix: SupportMatrix) -> str:
-    """The matrix as a Markdown table: a row per model, kind and target, a column per recipe; refusals' reasons
-    listed under it once per rule and model."""
+class SupportRow(BaseModel):
+    """One row of the matrix as shown: a model on a kind and target, a cell per recipe (None where not planned)."""
+
+    model: str
+    model_type: str
+    kind: str
+    target: str
+    cells: list[SupportCell | None]
+
+
+def support_rows(matrix: SupportMatrix) -> tuple[list[str], list[SupportRow]]:
+    """The recipes (columns, in the order planned) and a row per model, kind and target."""
     recipes = list(dict.fromkeys(cell.recipe for cell in matrix.cells))
-    rows: dict[tuple[str, str, str, str], dict[str, SupportCell]] = {}
+    grouped: dict[tuple[str, str, str, str], dict[str, SupportCell]] = {}
     for cell in matrix.cells:
-        rows.setdefault((cell.model, cell.model_type, cell.kind, cell.target), {})[cell.recipe] = cell
+        grouped.setdefault((cell.model, cell.model_type, cell.kind, cell.target), {})[cell.recipe] = cell
+    rows = [SupportRow(model=model, model_type=model_type, kind=kind, target=target,
+                       cells=[by_recipe.get(recipe) for recipe in recipes])
+            for (model, model_type, kind, target), by_recipe in grouped.items()]
+    return recipes, rows
+
+
+def reasons(matrix: SupportMatrix) -> list[str]:
+    """Each distinct reason a cell was refused or failed, once, with the cells it applies to."""
+    found: dict[str, list[str]] = {}
+    for cell in matrix.cells:
+        if cell.status in ("refused", "failed"):
+            where = f"{cell.model} {cell.recipe} {cell.kind} {cell.target}"
+            found.setdefault(" ".join(cell.reason.split()), []).append(where)
+    return [f"{reason} — {len(cells)} cell{'s' if len(cells) > 1 else ''}, e.g. {cells[0]}"
+            for reason, cells in found.items()]
+
+
+def markdown_table(matrix: SupportMatrix) -> str:
+    """The matrix as a Markdown table: a row per model, kind and target, a column per recipe; then each distinct reason
+    a cell was refused or failed, once."""
+    recipes, rows = support_rows(matrix)
     lines = ["| model | model_type | kind | target | " + " | ".join(recipes) + " |",
              "|---|---|---|---|" + "---|" * len(recipes)]
-    for (model, model_type, kind, target), by_recipe in rows.items():
-        shown = [cell_summary(by_recipe[recipe]) if recipe in by_recipe else "" for recipe in recipes]
-        lines.append(f"| {model} | {model_type} | {kind} | {target} | " + " | ".join(shown) + " |")
-    reasons = dict.fromkeys(f"- {cell.model} {cell.kind} {cell.target} {cell.recipe}: {cell.reason}"
-                            for cell in matrix.cells if cell.status in ("refused", "failed"))
-    if reasons:
-        lines += ["", "Refused and failed cells, with the rule's reason:", "", *reasons]
+    for row in rows:
+        shown = [cell_summary(cell) if cell is not None else "" for cell in row.cells]
+        lines.append(f"| {row.model} | {row.model_type} | {row.kind} | {row.target} | " + " | ".join(shown) + " |")
+    listed = reasons(matrix)
+    if listed:
+        lines += ["", "Refused and failed cells, each reason once:", "", *(f"- {line}" for line in listed)]
     return "\n".join(lines) + "\n"

@@ -238,6 +238,9 @@ def test_a_dense_non_llama_and_a_moe_standin_are_validated_against_their_bf16_an
         assert cell["accuracy_drop_points"] is not None and cell["accuracy_drop_points"] <= 15.0, cell
         assert cell["greedy_agreement"] is not None and cell["greedy_agreement"] >= 0.5, cell
         assert cell["perplexity_increase"] is not None, cell
+    page = (config.parent / "work" / "catalogue" / "support.html").read_text()  # the nightly's catalogue shows it
+    assert page.count('class="support validated"') == len(VALIDATED_FAMILIES)
+    assert 'id="support-link"' in (config.parent / "work" / "catalogue" / "index.html").read_text()
     plan = json.loads(run_cli("plan", str(config), "--json").stdout)
     moe = next(c for c in plan["cells"] if c["model"] == "qwen3-moe-standin" and c["recipe"] == "int4-awq")
     assert moe["awq_block"]["size"] == 64, moe["awq_block"]  # expert width 192 does not divide by 128

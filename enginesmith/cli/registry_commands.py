@@ -499,29 +499,15 @@ def support(
 
     Example: enginesmith support configs/examples/tiny-cpu.yaml --markdown support.md
     """
-    from enginesmith.core.checkpoints.inspect import model_shape
     from enginesmith.core.config import default_catalogue, load_pipeline_config
-    from pipeline.common.plan_sources import model_source
     from pipeline.common.steps import registry_url
-    from pipeline.kind_registry import kinds_of
-    from registry.history import load_history
-    from registry.support import PlannedFacts, markdown_table, support_matrix
+    from pipeline.support import config_support
+    from registry.support import markdown_table
 
     catalogue = default_catalogue()
     pipeline = load_pipeline_config(config, catalogue)
-    model_types = {}
-    for model in pipeline.models:
-        shape = model_shape(model_source(model, config.parent), model.revision) if model.is_local else None
-        model_types[model.id] = shape.model_type if shape is not None else ""
-    planned = [PlannedFacts(cell=cell.id, model=cell.model.id, model_type=model_types.get(cell.model.id, ""),
-                            recipe=cell.recipe.id, kind=cell.kind, target=cell.target.id, key=cell.key,
-                            buildable=cell.status == "build", rules=[v.rule for v in getattr(cell, "violations", [])],
-                            reason=cell.reason)
-               for kind in kinds_of(pipeline) for cell in kind.plan(pipeline, config.parent, catalogue,
-                                                                    resolve_hub=False)]
     store = _open_store(registry or registry_url(pipeline), s3_endpoint)
-    histories = {model: load_history(store, model) for model in dict.fromkeys(cell.model for cell in planned)}
-    matrix = support_matrix(pipeline.name, planned, histories)
+    matrix = config_support(pipeline, config.parent, catalogue, store)
     if markdown is not None:
         markdown.write_text(markdown_table(matrix), encoding="utf-8")
     if json_output:
