@@ -95,6 +95,44 @@ def stage_times(log: Path) -> dict[str, dict[str, float]]:
     return found
 
 
+def measured_quantize_peak(family_dir: Path, out: Path, calibration: dict[str, Any]) -> tuple[int | None, float]:
+    """Peak RSS (bytes) and wall seconds of ``enginesmith quantize`` on one stand-in in int4-awq, calibrated as the cpu
+    half's cells are: the quantize stage alone, in a process of its own (``os.wait4``'s ``ru_maxrss``)."""
+    command = [sys.executable, "-m", "enginesmith", "quantize", str(family_dir), "--recipe", "int4-awq", "--out",
+               str(out), "--formats", "hf,hf-bf16", "--samples", str(calibration["samples"]), "--seq-len",
+               str(calibration["seq_len"]), "--batch-size", str(calibration["batch_size"]), "--task", "addition"]
+    started = time.perf_counter()
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO_ROOT)
+    _, status, usage = os.wait4(process.pid, 0)
+    process.returncode = os.waitstatus_to_exitcode(status)
+    wall = time.perf_counter() - started
+    return (usage.ru_maxrss * 1024 if process.returncode == 0 else None), wall
+
+
+def preflight_estimates(config: Path) -> dict[str, float]:
+    """Each model's quantize memory estimate (GiB) as the preflight states it on the cpu target."""
+    result = enginesmith("preflight", str(config), "--json")
+    found: dict[str, float] = {}
+    for cell in json.loads(result.stdout)["cells"]:
+        for check in cell["checks"]:
+            estimate = re.search(r"quantize needs ([\d.]+) GiB", check["detail"])
+            if check["name"] == "memory quantize" and estimate:
+                found[cell["id"].split("/")[0]] = float(estimate.group(1))
+    return found
+
+
+def served_peaks(work: Path) -> dict[str, dict[str, int]]:
+    """Each validated cell's servers' peak RSS (bytes) from its report: candidate and reference."""
+    found: dict[str, dict[str, int]] = {}
+    for report in (work / "work" / "reports").glob("*/report.json"):
+        loaded = json.loads(report.read_text())
+        comparison = loaded.get("comparison", {})
+        sides = {side: comparison.get(side, {}).get("peak_memory_bytes") for side in ("candidate", "reference")}
+        if loaded.get("cell") and all(sides.values()):
+            found[loaded["cell"]] = sides
+    return found
+
+
 def merged(*matrices: dict[str, Any]) -> dict[str, Any]:
     return {"config": "+".join(m["config"] for m in matrices), "cells": [c for m in matrices for c in m["cells"]]}
 
@@ -128,6 +166,21 @@ def main(argv: list[str] | None = None) -> int:
     gpu = write_config(CONFORMANCE / "gpu.yaml", work / "gpu.yaml", work, families=args.families,
                        recipes=args.recipes)
 
+    memory: dict[str, dict[str, Any]] = {}
+    if not args.plan_only:
+        import yaml
+
+        calibration = yaml.safe_load(cpu.read_text())["calibration"]
+        estimates = preflight_estimates(cpu)
+        for model in yaml.safe_load(cpu.read_text())["models"]:
+            peak, wall = measured_quantize_peak(Path(model["repo"]), work / "memory" / model["id"], calibration)
+            estimate = estimates.get(model["id"])
+            memory[model["id"]] = {"quantize_estimate_gib": estimate,
+                                   "quantize_peak_gib": round(peak / 2**30, 2) if peak else None,
+                                   "quantize_wall_s": round(wall, 1)}
+            print(f"{model['id']}: quantize int4-awq peak RSS "
+                  f"{memory[model['id']]['quantize_peak_gib']} GiB, preflight estimate {estimate} GiB", flush=True)
+
     times: dict[str, dict[str, float]] = {}
     nightly_s = None
     if not args.plan_only:
@@ -149,11 +202,17 @@ def main(argv: list[str] | None = None) -> int:
         for cell, stages in sorted(times.items()):
             print(f"  {cell}: " + " / ".join(f"{stages.get(s, 0):.0f}" for s in
                                              ("pull", "quantize", "build", "validate", "publish")))
+    peaks = served_peaks(work)
+    if peaks:
+        print("servers' peak RSS (GiB), candidate / reference:")
+        for cell, sides in sorted(peaks.items()):
+            print(f"  {cell}: {sides['candidate'] / 2**30:.2f} / {sides['reference'] / 2**30:.2f}")
     if args.record:
         RECORDED.write_text(json.dumps(matrix, indent=1) + "\n")
         update_readme(markdown_table(parsed))
         print(f"recorded {RECORDED.relative_to(REPO_ROOT)} and the README's support table")
-    print(json.dumps({"nightly_s": nightly_s, "counts": parsed.counts(), "stage_s": times,
+    print(json.dumps({"nightly_s": nightly_s, "counts": parsed.counts(), "stage_s": times, "memory": memory,
+                      "served_peak_bytes": peaks,
                       "cells": matrix["cells"], "threads": os.cpu_count()}))
     return 0
 

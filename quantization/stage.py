@@ -35,7 +35,7 @@ from enginesmith.core.encoder_graph import check_versions
 from enginesmith.core.errors import UserError
 from enginesmith.core.families import TRTLLM_DECODER_TYPES, no_trtllm_export
 from enginesmith.core.locks import output_lock
-from enginesmith.core.memory import GPU_CALIBRATION_FACTOR, dtype_bytes, quantize_need
+from enginesmith.core.memory import GPU_CALIBRATION_FACTOR, dtype_bytes, quality_logits_bytes, quantize_need
 from enginesmith.core.specs import RecipeSpec
 from enginesmith.core.staging import PARTIAL_SUFFIX, staged_output
 from quantization.export import (
@@ -153,7 +153,8 @@ def _run(request: QuantizeRequest, staging: Path) -> QuantizedCheckpoint:
     device = _pick_device(request.device)
     if device == "cpu":
         torch.set_num_threads(int(os.environ.get("ENGINESMITH_CPU_THREADS", "1")))
-    _check_memory(request.checkpoint, device, hf_config)
+    _check_memory(request.checkpoint, device, hf_config, seq_len=request.seq_len,
+                  passthrough=request.recipe.is_passthrough)
     recipe = request.recipe
     timings: dict[str, float] = {}
     versions = installed_versions()
@@ -225,6 +226,7 @@ def _run(request: QuantizeRequest, staging: Path) -> QuantizedCheckpoint:
                 task_exact_match_reference=task_reference,
                 task_exact_match_quantized=_task_exact_match(model, tokenizer, request.task),
             )
+            del quantized_logits, reference_logits  # the memory model counts two sets of held-out logits at once
             # Round weights and scales to BF16 as the export will hold them, and keep the logits of those
             # weights alone (activation quantizers off): what the dequantised export must reproduce. On the CPU
             # they are computed in fp32 again (fast there); on GPUs the model stays in BF16 (no fp32 copy).
@@ -417,11 +419,14 @@ def _free_bytes_per_device(device: str) -> tuple[int, int]:
     return 1, os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-def _check_memory(checkpoint: Checkpoint, device: str, hf_config: dict[str, Any]) -> None:
+def _check_memory(checkpoint: Checkpoint, device: str, hf_config: dict[str, Any], *, seq_len: int,
+                  passthrough: bool) -> None:
     parameters = checkpoint.parameters
     devices, free = _free_bytes_per_device(device)
+    vocab = hf_config.get("vocab_size")
+    logits = quality_logits_bytes(vocab, seq_len) if isinstance(vocab, int) and not passthrough else 0
     need = quantize_need(parameters, on_gpu=device.startswith("cuda"), devices=devices, device_bytes=free,
-                         checkpoint_dtype_bytes=dtype_bytes(hf_config))
+                         checkpoint_dtype_bytes=dtype_bytes(hf_config), logits_bytes=logits)
     if not need.fits:
         raise UserError(f"quantising on {device}: {need.describe()} free", where=checkpoint.repo_id,
                         hint="quantise on a node with more memory (a GPU node: --device cuda)")

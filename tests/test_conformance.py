@@ -277,3 +277,19 @@ def test_preflight_tokenises_the_probe_text_on_both_sides_for_each_standin(tmp_p
         tokenizer = [check for check in cell["checks"] if check["name"] == "tokenizer"]
         assert len(tokenizer) == 1 and tokenizer[0]["ok"] is True, cell
         assert "transformers 4." in tokenizer[0]["detail"] and "transformers 5." in tokenizer[0]["detail"]
+
+
+def test_the_cpu_quantize_estimate_counts_the_libraries_the_weights_and_a_large_vocabularys_held_out_logits():
+    """A 0.27 B model with a 262k vocabulary (#49: it peaked at 12.3 GiB where preflight said 3.0): its held-out
+    logits, not its weights, are most of what quantising it holds."""
+    from enginesmith.core.memory import GIB, quality_logits_bytes, quantize_need
+
+    logits = quality_logits_bytes(262144, 256)
+    assert logits == 8 * 256 * 262144 * 4 * 3
+    need = quantize_need(270_000_000, on_gpu=False, checkpoint_dtype_bytes=2, logits_bytes=logits)
+    assert 9.5 * GIB < need.per_device_bytes < 10.5 * GIB
+    assert "libraries" in need.basis and "held-out logits" in need.basis
+    # A stand-in holds hardly more than the libraries it imports.
+    small = quantize_need(1_000_000, on_gpu=False, checkpoint_dtype_bytes=2,
+                          logits_bytes=quality_logits_bytes(259, 32))
+    assert 0.6 * GIB < small.per_device_bytes < 0.7 * GIB

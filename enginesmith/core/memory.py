@@ -24,6 +24,14 @@ CPU_CALIBRATION_FACTOR = 3.0
 # On GPUs the checkpoint loads in its own dtype, spread over the visible GPUs; activations and AWQ's per-layer
 # caches are held for one decoder layer at a time, on top of the weights.
 GPU_CALIBRATION_FACTOR = 1.3
+# What a quantize process on a CPU holds before any model: the interpreter with torch, transformers and ModelOpt
+# imported (0.64 GiB peak RSS quantising a 1 M-parameter stand-in, bench/conformance.py, 2026-12-04).
+CPU_PROCESS_BYTES = int(0.64 * GIB)
+# The quality check's fp32 logits over the held-out blocks ([8, seq_len, vocab]): two sets held together (the
+# reference's and the fake-quantised model's; then the weights-only and the dequantised export's) and one being
+# concatenated. A 262k vocabulary makes them the largest thing a small model's quantize holds (#49: 12.3 GiB).
+HELD_OUT_BLOCKS = 8
+HELD_OUT_LOGITS_COPIES = 3
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "float8_e4m3fn": 1}
 
 Stage = Literal["quantize", "candidate", "reference"]
@@ -67,13 +75,22 @@ def serving_need(stage: Stage, weight_bytes: float, world: int, *, device_bytes:
                       available_per_device_bytes=device_bytes)
 
 
+def quality_logits_bytes(vocab_size: int, seq_len: int) -> int:
+    """What the quantize stage's quality check holds of held-out logits at its peak (fp32)."""
+    return HELD_OUT_BLOCKS * seq_len * vocab_size * 4 * HELD_OUT_LOGITS_COPIES
+
+
 def quantize_need(parameters: int, *, on_gpu: bool, checkpoint_dtype_bytes: int, devices: int = 1,
-                  device_bytes: int | None = None) -> MemoryNeed:
-    """Calibration and export: on a CPU in fp32; on GPUs in the checkpoint's dtype, spread over ``devices``."""
+                  device_bytes: int | None = None, logits_bytes: int = 0) -> MemoryNeed:
+    """Calibration and export: on a CPU in fp32, in a process with its libraries loaded, with the quality check's
+    held-out logits (``logits_bytes``, ``quality_logits_bytes``); on GPUs in the checkpoint's dtype, spread over
+    ``devices`` (the logits are moved to the host there)."""
     if not on_gpu:
-        total = parameters * 4 * CPU_CALIBRATION_FACTOR
+        total = CPU_PROCESS_BYTES + parameters * 4 * CPU_CALIBRATION_FACTOR + logits_bytes
+        logits = f" + {logits_bytes / GIB:.2f} GiB of held-out logits" if logits_bytes else ""
         return MemoryNeed(stage="quantize", per_device_bytes=math.ceil(total), devices=1,
-                          basis=f"{parameters / 1e9:.2f} B parameters in fp32 × {CPU_CALIBRATION_FACTOR:g}",
+                          basis=f"{CPU_PROCESS_BYTES / GIB:.2f} GiB of libraries + {parameters / 1e9:.2f} B "
+                                f"parameters in fp32 × {CPU_CALIBRATION_FACTOR:g}{logits}",
                           available_per_device_bytes=device_bytes)
     devices = max(1, devices)
     total = parameters * checkpoint_dtype_bytes * GPU_CALIBRATION_FACTOR
@@ -99,7 +116,7 @@ def reference_tp(parameters: float, checkpoint_dtype_bytes: int, target: TargetS
 
 
 def cell_needs(parameters: float, checkpoint_dtype_bytes: int, recipe: RecipeSpec, target: TargetSpec, *, tp: int,
-               pp: int, quantize_target: TargetSpec | None = None) -> list[MemoryNeed]:
+               pp: int, quantize_target: TargetSpec | None = None, logits_bytes: int = 0) -> list[MemoryNeed]:
     """Memory per stage of one cell on its SKU: quantise on one node of it, or of ``quantize_target`` where the
     config names another (on GPUs the checkpoint in its dtype spread over the node's GPUs; on the CPU in fp32),
     serve the candidate over the cell's tp×pp devices (an engine build holds one rank's weights, as its serving
@@ -114,7 +131,8 @@ def cell_needs(parameters: float, checkpoint_dtype_bytes: int, recipe: RecipeSpe
     quantizer = quantize_target or target
     quantize = quantize_need(int(parameters), on_gpu=not quantizer.is_cpu,
                              checkpoint_dtype_bytes=checkpoint_dtype_bytes, devices=quantizer.gpus_per_node,
-                             device_bytes=int(quantizer.memory_gib * GIB))
+                             device_bytes=int(quantizer.memory_gib * GIB),
+                             logits_bytes=0 if recipe.is_passthrough else logits_bytes)
     if quantize_target is not None:
         quantize.basis += f", on a {quantize_target.id} node"
     return [

@@ -18,7 +18,14 @@ from pydantic import BaseModel
 from enginesmith.core.checkpoints.survey import CheckpointSurvey, survey
 from enginesmith.core.config import Catalogue, task_errors
 from enginesmith.core.errors import TransientError, UserError
-from enginesmith.core.memory import GIB, SERVED_REFERENCE_BYTES, MemoryNeed, cell_needs, reference_tp
+from enginesmith.core.memory import (
+    GIB,
+    SERVED_REFERENCE_BYTES,
+    MemoryNeed,
+    cell_needs,
+    quality_logits_bytes,
+    reference_tp,
+)
 from enginesmith.core.plan import Cell, Plan, plan_matrix
 from enginesmith.core.specs import PipelineConfig
 from enginesmith.core.tasks import resolve_task
@@ -308,8 +315,10 @@ def _model_checks(cell: Cell, config: PipelineConfig, found: CheckpointSurvey) -
     if parameters is None:
         checks.append(Check(name="memory", ok=None, detail="no parameter count: memory not checked"))
     else:
+        logits = quality_logits_bytes(found.shape.vocab_size, cell.calibration.seq_len) \
+            if found.shape and cell.calibration else 0
         needs = cell_needs(parameters, found.dtype_bytes, cell.recipe, cell.target, tp=cell.tp, pp=cell.pp,
-                           quantize_target=cell.quantize_target)
+                           quantize_target=cell.quantize_target, logits_bytes=logits)
         checks += [_memory_check(need, cell) for need in needs]
     return checks
 
