@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -55,6 +56,26 @@ def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = No
         [sys.executable, "-m", "enginesmith", *args], capture_output=True, text=True, env=full_env,
         cwd=cwd or REPO_ROOT, timeout=timeout_s,
     )
+
+
+def run_cli_measured(*args: str, timeout_s: float = 900) -> tuple[subprocess.CompletedProcess[str], int]:
+    """``run_cli`` that also returns the process's peak RSS in bytes (``os.wait4``'s ``ru_maxrss``): what a stage
+    run on its own held at most."""
+    import signal
+
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        process = subprocess.Popen([sys.executable, "-m", "enginesmith", *args], stdout=out, stderr=err, text=True,
+                                   cwd=REPO_ROOT)
+        timer = threading.Timer(timeout_s, lambda: process.send_signal(signal.SIGKILL))
+        timer.start()
+        try:
+            _, status, usage = os.wait4(process.pid, 0)
+        finally:
+            timer.cancel()
+        process.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0), err.seek(0)
+        completed = subprocess.CompletedProcess(process.args, process.returncode, out.read(), err.read())
+    return completed, usage.ru_maxrss * 1024
 
 
 @pytest.fixture

@@ -15,8 +15,8 @@ import httpx
 import pytest
 
 from enginesmith.core.errors import UserError
-from tests.conftest import REPO_ROOT
 from enginesmith.core.specs import WorkloadSpec
+from tests.conftest import REPO_ROOT
 from tests.strict_server import StrictServer
 from validation.loadgen import LevelPlan, ServerCapabilities, probe_capabilities, run_level
 from validation.server import Endpoint, external_endpoint, free_port, running_server
