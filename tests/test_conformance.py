@@ -316,3 +316,49 @@ def test_the_cpu_quantize_estimate_counts_the_libraries_the_weights_and_a_large_
     small = quantize_need(1_000_000, on_gpu=False, checkpoint_dtype_bytes=2,
                           logits_bytes=quality_logits_bytes(259, 32))
     assert 0.6 * GIB < small.per_device_bytes < 0.7 * GIB
+
+
+def test_the_support_matrix_shows_only_outcomes_of_the_planned_inputs_and_each_reason_once():
+    from registry.history import BuildEntry, CellHistory, CellOutcome, GateVerdict, ModelHistory
+    from registry.support import PlannedFacts, markdown_table, support_matrix
+
+    def planned(recipe: str, key: str, *, rules: list[str] | None = None) -> PlannedFacts:
+        return PlannedFacts(cell=f"m/{recipe}/cpu/tp1/hf-quantized", model="m", model_type="qwen2", recipe=recipe,
+                            kind="hf-quantized", target="cpu", key=key, buildable=not rules, rules=rules or [],
+                            reason="[recipe-on-cpu] no CUDA here" if rules else "")
+
+    def outcome(recipe: str, key: str, status: str, gates: list[GateVerdict], reason: str = "") -> BuildEntry:
+        return BuildEntry(outcome=CellOutcome(model="m", cell=f"m/{recipe}/cpu/tp1/hf-quantized", recipe=recipe,
+                                              target="cpu", kind="hf-quantized", status=status, key=key,  # type: ignore[arg-type]
+                                              recorded="2026-12-04T00:00:00+00:00", gates=gates,
+                                              passed=None if status == "failed" else status == "built",
+                                              reason=reason),
+                          published=status == "built")
+
+    drop = GateVerdict(name="accuracy_drop:addition", measured=0.7, limit=15.0, passed=True)
+    agreement = GateVerdict(name="min_greedy_agreement", measured=0.97, limit=0.1, passed=True)
+    history = ModelHistory(model="m", channel_moves=[], channels={}, cells=[
+        CellHistory(model="m", cell="m/int4-awq/cpu/tp1/hf-quantized", recipe="int4-awq", target="cpu",
+                    kind="hf-quantized", builds=[outcome("int4-awq", "new", "built", [drop, agreement])]),
+        CellHistory(model="m", cell="m/fp8/cpu/tp1/hf-quantized", recipe="fp8", target="cpu", kind="hf-quantized",
+                    builds=[outcome("fp8", "old-inputs", "built", [drop])]),
+        CellHistory(model="m", cell="m/int8-sq/cpu/tp1/hf-quantized", recipe="int8-sq", target="cpu",
+                    kind="hf-quantized",
+                    builds=[outcome("int8-sq", "k8", "gate-failed",
+                                    [GateVerdict(name="accuracy_drop:addition", measured=40.0, limit=10.0,
+                                                 passed=False)])]),
+        CellHistory(model="m", cell="m/bf16/cpu/tp1/hf-quantized", recipe="bf16", target="cpu", kind="hf-quantized",
+                    builds=[outcome("bf16", "kb", "failed", [], reason="the reference server died\nlog tail")]),
+    ])
+    matrix = support_matrix("c", [planned("int4-awq", "new"), planned("fp8", "new-inputs"), planned("int8-sq", "k8"),
+                                  planned("bf16", "kb"), planned("nvfp4", "kn", rules=["recipe-on-cpu"]),
+                                  planned("fp8-kv", "kk", rules=["recipe-on-cpu"])], {"m": history})
+    status = {cell.recipe: cell.status for cell in matrix.cells}
+    assert status == {"int4-awq": "validated", "fp8": "not run", "int8-sq": "gate-failed", "bf16": "failed",
+                      "nvfp4": "refused", "fp8-kv": "refused"}
+    validated = matrix.cells[0]
+    assert (validated.accuracy_drop_points, validated.greedy_agreement) == (0.7, 0.97)
+    table = markdown_table(matrix)
+    assert "validated: drop +0.7 pt, agree 97.0 %" in table and "gate-failed (accuracy_drop:addition)" in table
+    assert table.count("[recipe-on-cpu] no CUDA here") == 1 and "2 cells" in table
+    assert "the reference server died log tail" in table  # one line per reason
