@@ -241,6 +241,12 @@ def conformance_nightly(prefect_server, tmp_path_factory: pytest.TempPathFactory
     root = tmp_path_factory.mktemp("conformance")
     config = write_config(CONFORMANCE / "cpu.yaml", root / "cpu.yaml", root, families=VALIDATED_FAMILIES,
                           recipes=["int4-awq"])
+    # What this test checks is conformance (quantise, export, serve, accuracy and agreement with BF16), not speed: on
+    # two loaded cores an A/A comparison read a throughput ratio of 0.45 (the bench's qwen3-moe bf16 cell, beside a
+    # training run), so the speed gates are opened wide here, as the orchestration tests' are.
+    loaded = yaml.safe_load(config.read_text())
+    loaded["gates"].update(min_throughput_ratio=0.1, max_tpot_ratio=10.0)
+    config.write_text(yaml.safe_dump(loaded, sort_keys=False))
     result = run_cli("nightly", str(config), "--inline", timeout_s=1800,
                      env={"PREFECT_API_URL": PREFECT_API_URL.value()})
     return config, result
