@@ -20,32 +20,31 @@ from registry.history import CellOutcome, ModelHistory
 SupportStatus = Literal["validated", "gate-failed", "failed", "refused", "not run"]
 
 
-class PlannedFacts(BaseModel):
-    """What the plan says of one cell (whatever its kind)."""
+class CellCoordinates(BaseModel):
+    """Which cell: its id, model (and the checkpoint's config.json ``model_type``, "" where not read), recipe, kind,
+    target and the key it was planned under."""
 
     cell: str
     model: str
-    model_type: str = ""  # the checkpoint's config.json model_type ("" where the plan could not read it)
+    model_type: str = ""
     recipe: str
     kind: str
     target: str
     key: str
+
+
+class PlannedFacts(CellCoordinates):
+    """What the plan says of one cell (whatever its kind)."""
+
     buildable: bool
     rules: list[str] = []  # the refusing rules' ids
     reason: str = ""
 
 
-class SupportCell(BaseModel):
+class SupportCell(CellCoordinates):
     """One cell of the matrix, as the plan and the history say."""
 
-    cell: str
-    model: str
-    model_type: str = ""  # the checkpoint's config.json model_type ("" where the plan could not read it)
-    recipe: str
-    kind: str
-    target: str
     status: SupportStatus
-    key: str
     # validated / gate-failed: the worst accuracy drop over the tasks (points), the greedy agreement with the BF16
     # reference (share of tokens), the perplexity increase (relative); None where not measured.
     accuracy_drop_points: float | None = None
@@ -74,7 +73,7 @@ def support_matrix(config_name: str, cells: Iterable[PlannedFacts], histories: M
     ``histories`` (model id → its history)."""
     rows = []
     for cell in cells:
-        base = cell.model_dump(include={"cell", "model", "model_type", "recipe", "kind", "target", "key"})
+        base = cell.model_dump(include=set(CellCoordinates.model_fields))
         if not cell.buildable:
             rows.append(SupportCell(**base, status="refused", rules=cell.rules, reason=cell.reason))
             continue
