@@ -17,13 +17,14 @@ from enginesmith.core.errors import UserError
 from enginesmith.core.plan import Cell, build_key, builder_inputs, calibration_plan, quantize_key
 from enginesmith.core.shapes import choose_awq_block_size, keyed_recipe
 from enginesmith.core.specs import ARTEFACT_KINDS, BuildProfile, PipelineConfig, Toolchains, check_power_of_two
+from enginesmith.core.state import DEFAULTS, WORK_ENV
 from quantization.stage import QuantizeRequest, installed_versions
 
 if TYPE_CHECKING:
     from enginesmith.core.reports.llm import ValidationReport
 
 EXPORT_FORMATS: tuple[ExportFormat, ...] = ("hf", "trtllm", "hf-bf16")
-WORK = Path(".enginesmith/work")
+WORK = Path(DEFAULTS[WORK_ENV])
 
 
 def export_formats(formats: str) -> list[ExportFormat]:

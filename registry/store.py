@@ -15,8 +15,6 @@ from typing import Protocol
 from enginesmith.core.errors import UserError
 from registry.transfer import RateLimiter, TransferProgress
 
-DEFAULT_REGISTRY = ".enginesmith/registry"
-
 
 @dataclass(frozen=True)
 class BlobInfo:

@@ -22,6 +22,7 @@ from enginesmith.core.console import Cell, print_json, stderr, stdout, styled, t
 from enginesmith.core.diskspace import size_label
 from enginesmith.core.errors import UserError
 from enginesmith.core.extras import EXTRA_HINT
+from enginesmith.core.state import DEFAULTS, REGISTRY_ENV
 
 if TYPE_CHECKING:  # imported where used, so that `enginesmith --help` stays quick
     from rich.progress import Progress, TaskID
@@ -72,7 +73,7 @@ RuntimeVersionOption = Annotated[str | None, typer.Option(
     "--runtime-version", help="The TensorRT-LLM version the engine will run on (default: the installed one).",
 )]
 
-DEFAULT_REGISTRY = ".enginesmith/registry"
+DEFAULT_REGISTRY = DEFAULTS[REGISTRY_ENV]
 
 
 def add_registry_commands(app: typer.Typer) -> None:

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from enginesmith.core.errors import UserError
 from enginesmith.core.slo import Slo, parse_slo
+from enginesmith.core.state import DEFAULTS, REGISTRY_ENV, WORK_ENV
 
 ArtefactKind = Literal["trtllm-engine", "hf-quantized"]
 ARTEFACT_KINDS: tuple[ArtefactKind, ...] = ("trtllm-engine", "hf-quantized")
@@ -490,7 +491,7 @@ class SigningSpec(StrictModel):
 
 
 class RegistrySpec(StrictModel):
-    url: str = Field(".enginesmith/registry", description="a local directory, file://, s3://bucket/prefix or "
+    url: str = Field(DEFAULTS[REGISTRY_ENV], description="a local directory, file://, s3://bucket/prefix or "
                      "oci://host[:port]/namespace")
     catalogue: str | None = Field(None, description="where the nightly writes the registry's static catalogue site "
                                   "after publishing (a local directory; default: <workdir>/catalogue)")
@@ -533,7 +534,7 @@ class PipelineConfig(StrictModel):
     version: Literal[1] = 1
     name: str
     registry: RegistrySpec = RegistrySpec()
-    workdir: str = ".enginesmith/work"
+    workdir: str = DEFAULTS[WORK_ENV]
     models: list[ModelSpec] = []
     matrix: list[MatrixBlock] = []
     build_profile: BuildProfile = BuildProfile()
