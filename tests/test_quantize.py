@@ -222,8 +222,9 @@ def test_memory_estimate_refuses_with_the_numbers(tiny_model_dir):
 
     huge = local_checkpoint(tiny_model_dir).model_copy(update={"parameter_count": 10**13})
     with pytest.raises(UserError) as caught:
-        _check_memory(huge, "cpu", {"torch_dtype": "bfloat16"})
+        _check_memory(huge, "cpu", {"torch_dtype": "bfloat16", "vocab_size": 262144}, seq_len=256, passthrough=False)
     assert "GiB" in caught.value.message and "in fp32" in caught.value.message
+    assert "of held-out logits" in caught.value.message
 
 
 def test_recipes_map_to_modelopt_configs():
