@@ -101,6 +101,7 @@ def measured_quantize_peak(family_dir: Path, out: Path, calibration: dict[str, A
     command = [sys.executable, "-m", "enginesmith", "quantize", str(family_dir), "--recipe", "int4-awq", "--out",
                str(out), "--formats", "hf,hf-bf16", "--samples", str(calibration["samples"]), "--seq-len",
                str(calibration["seq_len"]), "--batch-size", str(calibration["batch_size"]), "--task", "addition"]
+    shutil.rmtree(out, ignore_errors=True)  # an existing output is reused without quantising: nothing measured
     started = time.perf_counter()
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO_ROOT)
     _, status, usage = os.wait4(process.pid, 0)
