@@ -1,4 +1,6 @@
-"""Write the ``facts`` task: short questions with one-word answers, for small instruct models.
+"""Write the ``facts`` task: short questions with one-word answers, for small instruct models; and
+``facts-completion``, the same questions for base models (no chat template): a two-shot ``Q: …\nA:`` completion
+prompt, answered on the same line.
 
 Each row of ``enginesmith/assets/tasks/facts-eval.jsonl`` is ``{"prompt", "answer", "aliases", "family"}``; a reply
 is right when its first line contains the answer or an alias as a whole word (``enginesmith.core.tasks``). The families
@@ -8,7 +10,7 @@ are generated from the tables below, so the set is reproducible and reviewable.
 greedy) and prints a table; the families kept in the committed set are those a 135M instruct model does well on
 (SmolLM2-135M-Instruct's scores are in the docstring of ``FAMILIES_KEPT``).
 
-Usage: python scripts/make_facts_task.py [--measure DIR] [--families all|kept] [--out PATH]
+Usage: python scripts/make_facts_task.py [--form chat|completion] [--measure DIR] [--families all|kept] [--out PATH]
 """
 
 from __future__ import annotations
@@ -21,8 +23,12 @@ from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-OUT = REPO_ROOT / "enginesmith" / "assets" / "tasks" / "facts-eval.jsonl"
+TASKS_DIR = REPO_ROOT / "enginesmith" / "assets" / "tasks"
+TASK_NAMES = {"chat": "facts", "completion": "facts-completion"}
 SUFFIX = " Answer with one word."
+# The completion form's two shots: one-word answers to questions outside the families, so a base model answers on
+# the line after "A:" in one word (with a number as a shot, Gemma 3 270M answered capitals with numbers).
+SHOTS = "Q: What color is snow?\nA: White\n\nQ: What is the largest planet in the solar system?\nA: Jupiter\n\n"
 
 CAPITALS = {
     "France": "Paris", "Germany": "Berlin", "Italy": "Rome", "Spain": "Madrid", "Japan": "Tokyo",
@@ -128,21 +134,26 @@ def aliases(family: str, answer: str) -> list[str]:
             "Persian": ["Farsi"], "Chinese": ["Mandarin"]}.get(answer, [])
 
 
-def rows(selected: list[str]) -> list[dict[str, object]]:
+def rows(selected: list[str], form: str = "chat") -> list[dict[str, object]]:
     found = families()
-    return [{"prompt": question + SUFFIX, "answer": answer, "aliases": aliases(family, answer), "family": family}
+
+    def prompt(question: str) -> str:
+        return question + SUFFIX if form == "chat" else f"{SHOTS}Q: {question}\nA:"
+
+    return [{"prompt": prompt(question), "answer": answer, "aliases": aliases(family, answer), "family": family}
             for family in selected for question, answer in found[family]]
 
 
-def measure(model_dir: Path, items: list[dict[str, Any]]) -> dict[str, tuple[int, int]]:
-    """(right, total) per family: greedy, the model's chat template, BF16, scored like enginesmith.core.tasks."""
+def measure(model_dir: Path, items: list[dict[str, Any]], form: str = "chat") -> dict[str, tuple[int, int]]:
+    """(right, total) per family: greedy, BF16, the model's chat template (or the completion prompt as it is), scored
+    like enginesmith.core.tasks."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     sys.path.insert(0, str(REPO_ROOT))
     from enginesmith.core.tasks import answer_matches, task_spec
 
-    spec = task_spec("facts")
+    spec = task_spec(TASK_NAMES[form])
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
@@ -151,9 +162,12 @@ def measure(model_dir: Path, items: list[dict[str, Any]]) -> dict[str, tuple[int
     scores: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     for start in range(0, len(items), 32):
         chunk = items[start:start + 32]
-        texts = [tokenizer.apply_chat_template([{"role": "user", "content": r["prompt"]}], tokenize=False,
-                                               add_generation_prompt=True) for r in chunk]
-        batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        if form == "chat":
+            texts = [tokenizer.apply_chat_template([{"role": "user", "content": r["prompt"]}], tokenize=False,
+                                                   add_generation_prompt=True) for r in chunk]
+        else:
+            texts = [r["prompt"] for r in chunk]
+        batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=form != "chat")
         with torch.no_grad():
             out = model.generate(**batch, max_new_tokens=spec.max_tokens, do_sample=False,
                                  pad_token_id=tokenizer.pad_token_id)
@@ -167,22 +181,25 @@ def measure(model_dir: Path, items: list[dict[str, Any]]) -> dict[str, tuple[int
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--form", choices=list(TASK_NAMES), default="chat",
+                        help="chat: the facts task; completion: facts-completion, for base models")
     parser.add_argument("--measure", type=Path, help="score this checkpoint per family (BF16, transformers)")
     parser.add_argument("--families", choices=["all", "kept"], default="kept")
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--out", type=Path, help="default: the shipped task file of --form")
     args = parser.parse_args()
+    out = args.out or TASKS_DIR / f"{TASK_NAMES[args.form]}-eval.jsonl"
     selected = list(families()) if args.families == "all" else FAMILIES_KEPT
-    items = rows(selected)
+    items = rows(selected, args.form)
     if args.measure:
-        scores = measure(args.measure, items)
+        scores = measure(args.measure, items, args.form)
         right = sum(r for r, _ in scores.values())
         for family, (r, t) in scores.items():
             print(f"{family:14s} {r:4d}/{t:<4d} {r / t:6.1%}")
         print(f"{'all':14s} {right:4d}/{len(items):<4d} {right / len(items):6.1%}")
         return
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("".join(json.dumps(row) + "\n" for row in items))
-    print(f"wrote {len(items)} items ({', '.join(selected)}) to {args.out}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("".join(json.dumps(row) + "\n" for row in items))
+    print(f"wrote {len(items)} items ({', '.join(selected)}) to {out}")
 
 
 if __name__ == "__main__":

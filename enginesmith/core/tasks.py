@@ -10,6 +10,8 @@ generation settings; those download their dataset from the Hub.
 - ``facts`` (for instruct models): one user message with a one-word answer; instruct models answer in a
   sentence ("The capital of France is Paris."), so the reply's first line must contain the answer (or an alias)
   as a whole word, case aside. Written by ``scripts/make_facts_task.py``.
+- ``facts-completion`` (for base models, which have no chat template): the same questions as a two-shot
+  ``Q: …\nA:`` completion prompt, scored as ``facts``.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class TaskSpec(BaseModel):
 TASKS: dict[str, TaskSpec] = {t.name: t for t in [
     TaskSpec(name="addition", api="completions", match="exact", max_tokens=8),
     TaskSpec(name="facts", api="chat", match="word", max_tokens=16),
+    TaskSpec(name="facts-completion", api="completions", match="word", max_tokens=8),
 ]}
 
 _WORD = re.compile(r"[\w'-]+", re.UNICODE)

