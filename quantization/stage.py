@@ -45,6 +45,7 @@ from quantization.export import (
     copy_tokenizer,
     export_hf,
     export_trtllm,
+    snap_fp8_weights,
 )
 
 DECODER_TYPES = TRTLLM_DECODER_TYPES
@@ -237,6 +238,7 @@ def _run(request: QuantizeRequest, staging: Path) -> QuantizedCheckpoint:
                 weight_only_logits = held_out_logits(model, data.held_out)
         # Export casts only the quantised layers; cast the rest so the export is BF16 throughout.
         model = model.to(torch.bfloat16)
+        snap_fp8_weights(model)
 
     with _timed(timings, "export_s"), _upstream_errors(
             "export", model_name, "ModelOpt", f"the {recipe.id} export does not support this model's layers; "
