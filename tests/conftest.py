@@ -98,6 +98,7 @@ def write_config(tmp_path: Path):
 # end; a slow file not named here is a group of its own, after these.
 SLOW_GROUPS: dict[str, tuple[str, ...]] = {
     "smollm2": ("test_real_models.py",),
+    "gemma": ("test_gemma.py",),
     "conformance": ("test_conformance.py",),
     "tiny-nightly": ("test_flows.py", "test_ui.py"),
     "workers": ("test_workers.py",),

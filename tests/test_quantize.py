@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 import subprocess
@@ -350,3 +351,41 @@ def test_a_model_accelerate_offloaded_is_refused_by_name_before_calibration(tiny
     assert "quantize_on" in (raised.value.hint or "")
     # A model loaded without a device map (the CPU path) passes.
     refuse_offloaded(AutoModelForCausalLM.from_pretrained(tiny_model_dir), "tiny-llama")
+
+
+def test_fp8_weights_are_exported_as_calibration_rounded_them(tiny_model_dir, tmp_path):
+    """ModelOpt 0.47's HF exporter computes ``(weight / scale).to(float8)`` with a BF16 weight and a 0-dim scale, so
+    the quotient is rounded to BF16 first and about one value in sixteen then ties to the even FP8 step, a step from
+    the nearest one the fake quantiser (and so the quality report) chose: Gemma 3 270M's dequantised fp8 export was
+    0.10 off. Exported after ``snap_fp8_weights``, every weight is the fake-quantised one."""
+    import modelopt.torch.quantization as mtq
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from quantization.dequant import dequantize_state_dict
+    from quantization.export import export_hf, snap_fp8_weights
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        mtq.quantize(model, mtq.FP8_DEFAULT_CFG, lambda m: m(torch.randint(0, 200, (4, 32))))
+    model = model.to(torch.bfloat16).float()  # as the stage rounds weights and scales before its quality check
+    with torch.no_grad():
+        chosen = {f"{name}.weight": module.weight_quantizer(module.weight)
+                  for name, module in model.named_modules()
+                  if getattr(module, "weight_quantizer", None) is not None and module.weight_quantizer.is_enabled}
+    model = model.to(torch.bfloat16)
+
+    def off_by_a_step(export_dir: Path) -> float:
+        exported = dequantize_state_dict(export_dir)
+        # an FP8 step is at least 1/16 of the value; scales read back may differ in their last bit
+        differing = sum(int((~torch.isclose(exported[name], weight, rtol=1e-3, atol=0)).sum())
+                        for name, weight in chosen.items())
+        return differing / sum(weight.numel() for weight in chosen.values())
+
+    twin = copy.deepcopy(model)  # the exporter rewrites the weights it exports: one export per model
+    export_hf(model, tmp_path / "as-modelopt", tiny_model_dir)
+    assert off_by_a_step(tmp_path / "as-modelopt") > 0.02  # the double rounding, as ModelOpt exports
+    assert snap_fp8_weights(twin) == len(chosen)
+    export_hf(twin, tmp_path / "snapped", tiny_model_dir)
+    assert off_by_a_step(tmp_path / "snapped") == 0
