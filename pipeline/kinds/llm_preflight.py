@@ -318,7 +318,8 @@ def _model_checks(cell: Cell, config: PipelineConfig, found: CheckpointSurvey) -
         logits = quality_logits_bytes(found.shape.vocab_size, cell.calibration.seq_len) \
             if found.shape and cell.calibration else 0
         needs = cell_needs(parameters, found.dtype_bytes, cell.recipe, cell.target, tp=cell.tp, pp=cell.pp,
-                           quantize_target=cell.quantize_target, logits_bytes=logits)
+                           quantize_target=cell.quantize_target, logits_bytes=logits,
+                           vocab_size=found.shape.vocab_size if found.shape else 0)
         checks += [_memory_check(need, cell) for need in needs]
     return checks
 
