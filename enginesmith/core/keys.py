@@ -7,7 +7,8 @@ checkpoint serve many SKUs. What goes into each key (and nothing else):
 - quantize: the checkpoint key; the recipe (ModelOpt config, KV-cache quantisation, AWQ block size, quant
   algos); the calibration set (fingerprint of its content, sample count, sequence length, batch size); the
   exporter's versions (ModelOpt, torch, transformers — for engine cells the ModelOpt of the TensorRT-LLM
-  image); the tensor/pipeline-parallel mapping of the TensorRT-LLM checkpoint.
+  image); the tensor/pipeline-parallel mapping of the TensorRT-LLM checkpoint; the fixes the stage applies to
+  that recipe's exported weights (``enginesmith.core.plan.export_fixes``).
 - build: the quantize key; the artefact kind; the target SKU id and its SM; the resolved build profile (the
   matrix's explicit values over the SKU defaults); the builder's versions (TensorRT-LLM, TensorRT, CUDA).
 - validate: the build key; the reference checkpoint key; the reference runtime's version; the workload;

@@ -282,6 +282,13 @@ def exporter_versions(kind: ArtefactKind, tools: Toolchains) -> dict[str, str]:
     return dict(tools.quantize.model_dump())
 
 
+def export_fixes(recipe: RecipeSpec) -> list[str]:
+    """What the quantize stage does to the weights ModelOpt exports for this recipe, beyond ModelOpt's own: a fix
+    that changes what is written re-keys the cells it applies to (and no others), so they are built again."""
+    # quantization.export.snap_fp8_weights: FP8 weights rounded once, as calibration chose (#49).
+    return ["fp8-weights-rounded-once"] if recipe.quant_algo == "FP8" else []
+
+
 def quantize_key(
     checkpoint: str,
     recipe: RecipeSpec,
@@ -290,14 +297,18 @@ def quantize_key(
     mapping: dict[str, int] | None,
 ) -> str:
     """The quantize stage key (inputs documented in ``enginesmith.core.keys``)."""
-    return stage_key("quantize", {
+    inputs: dict[str, object] = {
         "checkpoint": checkpoint,
         "recipe": recipe.model_dump(include={"id", "modelopt_config", "kv_cache", "quant_algo",
                                              "kv_cache_quant_algo", "awq_block_size"}),
         "calibration": calibration,
         "exporter": exporter,
         "mapping": mapping,
-    })
+    }
+    fixes = export_fixes(recipe)
+    if fixes:  # absent where none applies, so those cells keep their keys
+        inputs["export_fixes"] = fixes
+    return stage_key("quantize", inputs)
 
 
 def build_key(
