@@ -13,6 +13,7 @@ import shutil
 import tempfile
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 from enginesmith.core.errors import UserError
 
@@ -57,7 +58,7 @@ def linear_weight_quantization(gguf_path: Path) -> dict[str, object] | None:
 _NORMAL, _CONTROL, _USER_DEFINED, _BYTE = 1, 3, 4, 6
 
 
-def sentencepiece_bpe_tokenizer(gguf_path: Path) -> object | None:
+def sentencepiece_bpe_tokenizer(gguf_path: Path) -> Any:
     """The tokenizer of a GGUF whose vocabulary is a sentencepiece BPE model stored without merges (llama.cpp's
     ``llama`` tokenizer: pieces, scores, types; Gemma's), rebuilt as a ``tokenizers`` BPE, or None for any other.
 
@@ -110,7 +111,7 @@ def sentencepiece_bpe_tokenizer(gguf_path: Path) -> object | None:
     return tokenizer
 
 
-def _rebuilt_tokenizer(gguf_path: Path, loaded: object) -> object:
+def _rebuilt_tokenizer(gguf_path: Path, loaded: Any) -> Any:
     """The tokenizer to save: transformers' reading of the GGUF, or the sentencepiece BPE rebuilt where transformers
     read a BPE vocabulary as another model."""
     from transformers import PreTrainedTokenizerFast
@@ -119,9 +120,8 @@ def _rebuilt_tokenizer(gguf_path: Path, loaded: object) -> object:
     backend = getattr(loaded, "backend_tokenizer", None)
     if rebuilt is None or backend is None or json.loads(backend.to_str())["model"]["type"] == "BPE":
         return loaded
-    return PreTrainedTokenizerFast(tokenizer_object=rebuilt, bos_token=loaded.bos_token,  # type: ignore[attr-defined]
-                                   eos_token=loaded.eos_token, unk_token=loaded.unk_token,  # type: ignore[attr-defined]
-                                   pad_token=loaded.pad_token,  # type: ignore[attr-defined]
+    return PreTrainedTokenizerFast(tokenizer_object=rebuilt, bos_token=loaded.bos_token, eos_token=loaded.eos_token,
+                                   unk_token=loaded.unk_token, pad_token=loaded.pad_token,
                                    clean_up_tokenization_spaces=False,
                                    model_input_names=["input_ids", "attention_mask"])
 
