@@ -51,7 +51,8 @@ def export_formats(cell: Cell) -> list[ExportFormat]:
 
 
 def quantize(cell: Cell, checkpoint: Checkpoint, work: Path) -> QuantizedCheckpoint:
-    from quantization.stage import QuantizeRequest, quantize_checkpoint
+    from quantization.own_process import quantize_in_own_process
+    from quantization.stage import QuantizeRequest
 
     calibration = cell.calibration
     request = QuantizeRequest(
@@ -63,7 +64,7 @@ def quantize(cell: Cell, checkpoint: Checkpoint, work: Path) -> QuantizedCheckpo
         batch_size=calibration.batch_size if calibration else 1, task=cell.model.task,
         awq_block_size=cell.awq_block.size if cell.awq_block else None, expected_versions=cell.exporter,
     )
-    return quantize_checkpoint(request)
+    return quantize_in_own_process(request)
 
 
 def quantized_dir(cell: Cell, work: Path) -> Path:
