@@ -421,3 +421,33 @@ def test_the_nightlys_quantize_stage_runs_in_a_process_of_its_own_and_brings_bac
         quantize_in_own_process(other)
     assert caught.value.where == str(tmp_path / "out") and "another quantised checkpoint" in caught.value.message
     assert caught.value.hint and "--out" in caught.value.hint
+
+
+@pytest.mark.parametrize(("agreement", "stops"), [(0.12, True), (0.95, False)])
+def test_a_quantise_report_far_below_the_recipe_stops_the_cell_before_validation(agreement, stops):
+    """#49: fp8 passed with 18.8 % greedy agreement on a random-weight model, and int4 went on to validation at any
+    quality. A top-1 agreement with BF16 under gates.min_quantize_agreement (per recipe, default 30 %) stops the
+    cell before build and validation, naming the report."""
+    from types import SimpleNamespace
+
+    from enginesmith.core.artefacts import QualityReport
+    from enginesmith.core.config import default_catalogue
+    from enginesmith.core.errors import UserError
+    from pipeline.common.plan_sources import plan_config
+    from pipeline.kinds.llm_steps import check_quantize_quality
+    from tests.conftest import CONFIGS
+
+    config, plan = plan_config(CONFIGS / "examples" / "tiny-cpu.yaml", default_catalogue(), resolve_hub=False)
+    cell = next(c for c in plan.cells if c.recipe.id == "int4-awq")
+    quality = QualityReport.model_construct(logits_rel_err=0.5, top1_agreement=agreement)
+    quantized = SimpleNamespace(quality=quality, out_dir="/work/quantized/abc")
+    if not stops:
+        check_quantize_quality(cell, quantized, config)  # type: ignore[arg-type]
+        return
+    with pytest.raises(UserError) as caught:
+        check_quantize_quality(cell, quantized, config)  # type: ignore[arg-type]
+    assert "12.0%" in caught.value.message and "below 30%" in caught.value.message
+    assert "stopped before build and validation" in caught.value.message
+    lenient = config.model_copy(update={"gates": config.gates.model_copy(update={
+        "min_quantize_agreement": {"int4-awq": 0.1}})})
+    check_quantize_quality(cell, quantized, lenient)  # type: ignore[arg-type]

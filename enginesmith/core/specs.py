@@ -412,6 +412,10 @@ class GateSpec(StrictModel):
         "BF16 reference's (workload.greedy_agreement_tokens); default_min_greedy_agreement for the rest")
     default_min_greedy_agreement: float = Field(
         0.1, ge=0, le=1, description="a floor that only a broken candidate (or random weights) falls under")
+    min_quantize_agreement: dict[str, float] = Field(
+        default_factory=dict, description="per recipe: the quantise report's top-1 agreement with BF16 below which "
+        "the cell stops before build and validation; default_min_quantize_agreement for the rest")
+    default_min_quantize_agreement: float = Field(0.3, ge=0, le=1)
     max_perplexity_increase: dict[str, float] = Field(
         default_factory=lambda: {"bf16": 0.005, "fp8": 0.03, "fp8-kv": 0.05, "int4-awq": 0.15, "w4a8-awq": 0.15,
                                  "nvfp4": 0.10, "int8-sq": 0.05},
@@ -420,6 +424,9 @@ class GateSpec(StrictModel):
 
     def max_drop_for(self, recipe_id: str) -> float:
         return self.max_accuracy_drop_points.get(recipe_id, self.default_max_accuracy_drop_points)
+
+    def min_quantize_agreement_for(self, recipe_id: str) -> float:
+        return self.min_quantize_agreement.get(recipe_id, self.default_min_quantize_agreement)
 
     def min_greedy_agreement_for(self, recipe_id: str) -> float:
         return self.min_greedy_agreement.get(recipe_id, self.default_min_greedy_agreement)

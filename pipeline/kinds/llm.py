@@ -83,6 +83,7 @@ class LlmKind:
             return quantize_and_stash(cell, context, stage)
         checkpoint = pull(cell, context, stage)
         quantized = obtain_quantized(cell, checkpoint, context, stage)
+        llm_steps.check_quantize_quality(cell, quantized, context.config)
         work, config = context.work, context.config
         artefact_dir = stage("build", llm_steps.build, cell, quantized, work, config, key=cell.stage_keys.build,
                              done=llm_steps.built_artefact_dir(cell, work) / ARTEFACT_FILE, retries=1)

@@ -67,6 +67,21 @@ def quantize(cell: Cell, checkpoint: Checkpoint, work: Path) -> QuantizedCheckpo
     return quantize_in_own_process(request)
 
 
+def check_quantize_quality(cell: Cell, quantized: QuantizedCheckpoint, config: PipelineConfig) -> None:
+    """A quantise report far below what the recipe should keep stops the cell before build and validation spend
+    their time on it (a threshold per recipe: ``gates.min_quantize_agreement``)."""
+    quality = quantized.quality
+    if quality is None or cell.recipe.is_passthrough:
+        return
+    floor = config.gates.min_quantize_agreement_for(cell.recipe.id)
+    if quality.top1_agreement < floor:
+        raise UserError(f"cell {cell.id}: the quantised model's top-1 agreement with BF16 on held-out text is "
+                        f"{quality.top1_agreement:.1%}, below {floor:.0%} for {cell.recipe.id}: stopped before build "
+                        "and validation", where=f"{quantized.out_dir} (quality report)",
+                        hint=f"a recipe that keeps more (fp8), another calibration set, or lower "
+                             f"gates.min_quantize_agreement.{cell.recipe.id} if this loss is expected")
+
+
 def quantized_dir(cell: Cell, work: Path) -> Path:
     return work / QUANTIZED_DIR / cell.stage_keys.quantize[:16]
 
