@@ -58,24 +58,35 @@ def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = No
     )
 
 
+# Runs argv[2:] and writes its peak RSS (os.wait4's ru_maxrss, KiB) to argv[1]. The measured process is forked from
+# this small interpreter, not from the test's: Linux carries the forking process's high-water RSS into a child's
+# ru_maxrss across exec, so a child of a pytest worker that had loaded a model read the worker's gigabytes.
+MEASURER = ("import os, subprocess, sys; child = subprocess.Popen(sys.argv[2:]); _, status, usage = "
+            "os.wait4(child.pid, 0); open(sys.argv[1], 'w').write(str(usage.ru_maxrss)); "
+            "sys.exit(os.waitstatus_to_exitcode(status))")
+
+
 def run_cli_measured(*args: str, timeout_s: float = 900) -> tuple[subprocess.CompletedProcess[str], int]:
     """``run_cli`` that also returns the process's peak RSS in bytes (``os.wait4``'s ``ru_maxrss``): what a stage
     run on its own held at most."""
     import signal
 
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        process = subprocess.Popen([sys.executable, "-m", "enginesmith", *args], stdout=out, stderr=err, text=True,
-                                   cwd=REPO_ROOT)
-        timer = threading.Timer(timeout_s, lambda: process.send_signal(signal.SIGKILL))
+    with tempfile.TemporaryDirectory() as scratch, tempfile.TemporaryFile("w+") as out, \
+            tempfile.TemporaryFile("w+") as err:
+        peak_path = Path(scratch) / "peak"
+        process = subprocess.Popen([sys.executable, "-c", MEASURER, str(peak_path), sys.executable, "-m",
+                                    "enginesmith", *args], stdout=out, stderr=err, text=True, cwd=REPO_ROOT,
+                                   start_new_session=True)
+        timer = threading.Timer(timeout_s, lambda: os.killpg(process.pid, signal.SIGKILL))
         timer.start()
         try:
-            _, status, usage = os.wait4(process.pid, 0)
+            process.wait()
         finally:
             timer.cancel()
-        process.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0), err.seek(0)
         completed = subprocess.CompletedProcess(process.args, process.returncode, out.read(), err.read())
-    return completed, usage.ru_maxrss * 1024
+        peak_kib = int(peak_path.read_text()) if peak_path.is_file() else 0
+    return completed, peak_kib * 1024
 
 
 @pytest.fixture
