@@ -265,10 +265,9 @@ def test_a_dense_non_llama_and_a_moe_standin_are_validated_against_their_bf16_an
     plan = json.loads(run_cli("plan", str(config), "--json").stdout)
     moe = next(c for c in plan["cells"] if c["model"] == "qwen3-moe-standin" and c["recipe"] == "int4-awq")
     assert moe["awq_block"]["size"] == 64, moe["awq_block"]  # expert width 192 does not divide by 128
-    for cell in plan["cells"]:  # each server's peak memory is what preflight said it would be
-        if cell["status"] == "build":
-            report = json.loads((config.parent / "work" / "reports" / cell["key"][:16] / "report.json").read_text())
-            assert_served_memory_as_estimated(config, cell["id"], report)
+    reports = {cell["id"]: json.loads((config.parent / "work" / "reports" / cell["key"][:16] / "report.json")
+                                      .read_text()) for cell in plan["cells"] if cell["status"] == "build"}
+    assert_served_memory_as_estimated(config, reports)  # each server's peak memory is what preflight said it would be
 
 
 def test_tokenizations_that_part_block_the_cell_naming_both_transformers_versions():

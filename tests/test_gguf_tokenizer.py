@@ -90,3 +90,22 @@ def test_a_vocabulary_with_merges_or_another_model_is_left_to_transformers(tmp_p
     writer.write_tensors_to_file()
     writer.close()
     assert sentencepiece_bpe_tokenizer(path) is None
+
+
+def test_the_conversion_replaces_only_a_tokenizer_transformers_read_as_another_model(tmp_path):
+    """What transformers read is kept when it read a BPE; a Unigram reading of the same vocabulary is replaced by the
+    rebuilt BPE, with the loaded tokenizer's special tokens."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    from enginesmith.core.checkpoints.gguf import _rebuilt_tokenizer
+
+    path = _write_vocabulary(tmp_path / "v.gguf", _vocabulary(ab_score=-8.0, bc_score=-9.0))
+    pieces = [(piece, score) for piece, score, _ in _vocabulary(-8.0, -9.0)]
+    as_unigram = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.Unigram(pieces, unk_id=3)),
+                                         bos_token="<bos>", eos_token="<eos>", unk_token="<unk>")
+    as_bpe = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.BPE()), bos_token="<bos>")
+    assert _rebuilt_tokenizer(path, as_bpe) is as_bpe
+    rebuilt = _rebuilt_tokenizer(path, as_unigram)
+    assert type(rebuilt.backend_tokenizer.model).__name__ == "BPE"
+    assert rebuilt.tokenize("abc") == ["ab", "c"] and rebuilt.eos_token == "<eos>"

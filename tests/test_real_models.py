@@ -248,7 +248,7 @@ def test_the_fp8_report_has_perplexity_agreement_task_scores_and_the_transformer
     assert baseline["accuracy"] == [] and baseline["perplexity"] is None  # ungated: measured for speed only
     markdown = (reports / "report.md").read_text()
     assert "transformers-serve" in markdown and "perplexity" in markdown
-    assert_served_memory_as_estimated(smollm2_config, f"{MODEL_ID}/fp8/cpu/tp1/hf-quantized", report)
+    assert_served_memory_as_estimated(smollm2_config, {f"{MODEL_ID}/fp8/cpu/tp1/hf-quantized": report})
 
 
 @pytest.mark.slow

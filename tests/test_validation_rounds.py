@@ -229,7 +229,7 @@ def test_goodput_at_the_workloads_slo_is_reported_and_gated(tiny_model_dir, tmp_
     assert goodput.measured is not None and goodput.measured < 0.1
 
 
-def test_a_goodput_gate_without_an_slo_and_a_bad_slo_are_refused_when_the_config_loads(write_config, tiny_model_dir):
+def test_a_goodput_gate_without_an_slo_a_bad_slo_and_no_latency_level_are_refused_on_load(write_config, tiny_model_dir):
     from enginesmith.core.config import load_pipeline_config
     from enginesmith.core.errors import ConfigError
 
@@ -245,3 +245,8 @@ matrix: [{{models: [tiny-llama], recipes: [fp8], targets: [cpu], kinds: [hf-quan
     with pytest.raises(ConfigError) as bad:
         load_pipeline_config(write_config(base + "workload: {slo: 'ttft_p95<=500parsecs'}\n"))
     assert "workload.slo" in bad.value.render() and "unknown unit 'parsecs'" in bad.value.render()
+    # The latency gate is judged at concurrency 1: a workload without that level failed every cell after quantise
+    # and both servers' rounds, with "max_tpot_ratio = None".
+    with pytest.raises(ConfigError) as no_c1:
+        load_pipeline_config(write_config(base + "workload: {concurrency: [4, 8]}\n"))
+    assert "workload.concurrency" in no_c1.value.render() and "add 1" in no_c1.value.render()

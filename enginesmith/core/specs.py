@@ -572,6 +572,13 @@ class PipelineConfig(StrictModel):
         return self
 
     @model_validator(mode="after")
+    def _latency_gate_has_its_level(self) -> PipelineConfig:
+        if self.matrix and 1 not in self.workload.concurrency:
+            raise ValueError(f"gates.max_tpot_ratio compares TPOT (or E2EL) at concurrency 1, and "
+                             f"workload.concurrency ({self.workload.concurrency}) has no 1: add 1 to it")
+        return self
+
+    @model_validator(mode="after")
     def _unique_model_ids(self) -> PipelineConfig:
         _refuse_duplicates([m.id for m in self.models] + [e.id for e in self.encoders], "model id")
         if not self.matrix and not self.encoder_matrix and not self.kinds:

@@ -116,9 +116,11 @@ def _rebuilt_tokenizer(gguf_path: Path, loaded: Any) -> Any:
     read a BPE vocabulary as another model."""
     from transformers import PreTrainedTokenizerFast
 
-    rebuilt = sentencepiece_bpe_tokenizer(gguf_path)
     backend = getattr(loaded, "backend_tokenizer", None)
-    if rebuilt is None or backend is None or json.loads(backend.to_str())["model"]["type"] == "BPE":
+    if backend is None or type(backend.model).__name__ == "BPE":
+        return loaded
+    rebuilt = sentencepiece_bpe_tokenizer(gguf_path)
+    if rebuilt is None:
         return loaded
     return PreTrainedTokenizerFast(tokenizer_object=rebuilt, bos_token=loaded.bos_token, eos_token=loaded.eos_token,
                                    unk_token=loaded.unk_token, pad_token=loaded.pad_token,
