@@ -272,7 +272,7 @@ def _run(request: QuantizeRequest, staging: Path) -> QuantizedCheckpoint:
         with _timed(timings, "fold_s"):
             write_folded_bf16(hf_dir, source, staging / "hf-bf16")
 
-    if quality is not None and "hf" in request.formats:
+    if quality is not None and data is not None and "hf" in request.formats:
         from quantization.dequant import load_dequantized_model
         from quantization.quality import held_out_logits, logits_rel_err
 
