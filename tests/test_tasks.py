@@ -30,7 +30,7 @@ def test_addition_needs_the_exact_sum():
     assert not answer_matches("1680", "168", addition) and not answer_matches("The sum is 168", "168", addition)
 
 
-def test_a_shipped_task_copied_to_a_file_is_asked_and_scored_as_the_shipped_one(tmp_path):
+def test_a_shipped_task_copied_or_sliced_to_a_file_is_asked_and_scored_as_the_shipped_one(tmp_path):
     """#49: a local JSONL task was scored by exact match of the first line, so the facts task read from a copy
     scored an instruct model's sentences 0 % where the shipped task scores them by word. Where a task is read from
     never changes its score; a file of other examples keeps the local rule."""
@@ -39,9 +39,15 @@ def test_a_shipped_task_copied_to_a_file_is_asked_and_scored_as_the_shipped_one(
     spec = task_spec(str(copy))
     assert (spec.name, spec.api, spec.match, spec.max_tokens) == (str(copy), "chat", "word", 16)
     assert answer_matches("The capital of France is Paris.", "Paris", spec)
+    # A slice of a shipped task (for a quicker run) is scored as the task; one line not in it makes it a local task.
+    lines = task_eval_path("facts-completion").read_text().splitlines()
+    part = tmp_path / "part.jsonl"
+    part.write_text("\n".join(lines[100:140]) + "\n")
+    assert (task_spec(str(part)).match, task_spec(str(part)).api) == ("word", "completions")
     other = tmp_path / "mine.jsonl"
-    other.write_text(json.dumps({"prompt": "2+2=", "answer": "4"}) + "\n")
-    assert (task_spec(str(other)).match, task_spec(str(other)).api) == ("exact", "completions")
+    other.write_text("\n".join([*lines[:3], json.dumps({"prompt": "2+2=", "answer": "4"})]) + "\n")
+    assert (task_spec(str(other)).match, task_spec(str(other)).api, task_spec(str(other)).max_tokens) == \
+        ("exact", "completions", 32)
 
 
 def test_the_committed_facts_task_is_what_the_generator_writes(tmp_path):
