@@ -314,6 +314,9 @@ class EncoderGateSpec(StrictModel):
         return self.min_cosine.get(recipe_id, self.default_min_cosine)
 
 
+LATENCY_CONCURRENCY = 1  # the level the latency gate (TPOT, or E2EL where TPOT is not observable) is judged at
+
+
 class WorkloadSpec(StrictModel):
     """What validation sends to both servers."""
 
@@ -573,9 +576,10 @@ class PipelineConfig(StrictModel):
 
     @model_validator(mode="after")
     def _latency_gate_has_its_level(self) -> PipelineConfig:
-        if self.matrix and 1 not in self.workload.concurrency:
-            raise ValueError(f"gates.max_tpot_ratio compares TPOT (or E2EL) at concurrency 1, and "
-                             f"workload.concurrency ({self.workload.concurrency}) has no 1: add 1 to it")
+        if self.matrix and LATENCY_CONCURRENCY not in self.workload.concurrency:
+            raise ValueError(f"gates.max_tpot_ratio compares TPOT (or E2EL) at concurrency {LATENCY_CONCURRENCY}, "
+                             f"and workload.concurrency ({self.workload.concurrency}) has no {LATENCY_CONCURRENCY}: "
+                             f"add {LATENCY_CONCURRENCY} to it")
         return self
 
     @model_validator(mode="after")

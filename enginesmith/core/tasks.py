@@ -61,18 +61,23 @@ def task_spec(name: str) -> TaskSpec:
 
 
 def _shipped_task_with_content(path: Path) -> TaskSpec | None:
-    from enginesmith.core.assets import read_task_file, task_eval_path
+    from enginesmith.core.assets import read_task_file
 
     if not path.is_file():
         return None
-    def lines(file: Path) -> set[str]:
-        return {example.model_dump_json() for example in read_task_file(file)}
-
-    examples = lines(path)
+    examples = {example.model_dump_json() for example in read_task_file(path)}
     for spec in TASKS.values():
-        if examples and examples <= lines(task_eval_path(spec.name)):
+        if examples and examples <= _shipped_lines(spec.name):
             return spec
     return None
+
+
+@cache
+def _shipped_lines(task: str) -> frozenset[str]:
+    """A shipped task's examples as JSON, read once per process (the files are package data)."""
+    from enginesmith.core.assets import read_task_file, task_eval_path
+
+    return frozenset(example.model_dump_json() for example in read_task_file(task_eval_path(task)))
 
 
 class AccuracyTask(BaseModel):

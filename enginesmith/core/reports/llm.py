@@ -31,7 +31,7 @@ from enginesmith.core.reports.profiles import (
     profile_from_levels,
     profile_table,
 )
-from enginesmith.core.specs import WorkloadSpec
+from enginesmith.core.specs import LATENCY_CONCURRENCY, WorkloadSpec
 
 
 class SideReport(BaseModel):
@@ -108,7 +108,8 @@ class SideReport(BaseModel):
 
     @staticmethod
     def _at_c1(metric: str) -> Callable[[list[BenchmarkResult]], float | None]:
-        return lambda levels: next((getattr(lv, metric) for lv in levels if lv.concurrency == 1), None)
+        return lambda levels: next((getattr(lv, metric) for lv in levels if lv.concurrency == LATENCY_CONCURRENCY),
+                                   None)
 
     def tpot_c1_by_round(self) -> dict[int, float]:
         return self.by_round(self._at_c1("median_tpot_ms"))
@@ -158,7 +159,7 @@ class SideReport(BaseModel):
 
     @property
     def levels_c1(self) -> list[BenchmarkResult]:
-        return [level for level in self.levels if level.concurrency == 1]
+        return [level for level in self.levels if level.concurrency == LATENCY_CONCURRENCY]
 
     @property
     def all_at_once_c1(self) -> tuple[int, int]:
