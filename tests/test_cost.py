@@ -81,3 +81,11 @@ def test_a_cpu_cell_or_a_sku_without_figures_is_not_estimated(nightly):
     bare = cell.model_copy(update={"target": cell.target.model_copy(update={"bf16_dense_tflops": None})})
     with pytest.raises(ValueError, match="no throughput figures for h100-sxm"):
         estimate_cell(bare, workload=config.workload)
+
+
+def test_a_model_without_params_b_is_not_estimated_and_says_why(nightly):
+    config, cells = nightly
+    cell = cells["llama-3.1-8b-instruct/fp8/h100-sxm/tp1/hf-quantized"]
+    unsized = cell.model_copy(update={"model": cell.model.model_copy(update={"params_b": None})})
+    with pytest.raises(ValueError, match=r"llama-3\.1-8b-instruct has no params_b"):
+        estimate_cell(unsized, workload=config.workload)

@@ -44,8 +44,8 @@ def print_support(matrix: SupportMatrix) -> None:
 
 def print_estimate(pipeline: PipelineConfig, cells: list[object], *, json_output: bool) -> None:
     """``enginesmith plan --estimate``: each buildable GPU cell's GPU-hours per stage on its SKU, and each pool's
-    total, as tables or JSON. Cells it cannot estimate (invalid, the cpu target, a SKU without figures, another
-    kind's) are counted and named in the JSON."""
+    total, as tables or JSON. Cells it cannot estimate (invalid, the cpu target, a SKU without figures, a model
+    without params_b, another kind's) are counted and named in the JSON."""
     from enginesmith.core.assets import read_task
     from enginesmith.core.console import print_json
     from enginesmith.core.cost import STAGES, estimate_cell, pool_totals
@@ -59,7 +59,7 @@ def print_estimate(pipeline: PipelineConfig, cells: list[object], *, json_output
     costs, skipped = [], []
     for cell in cells:
         if (isinstance(cell, PlannedCell) and cell.status == "build" and not cell.target.is_cpu
-                and cell.target.bf16_dense_tflops is not None):
+                and cell.target.bf16_dense_tflops is not None and cell.model.params_b is not None):
             costs.append(estimate_cell(cell, workload=pipeline.workload, tuning=pipeline.tuning,
                                        task_examples=examples))
         else:

@@ -81,7 +81,10 @@ def estimate_cell(cell: Cell, *, workload: WorkloadSpec, tuning: TuningSpec | No
     target = cell.target
     if target.is_cpu or target.bf16_dense_tflops is None or target.memory_bandwidth_gbs is None:
         raise ValueError(f"no throughput figures for {target.id}: the estimate covers GPU SKUs of the catalogue")
-    parameters = cell.model.params_b * 1e9
+    params_b = cell.model.params_b
+    if params_b is None:
+        raise ValueError(f"model {cell.model.id} has no params_b: the estimate scales by the parameter count")
+    parameters = params_b * 1e9
     checkpoint_bytes = parameters * SERVED_REFERENCE_BYTES
     world = cell.tp * cell.pp
     quantizer = cell.quantize_target or target
@@ -92,7 +95,7 @@ def estimate_cell(cell: Cell, *, workload: WorkloadSpec, tuning: TuningSpec | No
     ]
     candidate_bytes = parameters * cell.recipe.weight_bytes_per_param
     if cell.kind == "trtllm-engine":
-        seconds = (ENGINE_BUILD_S + ENGINE_BUILD_S_PER_B_PARAMS * cell.model.params_b / world
+        seconds = (ENGINE_BUILD_S + ENGINE_BUILD_S_PER_B_PARAMS * params_b / world
                    + 2 * candidate_bytes / world / (DISK_GBPS * 1e9))
         stages.append(StageCost(stage="build", pool=target.id, gpus=world, seconds=seconds,
                                 basis=f"trtllm-build: {ENGINE_BUILD_S:g} s + {ENGINE_BUILD_S_PER_B_PARAMS:g} s per "
