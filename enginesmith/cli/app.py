@@ -110,6 +110,9 @@ def recipes(json_output: JsonOption = False) -> None:
 def plan(
     config: Annotated[Path, typer.Argument(help="A build-matrix config, e.g. configs/nightly.yaml.")],
     json_output: JsonOption = False,
+    estimate: Annotated[bool, typer.Option(
+        "--estimate", help="Each buildable GPU cell's GPU-hours per stage on its SKU, and each pool's total (an "
+                           "estimate from parameters, recipe, workload and the SKU's spec sheet).")] = False,
 ) -> None:
     """Expand a build matrix into cells: what would be built, with each stage key, and what is invalid and why."""
     from enginesmith.core.config import default_catalogue, load_pipeline_config
@@ -120,6 +123,11 @@ def plan(
     # Hub branches stay unresolved here (no network needed to plan); the nightly resolves them to commit shas.
     planned = [(kind, cell) for kind in kinds_of(pipeline)
                for cell in kind.plan(pipeline, config.parent, catalogue, resolve_hub=False)]
+    if estimate:
+        from enginesmith.cli.views import print_estimate
+
+        print_estimate(pipeline, [cell for _, cell in planned], json_output=json_output)
+        return
     if json_output:
         print_json({"config": pipeline.name, "cells": [{**cell.listing(), "cell_kind": kind.name}
                                                        for kind, cell in planned]})

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from contextlib import suppress
 from typing import TYPE_CHECKING
 
 from enginesmith.core.console import Cell, stdout, styled, table
 
 if TYPE_CHECKING:
     from enginesmith.core.reports import KindReport
+    from enginesmith.core.specs import PipelineConfig
     from registry.support import SupportMatrix
 
 
@@ -38,3 +40,48 @@ def print_support(matrix: SupportMatrix) -> None:
     stdout.print(table(f"Support: {matrix.config}", ["model", "model_type", "recipe", "kind", "target", "status",
                                                      "reason"], rows))
     stdout.print(", ".join(f"{count} {status}" for status, count in matrix.counts().items()))
+
+
+def print_estimate(pipeline: PipelineConfig, cells: list[object], *, json_output: bool) -> None:
+    """``enginesmith plan --estimate``: each buildable GPU cell's GPU-hours per stage on its SKU, and each pool's
+    total, as tables or JSON. Cells it cannot estimate (invalid, the cpu target, a SKU without figures, a model
+    without params_b, another kind's) are counted and named in the JSON."""
+    from enginesmith.core.assets import read_task
+    from enginesmith.core.console import print_json
+    from enginesmith.core.cost import STAGES, estimate_cell, pool_totals
+    from enginesmith.core.errors import UserError
+    from enginesmith.core.plan import Cell as PlannedCell
+
+    examples: dict[str, int] = {}
+    for task in pipeline.workload.accuracy_tasks:
+        with suppress(UserError, OSError):  # a task of lm-eval's registry: the estimate's default size
+            examples[task] = len(read_task(task))
+    costs, skipped = [], []
+    for cell in cells:
+        if (isinstance(cell, PlannedCell) and cell.status == "build" and not cell.target.is_cpu
+                and cell.target.bf16_dense_tflops is not None and cell.model.params_b is not None):
+            costs.append(estimate_cell(cell, workload=pipeline.workload, tuning=pipeline.tuning,
+                                       task_examples=examples))
+        else:
+            skipped.append(getattr(cell, "id", str(cell)))
+    pools = pool_totals(costs)
+    if json_output:
+        print_json({"config": pipeline.name, "estimate": True,
+                    "cells": [{**cost.model_dump(), "gpus": cost.gpus, "seconds": round(cost.seconds, 1),
+                               "gpu_seconds": round(cost.gpu_seconds, 1)} for cost in costs],
+                    "pools": [pool.model_dump() for pool in pools], "not_estimated": skipped})
+        return
+    rows: list[list[Cell]] = []
+    for cost in costs:
+        by_stage = {stage.stage: stage for stage in cost.stages}
+        rows.append([cost.cell_id, cost.pool, str(cost.gpus),
+                     *(f"{by_stage[name].gpu_seconds / 3600:.2f}" if name in by_stage else "-" for name in STAGES),
+                     f"{cost.gpu_seconds / 3600:.2f}", f"{cost.seconds / 3600:.2f}"])
+    stdout.print(table(f"Estimate: {pipeline.name} (GPU-hours per stage)",
+                       ["cell", "pool", "GPUs", *STAGES, "GPU-h", "wall h"], rows))
+    stdout.print(table("Per pool", ["pool", "cells", "GPU-hours", "longest cell (h)"],
+                       [[pool.pool, str(pool.cells), f"{pool.gpu_seconds / 3600:.1f}",
+                         f"{pool.longest_cell_s / 3600:.2f}"] for pool in pools]))
+    stdout.print(f"{len(costs)} cells estimated, {len(skipped)} not (invalid, cpu or another kind); an estimate "
+                 "from parameters, recipe, workload and each SKU's spec sheet (enginesmith/core/cost.py), not a "
+                 "measurement")

@@ -115,6 +115,8 @@ class TargetSpec(StrictModel):
     memory_gib: float = Field(gt=0)
     gpus_per_node: int = Field(8, ge=1)
     build_defaults: BuildProfile = BuildProfile()
+    bf16_dense_tflops: float | None = Field(None, gt=0, description="spec sheet, per GPU: what cost estimates scale by")
+    memory_bandwidth_gbs: float | None = Field(None, gt=0, description="spec sheet, per GPU (GB/s)")
 
     @field_validator("pci_device_ids")
     @classmethod

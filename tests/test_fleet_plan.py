@@ -1,0 +1,86 @@
+"""#50 items 1-3, the pure part: a fleet file (nodes per SKU pool), the cells it cannot run reported before the
+night, each pool's lower bound, and a list-scheduling simulation of the night on the cost model's stage times
+that the real Prefect night is measured against. Checked: the bad fleet files, that no schedule beats its bound
+or oversubscribes a node, stages keep their order, and a changed model's cells go first."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+
+from enginesmith.core.config import default_catalogue, load_pipeline_config
+from enginesmith.core.cost import CellCost, StageCost, estimate_cell
+from enginesmith.core.errors import ConfigError
+from enginesmith.core.fleet import Fleet, NodeGroup, load_fleet, lower_bounds, simulate, unschedulable
+from enginesmith.core.plan import plan_matrix
+from tests.conftest import CONFIGS
+
+PRODUCTION = CONFIGS / "fleets" / "production.yaml"
+
+
+@pytest.fixture(scope="module")
+def nightly_costs() -> list[CellCost]:
+    catalogue = default_catalogue()
+    config = load_pipeline_config(CONFIGS / "nightly.yaml", catalogue)
+    plan = plan_matrix(config, catalogue, calibration_fingerprint="test")
+    return [estimate_cell(cell, workload=config.workload, tuning=config.tuning) for cell in plan.buildable
+            if not cell.target.is_cpu]
+
+
+def test_a_fleet_file_naming_an_unknown_sku_or_too_many_gpus_is_refused_naming_the_line(tmp_path: Path):
+    catalogue = default_catalogue()
+    assert sum(group.count for group in load_fleet(PRODUCTION, catalogue).nodes) == 10
+    unknown = tmp_path / "unknown.yaml"
+    unknown.write_text("nodes:\n  - {sku: h100-sxm, count: 1, gpus: 8}\n  - {sku: h300, count: 1, gpus: 8}\n")
+    with pytest.raises(ConfigError) as error:
+        load_fleet(unknown, catalogue)
+    assert "h300" in error.value.render() and "nodes[1].sku" in error.value.render() and ":3" in error.value.render()
+    wide = tmp_path / "wide.yaml"
+    wide.write_text("nodes:\n  - {sku: gh200, count: 2, gpus: 4}\n")
+    with pytest.raises(ConfigError, match="at most 1 GPUs"):
+        load_fleet(wide, catalogue)
+
+
+def test_cells_the_fleet_cannot_run_are_named_with_the_reason_before_the_night(nightly_costs):
+    small_l40s = Fleet(nodes=[NodeGroup(sku=sku, count=1, gpus=8) for sku in ("h100-sxm", "h200", "a100-80gb", "b200")]
+                       + [NodeGroup(sku="l40s", count=4, gpus=4)])
+    found = {u.cell_id: u for u in unschedulable(nightly_costs, small_l40s)}
+    assert set(found) == {"llama-3.1-70b-instruct/fp8/l40s/tp4/trtllm-engine"}
+    assert "holds 8 GPUs at once; the largest l40s node has 4" in found[next(iter(found))].reason
+    no_h200 = Fleet(nodes=[NodeGroup(sku=sku, count=1, gpus=8) for sku in ("h100-sxm", "a100-80gb", "l40s", "b200")])
+    missing = unschedulable(nightly_costs, no_h200)
+    assert {u.cell_id.split("/")[0] for u in missing} >= {"llama-3.1-70b-instruct"}  # quantised on H200 nodes
+    assert all("no h200 nodes" in u.reason for u in missing if u.cell_id.startswith("llama-3.1-70b"))
+
+
+@pytest.mark.parametrize("policy", ["longest-first", "plan-order", "shortest-first"])
+def test_no_schedule_beats_its_lower_bound_oversubscribes_a_node_or_reorders_a_cells_stages(nightly_costs, policy):
+    fleet = load_fleet(PRODUCTION, default_catalogue())
+    night = simulate(nightly_costs, fleet, policy=policy)
+    assert {p.cell_id for p in night.placements} == {cost.cell_id for cost in nightly_costs}
+    for bound in lower_bounds(nightly_costs, fleet):
+        assert night.pool_makespan(bound.pool) >= bound.lower_bound_s * (1 - 1e-9)
+    nodes = fleet.pools()
+    for placement in night.placements:  # at each start, what runs on that node fits it
+        running = [p for p in night.placements if p.pool == placement.pool and p.node == placement.node
+                   and p.start_s <= placement.start_s < p.end_s]
+        assert sum(p.gpus for p in running) <= nodes[placement.pool][placement.node]
+    for cost in nightly_costs:
+        mine = [p for p in night.placements if p.cell_id == cost.cell_id]
+        assert [p.stage for p in mine] == [stage.stage for stage in cost.stages]
+        assert all(a.end_s <= b.start_s for a, b in itertools.pairwise(mine))
+
+
+def test_one_gpu_stages_on_one_gpu_run_back_to_back_and_a_changed_models_cells_go_first():
+    def cell(name: str, seconds: float) -> CellCost:
+        return CellCost(cell_id=name, pool="h100-sxm",
+                        stages=[StageCost(stage="validate", pool="h100-sxm", gpus=1, seconds=seconds, basis="test")])
+
+    cells = [cell("a/short", 10), cell("b/long", 30), cell("c/mid", 20)]
+    fleet = Fleet(nodes=[NodeGroup(sku="h100-sxm", count=1, gpus=1)])
+    longest = simulate(cells, fleet, policy="longest-first")
+    assert longest.makespan_s == 60 and [p.cell_id for p in longest.placements] == ["b/long", "c/mid", "a/short"]
+    changed = simulate(cells, fleet, policy="longest-first", first=lambda cost: cost.cell_id.startswith("a/"))
+    assert [p.cell_id for p in changed.placements] == ["a/short", "b/long", "c/mid"]
