@@ -5,7 +5,6 @@ or oversubscribes a node, stages keep their order, and a changed model's cells g
 
 from __future__ import annotations
 
-import itertools
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,17 @@ import pytest
 from enginesmith.core.config import default_catalogue, load_pipeline_config
 from enginesmith.core.cost import CellCost, StageCost, estimate_cell
 from enginesmith.core.errors import ConfigError
-from enginesmith.core.fleet import Fleet, NodeGroup, load_fleet, lower_bounds, simulate, unschedulable
+from enginesmith.core.fleet import (
+    Fleet,
+    Job,
+    NodeGroup,
+    load_fleet,
+    lower_bounds,
+    night_jobs,
+    place,
+    simulate,
+    unschedulable,
+)
 from enginesmith.core.plan import plan_matrix
 from tests.conftest import CONFIGS
 
@@ -56,10 +65,11 @@ def test_cells_the_fleet_cannot_run_are_named_with_the_reason_before_the_night(n
 
 
 @pytest.mark.parametrize("policy", ["longest-first", "plan-order", "shortest-first"])
-def test_no_schedule_beats_its_lower_bound_oversubscribes_a_node_or_reorders_a_cells_stages(nightly_costs, policy):
+def test_no_schedule_beats_its_lower_bound_oversubscribes_a_node_or_starts_a_cell_before_its_quantise_run(
+        nightly_costs, policy):
     fleet = load_fleet(PRODUCTION, default_catalogue())
     night = simulate(nightly_costs, fleet, policy=policy)
-    assert {p.cell_id for p in night.placements} == {cost.cell_id for cost in nightly_costs}
+    assert {p.job for p in night.placements} == {job.id for job in night_jobs(nightly_costs)}
     for bound in lower_bounds(nightly_costs, fleet):
         assert night.pool_makespan(bound.pool) >= bound.lower_bound_s * (1 - 1e-9)
     nodes = fleet.pools()
@@ -67,13 +77,35 @@ def test_no_schedule_beats_its_lower_bound_oversubscribes_a_node_or_reorders_a_c
         running = [p for p in night.placements if p.pool == placement.pool and p.node == placement.node
                    and p.start_s <= placement.start_s < p.end_s]
         assert sum(p.gpus for p in running) <= nodes[placement.pool][placement.node]
-    for cost in nightly_costs:
-        mine = [p for p in night.placements if p.cell_id == cost.cell_id]
-        assert [p.stage for p in mine] == [stage.stage for stage in cost.stages]
-        assert all(a.end_s <= b.start_s for a, b in itertools.pairwise(mine))
+    by_job = {p.job: p for p in night.placements}
+    quantised_elsewhere = [job for job in night_jobs(nightly_costs) if job.after is not None]
+    assert {job.cell_id.split("/")[0] for job in quantised_elsewhere} == {"llama-3.1-70b-instruct"}
+    for job in quantised_elsewhere:
+        assert by_job[job.after].pool == "h200" and by_job[job.after].end_s <= by_job[job.id].start_s
 
 
-def test_one_gpu_stages_on_one_gpu_run_back_to_back_and_a_changed_models_cells_go_first():
+def test_longest_first_with_a_reserved_node_keeps_the_shipped_night_within_its_bound(nightly_costs):
+    """Measured: plain list scheduling let the narrow L40S cells fill both nodes while the 70B cell (a whole node
+    for its validation) waited for its quantise run, then starved it (1.39 x the bound); the reservation of
+    ``place`` keeps the night within 1.15 x (it is about 1.12 x: 21 runs of 2-3 hours on 8 two-GPU slots leave a
+    tail no order avoids). Plan order, without the longest-first policy, is far worse."""
+    fleet = load_fleet(PRODUCTION, default_catalogue())
+    bound = max(b.lower_bound_s for b in lower_bounds(nightly_costs, fleet))
+    assert simulate(nightly_costs, fleet).makespan_s <= 1.15 * bound
+    assert simulate(nightly_costs, fleet, policy="plan-order").makespan_s > 1.25 * bound
+
+
+def test_a_wide_run_reserves_a_node_the_narrow_ones_then_leave_alone():
+    wide = Job(id="w", cell_id="w", phase="cell", pool="l40s", gpus=8, seconds=10, gpu_seconds=80, after="w#q")
+    narrow = [Job(id=f"n{i}", cell_id=f"n{i}", phase="cell", pool="l40s", gpus=2, seconds=10, gpu_seconds=20)
+              for i in range(6)]
+    free = {"l40s": [8, 8]}
+    started = place([(wide, False)] + [(job, True) for job in narrow], free, {"l40s": [8, 8]})
+    assert {node for _, node in started} == {1} and len(started) == 4 and free == {"l40s": [8, 0]}
+    assert place([(wide, True)] + [(job, True) for job in narrow[4:]], free, {"l40s": [8, 8]}) == [(wide, 0)]
+
+
+def test_one_gpu_runs_on_one_gpu_run_back_to_back_and_a_changed_models_cells_go_first():
     def cell(name: str, seconds: float) -> CellCost:
         return CellCost(cell_id=name, pool="h100-sxm",
                         stages=[StageCost(stage="validate", pool="h100-sxm", gpus=1, seconds=seconds, basis="test")])
@@ -82,5 +114,5 @@ def test_one_gpu_stages_on_one_gpu_run_back_to_back_and_a_changed_models_cells_g
     fleet = Fleet(nodes=[NodeGroup(sku="h100-sxm", count=1, gpus=1)])
     longest = simulate(cells, fleet, policy="longest-first")
     assert longest.makespan_s == 60 and [p.cell_id for p in longest.placements] == ["b/long", "c/mid", "a/short"]
-    changed = simulate(cells, fleet, policy="longest-first", first=lambda cost: cost.cell_id.startswith("a/"))
+    changed = simulate(cells, fleet, policy="longest-first", first=lambda cell_id: cell_id.startswith("a/"))
     assert [p.cell_id for p in changed.placements] == ["a/short", "b/long", "c/mid"]

@@ -113,12 +113,93 @@ def lower_bounds(costs: list[CellCost], fleet: Fleet) -> list[PoolBound]:
     return [bounds[pool] for pool in sorted(bounds)]
 
 
+class Job(BaseModel):
+    """One run the night dispatches to one node: a cell's stages on its own SKU, or (``quantize_on`` another SKU)
+    its pull and quantise there first, which the cell's run waits for (``after``). It holds ``gpus`` GPUs of its
+    node from start to end (the most any of its stages holds) for ``seconds``; ``gpu_seconds`` is the work its
+    stages do (what a pool's lower bound counts)."""
+
+    id: str
+    cell_id: str
+    phase: Literal["quantize", "cell"]
+    pool: str
+    gpus: int
+    seconds: float
+    gpu_seconds: float
+    after: str | None = None
+
+
+QUANTIZE_SUFFIX = "#quantize"
+
+
+def night_jobs(costs: list[CellCost]) -> list[Job]:
+    """The runs the night dispatches for these cells: one per cell, and one more before it where its quantise
+    stage runs on another SKU (that node pulls and quantises; the cell's node pulls too, to serve the reference)."""
+    jobs = []
+    for cost in costs:
+        elsewhere = [stage for stage in cost.stages if stage.pool != cost.pool]
+        here = [stage for stage in cost.stages if stage.pool == cost.pool]
+        after = None
+        if elsewhere:
+            after = cost.cell_id + QUANTIZE_SUFFIX
+            jobs.append(_job(after, cost.cell_id, "quantize", elsewhere[0].pool, elsewhere, None))
+            here = [stage for stage in elsewhere if stage.stage == "pull"] + here
+        jobs.append(_job(cost.cell_id, cost.cell_id, "cell", cost.pool, here, after))
+    return jobs
+
+
+def _job(job_id: str, cell_id: str, phase: Literal["quantize", "cell"], pool: str, stages: list[StageCost],
+         after: str | None) -> Job:
+    return Job(id=job_id, cell_id=cell_id, phase=phase, pool=pool, gpus=max(stage.gpus for stage in stages),
+               seconds=sum(stage.seconds for stage in stages),
+               gpu_seconds=sum(stage.gpu_seconds for stage in stages), after=after)
+
+
 Policy = Literal["longest-first", "plan-order", "shortest-first"]
 
 
+def dispatch_order(jobs: list[Job], costs: list[CellCost], policy: Policy = "longest-first",
+                   first: Callable[[str], bool] | None = None) -> list[Job]:
+    """The order waiting runs are started in: by their cell's GPU-seconds (longest first, by default), the cells
+    ``first`` selects (a changed model's) ahead of the rest; a cell's runs keep their order."""
+    ranked = _ordered(costs, policy)
+    if first is not None:
+        ranked = sorted(ranked, key=lambda cost: not first(cost.cell_id))  # stable: the policy's order within each
+    rank = {cost.cell_id: index for index, cost in enumerate(ranked)}
+    return sorted(jobs, key=lambda job: (rank.get(job.cell_id, len(rank)), job.phase != "quantize"))
+
+
+def place(queue: list[tuple[Job, bool]], free: dict[str, list[int]],
+          capacity: dict[str, list[int]]) -> list[tuple[Job, int]]:
+    """Which waiting runs start now, and on which node: ``queue`` in dispatch order, each with whether it may start
+    (False: the run it waits for has not ended); ``free`` each pool's nodes' free GPUs, updated in place.
+
+    A run that may start takes the node with the fewest free GPUs that fits it (whole nodes stay whole for wide
+    runs). The first run of a pool that cannot start (it does not fit, or it waits on its quantise run) reserves
+    the node with the most free GPUs that could hold it: no later run starts there, so a wide run is not starved
+    by narrow ones filling every node as they free up (a list scheduler's classic loss)."""
+    reserved: dict[str, int] = {}
+    started: list[tuple[Job, int]] = []
+    for job, may_start in queue:
+        nodes = free.get(job.pool, [])
+        if may_start:
+            fitting = [(gpus, index) for index, gpus in enumerate(nodes)
+                       if gpus >= job.gpus and index != reserved.get(job.pool)]
+            if fitting:
+                node = min(fitting)[1]
+                nodes[node] -= job.gpus
+                started.append((job, node))
+                continue
+        if job.pool not in reserved:
+            holding = [(-gpus, index) for index, gpus in enumerate(nodes) if capacity[job.pool][index] >= job.gpus]
+            if holding:
+                reserved[job.pool] = min(holding)[1]
+    return started
+
+
 class Placement(BaseModel):
+    job: str
     cell_id: str
-    stage: str
     pool: str
     node: int
     gpus: int
@@ -136,65 +217,38 @@ class Simulation(BaseModel):
 
 
 def simulate(costs: list[CellCost], fleet: Fleet, *, policy: Policy = "longest-first",
-             first: Callable[[CellCost], bool] | None = None) -> Simulation:
-    """The night as a greedy list scheduler runs it: each cell's GPU stages in order (a stage starts when the one
-    before it ends, on any node of its pool with enough free GPUs); whenever GPUs free up, the waiting stage first
-    in the policy's order that fits starts. ``first`` puts the cells it selects ahead of the rest (a changed model's
-    cells before unchanged ones). Stages holding no GPU (the pull) take their time without a slot. Unschedulable
-    cells are left out."""
+             first: Callable[[str], bool] | None = None) -> Simulation:
+    """The night as the nightly's dispatcher runs it (``place`` whenever a run ends), on the cost model's times:
+    what the fleet bench's real night is measured against. Unschedulable cells are left out."""
     blocked = {u.cell_id for u in unschedulable(costs, fleet)}
     runnable = [cost for cost in costs if cost.cell_id not in blocked]
-    order = {cost.cell_id: rank for rank, cost in enumerate(_ordered(runnable, policy, first))}
-    free = {pool: list(nodes) for pool, nodes in fleet.pools().items()}
-    next_stage = {cost.cell_id: 0 for cost in runnable}
-    by_id = {cost.cell_id: cost for cost in runnable}
-    ready: dict[str, float] = {cost.cell_id: 0.0 for cost in runnable}  # when its next stage may start
-    events: list[tuple[float, int, str, int, int, str]] = []  # (end, seq, pool, node, gpus, cell)
+    waiting = dispatch_order(night_jobs(runnable), runnable, policy, first)
+    capacity = fleet.pools()
+    free = {pool: list(nodes) for pool, nodes in capacity.items()}
+    done: set[str] = set()
+    events: list[tuple[float, int, Job, int]] = []  # (end, seq, job, node)
     placements: list[Placement] = []
     now, seq = 0.0, 0
-    while True:
-        started = True
-        while started:
-            started = False
-            for cell_id in sorted((c for c in ready if ready[c] <= now), key=order.__getitem__):
-                stage = by_id[cell_id].stages[next_stage[cell_id]]
-                node = _fitting_node(free.get(stage.pool, []), stage)
-                if node is None:
-                    continue
-                end = now + stage.seconds
-                free[stage.pool][node] -= stage.gpus
-                placements.append(Placement(cell_id=cell_id, stage=stage.stage, pool=stage.pool, node=node,
-                                            gpus=stage.gpus, start_s=now, end_s=end))
-                del ready[cell_id]
-                heapq.heappush(events, (end, seq, stage.pool, node, stage.gpus, cell_id))
-                seq += 1
-                started = True
+    while waiting or events:
+        queue = [(job, job.after is None or job.after in done) for job in waiting]
+        for job, node in place(queue, free, capacity):
+            waiting.remove(job)
+            placements.append(Placement(job=job.id, cell_id=job.cell_id, pool=job.pool, node=node, gpus=job.gpus,
+                                        start_s=now, end_s=now + job.seconds))
+            heapq.heappush(events, (now + job.seconds, seq, job, node))
+            seq += 1
         if not events:
-            break
-        now, _, pool, node, gpus, cell_id = heapq.heappop(events)
-        free[pool][node] += gpus
-        next_stage[cell_id] += 1
-        if next_stage[cell_id] < len(by_id[cell_id].stages):
-            ready[cell_id] = now
-    if ready:
-        raise AssertionError(f"stages never placed: {sorted(ready)}")  # unschedulable ones were left out
+            raise AssertionError(f"runs never placed: {[job.id for job in waiting]}")  # unschedulable: left out
+        now, _, ended, node = heapq.heappop(events)
+        free[ended.pool][node] += ended.gpus
+        done.add(ended.id)
     return Simulation(policy=policy, placements=placements,
                       makespan_s=max((p.end_s for p in placements), default=0.0))
 
 
-def _fitting_node(nodes: list[int], stage: StageCost) -> int | None:
-    """The node with the fewest free GPUs that still fits the stage (keeps whole nodes for wide stages)."""
-    fitting = [(free, index) for index, free in enumerate(nodes) if free >= stage.gpus]
-    return min(fitting)[1] if fitting else None
-
-
-def _ordered(costs: list[CellCost], policy: Policy, first: Callable[[CellCost], bool] | None) -> list[CellCost]:
+def _ordered(costs: list[CellCost], policy: Policy) -> list[CellCost]:
     if policy == "longest-first":
-        ranked = sorted(costs, key=lambda cost: -cost.gpu_seconds)
-    elif policy == "shortest-first":
-        ranked = sorted(costs, key=lambda cost: cost.gpu_seconds)
-    else:
-        ranked = list(costs)
-    if first is not None:
-        ranked = sorted(ranked, key=lambda cost: not first(cost))  # stable: the policy's order within each part
-    return ranked
+        return sorted(costs, key=lambda cost: -cost.gpu_seconds)
+    if policy == "shortest-first":
+        return sorted(costs, key=lambda cost: cost.gpu_seconds)
+    return list(costs)
