@@ -72,10 +72,11 @@ def parse_routes(items: Iterable[str]) -> dict[str, str]:
 
 def deploy_all(*, source_dir: Path = PACKAGES_ROOT, nightly_config: str = "configs/nightly.yaml",
                cron: str = NIGHTLY_CRON, targets: list[str] | None = None,
-               pools: dict[str, str] | None = None) -> DeployResult:
+               pools: dict[str, str] | None = None, fleet: str | None = None) -> DeployResult:
     """Create (or update) the work pools and deployments against the server ``PREFECT_API_URL`` names: a pool per
     SKU × kind that needs its own environment (``CellKind.pools``), plus those ``pools`` routes name (cell-id glob →
-    pool, set on the nightly deployment as its ``pools`` parameter)."""
+    pool, set on the nightly deployment as its ``pools`` parameter). With ``fleet`` (a fleet file), the nightly
+    places its GPU cells on that fleet's nodes: each node's work queue and GPU slots are created here."""
     from prefect import flow as prefect_flow
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
@@ -88,6 +89,13 @@ def deploy_all(*, source_dir: Path = PACKAGES_ROOT, nightly_config: str = "confi
     with get_client(sync_client=True) as client:
         for pool in pools_to_create:
             client.create_work_pool(WorkPoolCreate(name=pool, type="process"), overwrite=True)
+    if fleet:
+        from enginesmith.core.fleet import load_fleet
+        from flows.fleet import ensure_fleet
+
+        nodes = load_fleet(fleet if Path(fleet).is_absolute() else source_dir / fleet, catalogue)
+        ensure_fleet(nodes, {sku: set().union(*(kind.pools([catalogue.target(sku)]) for kind in KINDS.values()))
+                             for sku in nodes.pools()})
     source = str(source_dir.resolve())
     deployments: dict[str, UUID] = {}
     for flow_name, entrypoint in CELL_ENTRYPOINTS.items():
@@ -98,7 +106,8 @@ def deploy_all(*, source_dir: Path = PACKAGES_ROOT, nightly_config: str = "confi
     nightly_flow = prefect_flow.from_source(source=source, entrypoint="flows/nightly.py:nightly")
     deployments["nightly/nightly"] = nightly_flow.deploy(  # type: ignore[union-attr,assignment]
         name="nightly", work_pool_name="cpu", schedule=Cron(cron, timezone="UTC"),
-        parameters={"config": nightly_config, **({"pools": routes} if routes else {})},
+        parameters={"config": nightly_config, **({"pools": routes} if routes else {}),
+                    **({"fleet": fleet} if fleet else {})},
         tags=[DEPLOYMENT_TAG, "nightly"], print_next_steps=False)
     return DeployResult(pools=pools_to_create, deployments=deployments, crash_automation=crash_silent_runs())
 

@@ -32,7 +32,9 @@ def register_form(form: type[BaseModel], kind: CellKind, planner: FormPlanner) -
 
 
 def planned_from_form(form: BaseModel) -> tuple[CellKind, Path, PipelineConfig, PlannedCell]:
-    """The kind whose form ``form`` is, and the cell it asks for, planned by that kind."""
+    """The kind whose form ``form`` is, and the cell it asks for, planned by that kind (a plug-in named in
+    ``ENGINESMITH_PLUGINS`` may register the form's planner)."""
+    load_env_plugins()
     kind, planner = FORMS[type(form)]
     config_path, config, cell = planner(form)
     return kind, config_path, config, cell

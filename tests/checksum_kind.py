@@ -214,6 +214,9 @@ class ChecksumKind:
         return Dispatch(flow=RUN_CELL_FLOW,
                         parameters={"params": RunCellParams(config=config_path, cell=cell.id).model_dump()})
 
+    def handover(self, config_path: str, cell: PlannedCell) -> tuple[str, Dispatch] | None:
+        return None  # every stage runs on the cell's own node
+
     def table_row(self, cell: PlannedCell) -> tuple[str, str]:
         return "-", ""
 

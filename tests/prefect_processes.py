@@ -65,32 +65,38 @@ class Workers:
     env: dict[str, str] = field(default_factory=dict)
     started: list[Worker] = field(default_factory=list)
 
-    def start(self, pool: str, name: str, env: dict[str, str] | None = None) -> Worker:
-        """``prefect worker start --pool pool --name name``, with the node's own ``env`` on top of the shared one;
-        returns once the server lists it online."""
-        from prefect.client.orchestration import get_client
-        from prefect.client.schemas.filters import WorkerFilter, WorkerFilterStatus
-
+    def start(self, pool: str, name: str, env: dict[str, str] | None = None, *, queue: str | None = None,
+              wait: bool = True) -> Worker:
+        """``prefect worker start --pool pool --name name`` (polling only the work queue ``queue`` where given),
+        with the node's own ``env`` on top of the shared one; returns once the server lists it online (``wait``;
+        else at once: ``wait_online``)."""
         log_path = self.log_dir / f"worker-{name}.log"
         # A test's worker polls its pool every second (Prefect's default is 10 s): a run waits for an event, not a poll.
         env = {**os.environ, "PREFECT_WORKER_QUERY_SECONDS": "1", **self.env, **(env or {}),
                "PREFECT_API_URL": self.api_url}
         with log_path.open("w") as log:
             process = subprocess.Popen([sys.executable, "-m", "prefect", "worker", "start", "--pool", pool,
-                                        "--type", "process", "--name", name], cwd=REPO_ROOT, env=env, stdout=log,
-                                       stderr=subprocess.STDOUT, start_new_session=True)
+                                        "--type", "process", "--name", name,
+                                        *(["--work-queue", queue] if queue else [])], cwd=REPO_ROOT, env=env,
+                                       stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         worker = Worker(name=name, pool=pool, process=process, log_path=log_path)
         self.started.append(worker)
+        if wait:
+            self.wait_online(worker)
+        return worker
+
+    def wait_online(self, worker: Worker) -> None:
+        from prefect.client.orchestration import get_client
+        from prefect.client.schemas.filters import WorkerFilter, WorkerFilterStatus
 
         def online() -> bool:
             with get_client(sync_client=True) as client:
                 listed = client.read_workers_for_work_pool(
-                    pool, worker_filter=WorkerFilter(status=WorkerFilterStatus(any_=["ONLINE"])))
-            return any(w.name == name for w in listed)
+                    worker.pool, worker_filter=WorkerFilter(status=WorkerFilterStatus(any_=["ONLINE"])))
+            return any(w.name == worker.name for w in listed)
 
-        wait_for(online, f"worker {name} on pool {pool} to be online", timeout_s=WORKER_START_TIMEOUT_S,
-                 process=process, log=log_path, interval_s=0.5)
-        return worker
+        wait_for(online, f"worker {worker.name} on pool {worker.pool} to be online", timeout_s=WORKER_START_TIMEOUT_S,
+                 process=worker.process, log=worker.log_path, interval_s=0.5)
 
     def stop_all(self) -> None:
         for worker in self.started:

@@ -150,7 +150,7 @@ def test_cell_on_a_pool_without_worker_is_reported_not_awaited_forever(cpu_worke
     """... and recorded in the cell's history under the run no worker started (the run itself never could)."""
     from enginesmith.core.config import default_catalogue, load_pipeline_config
     from flows.deploy import deploy_all
-    from flows.nightly import dispatch_cell
+    from flows.dispatch import dispatch_cell
     from pipeline.common.plan_sources import plan_loaded
     from pipeline.kinds.llm import LLM
     from registry.history import load_history

@@ -53,7 +53,7 @@ def test_the_nightly_dispatches_again_after_a_crash_only(raised, dispatched_agai
     from prefect.states import Failed
 
     from flows.cell import GateFailed
-    from flows.nightly import CellRunCrashed, retry_crashed
+    from flows.dispatch import CellRunCrashed, retry_crashed
 
     error = {"crashed": CellRunCrashed("its build-cell run crashed"), "gate": GateFailed("tpot ratio 3.0"),
              "api-error": RuntimeError("HTTP 500")}[raised]

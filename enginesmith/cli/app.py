@@ -423,6 +423,9 @@ def validate(
 def nightly(
     config: Annotated[Path, typer.Argument(help="A matrix config.")] = Path("configs/nightly.yaml"),
     inline: Annotated[bool, typer.Option(help="Run the cells here instead of dispatching to work pools.")] = False,
+    fleet: Annotated[Path | None, typer.Option(
+        help="A fleet file (nodes per GPU SKU, e.g. configs/fleets/production.yaml): each GPU cell is placed on one "
+             "node, holding its GPUs there (the node's workers poll a work queue named after it).")] = None,
     json_output: JsonOption = False,
 ) -> None:
     """Run the nightly flow now: plan, skip what the registry has, build the rest, summarise. Exits 1 when any
@@ -432,6 +435,13 @@ def nightly(
     # A bad config is one error line here, before Prefect (which would log it again, with a traceback, as a failed
     # flow run); a temporary Prefect server gets a start-up budget a loaded small machine meets.
     load_pipeline_config(config, default_catalogue(), check_tasks=False)
+    if fleet is not None:
+        from enginesmith.core.fleet import load_fleet
+
+        if inline:
+            raise UserError("--fleet places cells on nodes' workers; --inline runs them here", where="--fleet",
+                            hint="give one of them")
+        load_fleet(fleet, default_catalogue())
     os.environ.setdefault(EPHEMERAL_STARTUP_ENV, str(EPHEMERAL_STARTUP_S))
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # its telemetry fails offline, as an ERROR
     from flows.nightly import nightly as nightly_flow
@@ -440,7 +450,8 @@ def nightly(
         keep_user_errors_off_the_console(UserError)
 
     try:
-        summaries = nightly_flow(config=str(config), dispatch="inline" if inline else "deployments")
+        summaries = nightly_flow(config=str(config), dispatch="inline" if inline else "deployments",
+                                 fleet=str(fleet) if fleet is not None else None)
     except RuntimeError as exc:
         if "ephemeral Prefect API server" not in str(exc):
             raise
@@ -476,6 +487,9 @@ def deploy(
     target: Annotated[list[str] | None, typer.Option(
         metavar="TARGET",
         help="Create the pools of these targets only (default: every target in the catalogue); repeatable.")] = None,
+    fleet: Annotated[str | None, typer.Option(
+        help="A fleet file the nightly places its GPU cells on: each node's work queue (in its SKU's pools) and its "
+             "GPU slots (a global concurrency limit gpus-<node>) are created.")] = None,
 ) -> None:
     """Create the work pools (cpu, gpu-<sku>, gpu-<sku>-engine, and those --route names) and deployments (nightly,
     build-cell/<pool>) on a Prefect server.
@@ -490,11 +504,14 @@ def deploy(
     from flows.deploy import deploy_all, parse_routes
 
     routes = parse_routes(route or [])
-    result = deploy_all(nightly_config=config, cron=cron, targets=target or None, pools=routes or None)
+    result = deploy_all(nightly_config=config, cron=cron, targets=target or None, pools=routes or None, fleet=fleet)
     rows = [[name, str(deployment_id)] for name, deployment_id in result.deployments.items()]
     stdout.print(table("Deployments", ["deployment", "id"], rows))
     stdout.print(f"work pools: {', '.join(result.pools)}")
-    stdout.print("start a worker per node: prefect worker start --pool <pool>  (e.g. --pool cpu)")
+    if fleet:
+        stdout.print("start a worker per node and pool: prefect worker start --pool gpu-<sku> --work-queue <sku>-<i>")
+    else:
+        stdout.print("start a worker per node: prefect worker start --pool <pool>  (e.g. --pool cpu)")
 
 
 @app.command("tiny-model")

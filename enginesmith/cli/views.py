@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from contextlib import suppress
 from typing import TYPE_CHECKING
 
 from enginesmith.core.console import Cell, stdout, styled, table
@@ -46,24 +45,10 @@ def print_estimate(pipeline: PipelineConfig, cells: list[object], *, json_output
     """``enginesmith plan --estimate``: each buildable GPU cell's GPU-hours per stage on its SKU, and each pool's
     total, as tables or JSON. Cells it cannot estimate (invalid, the cpu target, a SKU without figures, a model
     without params_b, another kind's) are counted and named in the JSON."""
-    from enginesmith.core.assets import read_task
     from enginesmith.core.console import print_json
-    from enginesmith.core.cost import STAGES, estimate_cell, pool_totals
-    from enginesmith.core.errors import UserError
-    from enginesmith.core.plan import Cell as PlannedCell
+    from enginesmith.core.cost import STAGES, estimate_planned, pool_totals
 
-    examples: dict[str, int] = {}
-    for task in pipeline.workload.accuracy_tasks:
-        with suppress(UserError, OSError):  # a task of lm-eval's registry: the estimate's default size
-            examples[task] = len(read_task(task))
-    costs, skipped = [], []
-    for cell in cells:
-        if (isinstance(cell, PlannedCell) and cell.status == "build" and not cell.target.is_cpu
-                and cell.target.bf16_dense_tflops is not None and cell.model.params_b is not None):
-            costs.append(estimate_cell(cell, workload=pipeline.workload, tuning=pipeline.tuning,
-                                       task_examples=examples))
-        else:
-            skipped.append(getattr(cell, "id", str(cell)))
+    costs, skipped = estimate_planned(cells, pipeline)
     pools = pool_totals(costs)
     if json_output:
         print_json({"config": pipeline.name, "estimate": True,

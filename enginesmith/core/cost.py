@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field
 
 from enginesmith.core.memory import GIB, GPU_CALIBRATION_FACTOR, SERVED_REFERENCE_BYTES, reference_tp
 from enginesmith.core.plan import Cell
-from enginesmith.core.specs import TargetSpec, TuningSpec, WorkloadSpec
+from enginesmith.core.specs import PipelineConfig, TargetSpec, TuningSpec, WorkloadSpec
 
 Stage = Literal["pull", "quantize", "build", "validate", "tune"]
 STAGES: tuple[Stage, ...] = ("pull", "quantize", "build", "validate", "tune")
@@ -126,6 +126,29 @@ def estimate_cell(cell: Cell, *, workload: WorkloadSpec, tuning: TuningSpec | No
                                 basis=f"{len(cell.tuning)} profiles × {tuning.rounds} rounds × {len(levels)} levels, "
                                       f"at most the sweep's budget of {tuning.budget_s:g} s, each profile started"))
     return CellCost(cell_id=cell.id, pool=target.id, stages=stages)
+
+
+def estimate_planned(cells: list[object], config: PipelineConfig) -> tuple[list[CellCost], list[str]]:
+    """Each buildable GPU LLM cell's cost under the config's workload and tuning (each local accuracy task counted
+    by its examples), and the ids of the cells it cannot estimate (invalid, the cpu target, a SKU without figures,
+    a model without ``params_b``, another kind's)."""
+    from contextlib import suppress
+
+    from enginesmith.core.assets import read_task
+    from enginesmith.core.errors import UserError
+
+    examples: dict[str, int] = {}
+    for task in config.workload.accuracy_tasks:
+        with suppress(UserError, OSError):  # a task of lm-eval's registry: the estimate's default size
+            examples[task] = len(read_task(task))
+    costs, skipped = [], []
+    for cell in cells:
+        if (isinstance(cell, Cell) and cell.status == "build" and not cell.target.is_cpu
+                and cell.target.bf16_dense_tflops is not None and cell.model.params_b is not None):
+            costs.append(estimate_cell(cell, workload=config.workload, tuning=config.tuning, task_examples=examples))
+        else:
+            skipped.append(getattr(cell, "id", str(cell)))
+    return costs, skipped
 
 
 def pool_totals(costs: list[CellCost]) -> list[PoolTotal]:

@@ -40,6 +40,11 @@ class Fleet(StrictModel):
             pools.setdefault(group.sku, []).extend([group.gpus] * group.count)
         return pools
 
+    def node_names(self) -> dict[str, list[str]]:
+        """Each SKU pool's nodes by name, in ``pools``' order: ``<sku>-<index>`` (a node's work queue, the name
+        its workers poll, and its GPU slots' limit)."""
+        return {sku: [f"{sku}-{index}" for index in range(len(nodes))] for sku, nodes in self.pools().items()}
+
 
 def load_fleet(path: Path | str, catalogue: Catalogue) -> Fleet:
     """Read a fleet file; an unknown SKU, or a node with more GPUs than the SKU's nodes have, names its line."""

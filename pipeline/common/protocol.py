@@ -171,6 +171,12 @@ class CellKind(Protocol):
 
     def dispatch(self, config_path: str, cell: PlannedCell) -> Dispatch: ...
 
+    def handover(self, config_path: str, cell: PlannedCell) -> tuple[str, Dispatch] | None:
+        """A run on another pool that the cell's own run needs first, as its pool and dispatch (an LLM cell's pull
+        and quantise where ``quantize_on`` names another SKU: the fleet dispatcher runs it first, on a node of
+        that pool); None where the cell's run does all its stages itself."""
+        ...
+
     def table_row(self, cell: PlannedCell) -> tuple[str, str]:
         """The cell in ``enginesmith plan``'s table: its parallelism (or "-"), and a note on how it was planned."""
         ...

@@ -111,6 +111,9 @@ class EncoderKind:
         params = RunCellParams(config=config_path, cell=cell.id)
         return Dispatch(flow=RUN_CELL_FLOW, parameters={"params": params.model_dump(mode="json")})
 
+    def handover(self, config_path: str, cell: PlannedCell) -> tuple[str, Dispatch] | None:
+        return None  # every stage runs on the cell's own node
+
     def table_row(self, cell: PlannedCell) -> tuple[str, str]:
         return "-", ""
 

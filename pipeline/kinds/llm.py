@@ -98,6 +98,17 @@ class LlmKind:
         return Dispatch(flow=BUILD_CELL_FLOW,
                         parameters={"params": params_for(config_path, cell).model_dump(mode="json")})
 
+    def handover(self, config_path: str, cell: PlannedCell) -> tuple[str, Dispatch] | None:
+        assert isinstance(cell, Cell)
+        if cell.quantize_target is None:
+            return None
+        pool = pool_for(cell.quantize_target, cell.kind)
+        if pool == pool_for(cell.target, cell.kind):
+            return None
+        params = params_for(config_path, cell).model_copy(update={"until": QUANTIZE_STAGE})
+        return pool, Dispatch(
+            flow=BUILD_CELL_FLOW, parameters={"params": params.model_dump(mode="json")})
+
     def table_row(self, cell: PlannedCell) -> tuple[str, str]:
         assert isinstance(cell, Cell)
         awq = cell.awq_block
@@ -157,8 +168,9 @@ def obtain_quantized(cell: Cell, checkpoint: Checkpoint, context: CellContext,
     return fetched
 
 
-def cell_for(params: BuildCellParams) -> tuple[Path, PipelineConfig, Cell]:
-    """The one LLM cell the form asks for, planned against the config (overrides applied)."""
+def cell_for(params: BuildCellParams, *, resolve_hub: bool = True) -> tuple[Path, PipelineConfig, Cell]:
+    """The one LLM cell the form asks for, planned against the config (overrides applied); ``resolve_hub=False``
+    keys a Hub model at its configured revision without asking the Hub (the fleet bench's offline doubles)."""
     config_path = Path(params.config)
     catalogue = default_catalogue()
     config = load_pipeline_config(config_path, catalogue)
@@ -183,5 +195,5 @@ def cell_for(params: BuildCellParams) -> tuple[Path, PipelineConfig, Cell]:
     single = PipelineConfig.model_validate({**config.model_dump(), "models": [m.model_dump() for m in models],
                                             "matrix": [block.model_dump()], "gates": gates.model_dump()})
     # Local model paths stay relative to the original config file.
-    plan = plan_loaded(single, config_path.parent, catalogue)
+    plan = plan_loaded(single, config_path.parent, catalogue, resolve_hub=resolve_hub)
     return config_path, single, plan.cells[0]

@@ -1,0 +1,185 @@
+"""The nightly on a fleet: each GPU run placed on one node, holding that node's GPUs through Prefect's global
+concurrency limits while it runs.
+
+A fleet file (``enginesmith.core.fleet``) names the nodes of each SKU; node ``<sku>-<i>`` is a work queue of that
+name in each of its SKU's work pools (its workers poll it: ``prefect worker start --pool gpu-l40s --work-queue
+l40s-1``) and a global concurrency limit ``gpus-<sku>-<i>`` with one slot per GPU. The dispatcher starts the
+waiting runs in the policy's order (``enginesmith.core.fleet.place``: longest first, a changed model's cells
+ahead, a reserved node for the first run that does not fit), each as a task that takes its GPUs' slots on its node
+(leased: a dispatcher that dies frees them when its lease lapses) and runs the cell's deployment on that node's
+queue. A crashed run (its node died) is placed again, once, on a node whose workers still poll.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from contextlib import suppress
+from pathlib import Path
+
+from prefect import get_run_logger, task
+from prefect.futures import PrefectFuture
+
+from enginesmith.core.config import Catalogue
+from enginesmith.core.fleet import Fleet, Job, dispatch_order, load_fleet, place
+from enginesmith.core.specs import PipelineConfig
+from flows.dispatch import CRASH_RETRIES, CellRunCrashed, run_and_judge
+from pipeline.common.params import CellSummary
+from pipeline.common.protocol import CellKind, Dispatch, PlannedCell
+from pipeline.fleet import FleetNight, FleetRun, plan_fleet_night
+from registry.history import CellOutcome
+
+SLOT_LIMIT_PREFIX = "gpus-"
+RECHECK_S = 10.0  # how often a dispatcher waiting on runs looks again at nodes it stopped placing on
+
+
+def slot_limit(node: str) -> str:
+    return SLOT_LIMIT_PREFIX + node
+
+
+def ensure_fleet(fleet: Fleet, work_pools: dict[str, set[str]]) -> None:
+    """Create (or resize) each node's GPU-slot limit and its work queue in every work pool of its SKU
+    (``work_pools``: SKU → pools). Idempotent: the nightly calls it at each start."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate, GlobalConcurrencyLimitUpdate
+    from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
+
+    names, gpus = fleet.node_names(), fleet.pools()
+    with get_client(sync_client=True) as client:
+        for sku, nodes in names.items():
+            for node, slots in zip(nodes, gpus[sku], strict=True):
+                try:
+                    limit = client.read_global_concurrency_limit_by_name(slot_limit(node))
+                    if limit.limit != slots:
+                        client.update_global_concurrency_limit(slot_limit(node),
+                                                               GlobalConcurrencyLimitUpdate(limit=slots))
+                except ObjectNotFound:
+                    client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=slot_limit(node),
+                                                                                        limit=slots))
+                for pool in sorted(work_pools.get(sku, ())):
+                    with suppress(ObjectAlreadyExists):
+                        client.create_work_queue(name=node, work_pool_name=pool,
+                                                 description=f"node {node}: {slots} {sku} GPUs")
+
+
+@task(name="run-on-node", task_run_name="{job_id} on {node}")
+def run_on_node(dispatch: Dispatch, job_id: str, cell_id: str, work_pool: str, node: str, gpus: int,
+                timeout_s: float, history: tuple[PipelineConfig, PlannedCell] | None, attempt: int) -> CellSummary:
+    """Take ``gpus`` of the node's GPU slots, run the dispatch on the node's work queue, give the slots back."""
+    from prefect.concurrency.sync import concurrency
+
+    with concurrency(slot_limit(node), occupy=gpus, strict=True):
+        return run_and_judge(dispatch, cell_id, work_pool, timeout_s, history, attempt=attempt, work_queue=node,
+                             run_name=job_id)
+
+
+def node_polled_since(work_pool: str, node: str, since: float) -> bool:
+    """Has a worker polled the node's queue in ``work_pool`` after ``since`` (epoch seconds)?"""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        queue = client.read_work_queue_by_name(node, work_pool_name=work_pool)
+    return queue.last_polled is not None and queue.last_polled.timestamp() > since
+
+
+def dispatch_on_fleet(night: FleetNight, fleet: Fleet, *, timeout_s: float, first: Callable[[str], bool] | None,
+                      history: dict[str, tuple[PipelineConfig, PlannedCell]]) -> list[CellSummary]:
+    """Place and run every run of ``night``; one summary per cell (a cell whose handover run failed fails with
+    that run's reason)."""
+    logger = get_run_logger()
+    names, capacity = fleet.node_names(), fleet.pools()
+    free = {sku: list(nodes) for sku, nodes in capacity.items()}
+    runs = {run.job.id: run for run in night.runs}
+    waiting = dispatch_order([run.job for run in night.runs], night.costs, first=first)
+    order = {job.id: index for index, job in enumerate(waiting)}
+    running: dict[PrefectFuture[CellSummary], tuple[Job, int]] = {}
+    attempts: Counter[str] = Counter()
+    suspect: dict[tuple[str, int], tuple[FleetRun, float]] = {}  # a node whose run crashed, since when
+    handed_over: set[str] = set()
+    summaries: dict[str, CellSummary] = {}
+    ended: queue.Queue[PrefectFuture[CellSummary]] = queue.Queue()
+    while waiting or running:
+        for (sku, node), (run, since) in list(suspect.items()):
+            if node_polled_since(run.work_pool, names[sku][node], since):
+                logger.info("node %s polls again: placing runs on it", names[sku][node])
+                del suspect[(sku, node)]
+        for job in [job for job in waiting if job.after is not None and job.after in summaries]:
+            waiting.remove(job)
+            first_run = runs[str(job.after)]
+            handover = summaries.pop(first_run.job.id)
+            summaries[job.cell_id] = handover.model_copy(update={
+                "cell": job.cell_id, "reason": f"its {first_run.job.phase} run on {first_run.work_pool} did not "
+                                              f"finish: {handover.status}: {handover.reason}"[:1000]})
+        may_start = [(job, job.after is None or job.after in handed_over) for job in waiting]
+        usable = {sku: [0 if (sku, index) in suspect else gpus for index, gpus in enumerate(nodes)]
+                  for sku, nodes in free.items()}
+        for job, node in place(may_start, usable, capacity):
+            free[job.pool][node] -= job.gpus
+            waiting.remove(job)
+            attempts[job.id] += 1
+            run = runs[job.id]
+            future = run_on_node.submit(run.dispatch, job.id, job.cell_id, run.work_pool, names[job.pool][node],
+                                        job.gpus, timeout_s, history.get(job.cell_id) if job.phase == "cell" else None,
+                                        attempts[job.id])
+            running[future] = (job, node)
+            future.add_done_callback(ended.put)
+        if not running:
+            if suspect:
+                time.sleep(RECHECK_S)
+                continue
+            for job in waiting:  # nothing runs and nothing can start: no node of its SKU is left
+                summaries.setdefault(job.cell_id, CellSummary(
+                    cell=job.cell_id, status="no-worker",
+                    reason=f"no {job.pool} node with {job.gpus} free GPUs is left to run it"))
+            break
+        try:
+            finished = ended.get(timeout=RECHECK_S if suspect else None)
+        except queue.Empty:
+            continue
+        job, node = running.pop(finished)
+        free[job.pool][node] += job.gpus
+        outcome = finished.result(raise_on_failure=False)
+        if isinstance(outcome, CellRunCrashed) and attempts[job.id] <= CRASH_RETRIES:
+            logger.warning("%s crashed on node %s: placing it again; no run goes to that node until its workers "
+                           "poll again", job.id, names[job.pool][node])
+            suspect[(job.pool, node)] = (runs[job.id], time.time())
+            waiting.append(job)
+            waiting.sort(key=lambda waiting_job: order[waiting_job.id])
+            continue
+        summary = outcome if isinstance(outcome, CellSummary) else CellSummary(
+            cell=job.cell_id, status="failed", reason=str(outcome)[:1000])
+        if job.phase == "cell":
+            summaries[job.cell_id] = summary
+        elif summary.status in ("quantized", "cached", "built"):
+            handed_over.add(job.id)
+        else:
+            summaries[job.id] = summary
+    return [summaries[run.job.cell_id] for run in night.runs if run.job.phase == "cell"]
+
+
+def fleet_summaries(config_path: str, pipeline: PipelineConfig, cells: list[tuple[CellKind, PlannedCell]],
+                    fleet_path: Path, catalogue: Catalogue, *, pool_of: Callable[[CellKind, PlannedCell], str],
+                    timeout_s: float, last_night: Mapping[str, CellOutcome]) -> list[CellSummary]:
+    """The nightly's GPU cells on the fleet of ``fleet_path``: those it cannot run, blocked with why before
+    anything starts; the rest placed and run, a cell whose inputs changed since its last recorded run (its key)
+    ahead of the others."""
+    fleet = load_fleet(fleet_path, catalogue)
+    night = plan_fleet_night(config_path, pipeline, cells, fleet, pool_of)
+    work_pools: dict[str, set[str]] = {}
+    for run in night.runs:
+        work_pools.setdefault(run.job.pool, set()).add(run.work_pool)
+    ensure_fleet(fleet, work_pools)
+    keys = {cell.id: cell.key for _, cell in cells}
+
+    def changed(cell_id: str) -> bool:
+        last = last_night.get(cell_id)
+        return last is None or last.key != keys[cell_id]
+
+    blocked = [CellSummary(cell=u.cell_id, status="blocked", key=keys[u.cell_id],
+                           reason=f"the fleet {fleet.name} cannot run it: {u.reason}") for u in night.unschedulable]
+    for summary in blocked:
+        get_run_logger().warning("%s: %s", summary.cell, summary.reason)
+    history = {cell.id: (pipeline, cell) for _, cell in cells}
+    return blocked + dispatch_on_fleet(night, fleet, timeout_s=timeout_s, first=changed, history=history)
