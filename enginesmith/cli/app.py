@@ -490,28 +490,87 @@ def deploy(
     fleet: Annotated[str | None, typer.Option(
         help="A fleet file the nightly places its GPU cells on: each node's work queue (in its SKU's pools) and its "
              "GPU slots (a global concurrency limit gpus-<node>) are created.")] = None,
+    kubernetes: Annotated[Path | None, typer.Option(
+        metavar="DIR", help="Write each GPU pool's base job template for Prefect's Kubernetes worker into DIR "
+                            "(GPU requests, the SKU's node affinity, the runtime's image) and print the commands "
+                            "that create those pools; no server is contacted.")] = None,
+    webhook_env: Annotated[str | None, typer.Option(
+        metavar="NAME", help="The environment variable holding a webhook URL (a secret: never on the command line) "
+                             "to tell about a night with a failed, crashed, blocked or regressed cell, once a "
+                             "night; stored in a Prefect webhook block's secret fields.")] = None,
+    webhook_format: Annotated[str, typer.Option(
+        help="slack: Slack-compatible JSON ({\"text\": ...}); json: subject, body and text.")] = "slack",
+    deadline: Annotated[str | None, typer.Option(
+        help="Tell the webhook about a night not finished by then: HH:MM UTC on the day it starts, or +H:MM after "
+             "its start.")] = None,
+    image_repository: Annotated[str, typer.Option(
+        help="Where the runtimes' images are (with --kubernetes): <repository>/enginesmith-trtllm:<version>, "
+             "<repository>/enginesmith-vllm:<version>.")] = "ghcr.io/enginesmith",
 ) -> None:
     """Create the work pools (cpu, gpu-<sku>, gpu-<sku>-engine, and those --route names) and deployments (nightly,
     build-cell/<pool>) on a Prefect server.
 
     Example: enginesmith deploy --api-url http://127.0.0.1:4200/api --route 'llama-3.1-70b-instruct/*=gpu-h200-big'
     """
+    if kubernetes is not None:
+        _write_kubernetes_pools(kubernetes, target or None, image_repository)
+        return
+    if deadline is not None:
+        from flows.notify import deadline_window
+
+        deadline_window(cron, deadline)  # refused here, before anything is created
     if api_url:
         os.environ["PREFECT_API_URL"] = api_url  # before Prefect is imported: it reads its settings then
     if not os.environ.get("PREFECT_API_URL"):
         raise UserError("no Prefect server named", where="--api-url",
                         hint="start one (prefect server start --host 127.0.0.1) and pass its /api URL")
+    from pydantic import SecretStr
+
     from flows.deploy import deploy_all, parse_routes
 
     routes = parse_routes(route or [])
-    result = deploy_all(nightly_config=config, cron=cron, targets=target or None, pools=routes or None, fleet=fleet)
+    webhook = None
+    if webhook_env is not None:
+        if not os.environ.get(webhook_env):
+            raise UserError(f"the environment variable {webhook_env} is not set", where="--webhook-env",
+                            hint=f"export {webhook_env}=<the webhook URL>")
+        webhook = SecretStr(os.environ[webhook_env])
+    if webhook_format not in ("slack", "json"):
+        raise UserError(f"webhook format {webhook_format!r} is neither slack nor json", where="--webhook-format")
+    result = deploy_all(nightly_config=config, cron=cron, targets=target or None, pools=routes or None, fleet=fleet,
+                        webhook=webhook, webhook_format="slack" if webhook_format == "slack" else "json",
+                        deadline=deadline)
     rows = [[name, str(deployment_id)] for name, deployment_id in result.deployments.items()]
     stdout.print(table("Deployments", ["deployment", "id"], rows))
     stdout.print(f"work pools: {', '.join(result.pools)}")
+    if result.alerts is not None:
+        deadline_note = (f", and a night not finished {result.alerts.deadline_s / 3600:.1f} h after its start"
+                         if result.alerts.deadline_s else "")
+        stdout.print(f"the webhook in ${webhook_env} (stored as a secret) is told about a night that needs "
+                     f"attention{deadline_note}")
     if fleet:
         stdout.print("start a worker per node and pool: prefect worker start --pool gpu-<sku> --work-queue <sku>-<i>")
     else:
         stdout.print("start a worker per node: prefect worker start --pool <pool>  (e.g. --pool cpu)")
+
+
+def _write_kubernetes_pools(out_dir: Path, targets: list[str] | None, image_repository: str) -> None:
+    from importlib.metadata import version
+
+    from enginesmith.core.config import default_catalogue
+    from flows.kubernetes import write_templates
+    from pipeline.kind_registry import KINDS
+
+    catalogue = default_catalogue()
+    chosen = [catalogue.target(t) for t in targets] if targets else list(catalogue.targets.values())
+    pools_of = {t.id: set().union(*(kind.pools([t]) for kind in KINDS.values())) for t in chosen}
+    written = write_templates(chosen, pools_of, out_dir, image_repository=image_repository,
+                              tag=version("enginesmith"))
+    stdout.print(table("Kubernetes work pools", ["pool", "SKU", "base job template"],
+                       [[p.pool, p.target, str(p.template_file)] for p in written]))
+    for pool in written:
+        stdout.print(f"prefect work-pool create {pool.pool} --type kubernetes --base-job-template "
+                     f"{pool.template_file} --overwrite", soft_wrap=True, highlight=False)
 
 
 @app.command("tiny-model")
