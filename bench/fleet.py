@@ -31,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +94,23 @@ def start_fleet(workers: Workers, fleet: Fleet, env: dict[str, str]) -> None:
         workers.wait_online(worker)
 
 
+def stop_fleet(workers: Workers) -> None:
+    """Stop every worker and its runs at once (SIGKILL to each session, then to the runs that left it): the night
+    is over, and stopping twenty workers one by one, each given its grace period, takes minutes."""
+    import signal
+
+    from tests.prefect_processes import processes_with_env
+
+    for worker in workers.started:
+        with suppress(ProcessLookupError):
+            os.killpg(worker.process.pid, signal.SIGKILL)
+        for pid in processes_with_env("PREFECT__WORKER_NAME", worker.name):
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    for worker in workers.started:
+        worker.process.wait()
+
+
 def night(config: Path, fleet_path: Path, api_url: str, env: dict[str, str], log: Path) -> tuple[float, list[dict]]:
     """``enginesmith nightly CONFIG --fleet FLEET --json`` as its own process; (wall seconds, the summaries)."""
     started = time.perf_counter()
@@ -143,6 +160,78 @@ def cell_runs(api_url: str, since: Any) -> list[Any]:
             runs += page
             if len(page) < 200:
                 return runs
+
+
+def night_checks(config: Path, api_url: str, since: Any) -> dict[str, Any]:
+    """After a night: is every buildable cell of the config in the registry, published by exactly one run (its
+    history's "built" outcomes under its key), and is no flow run of the night left Running, Pending or
+    Scheduled?"""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterStartTime,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from registry.history import CellOutcome
+    from registry.store import open_store
+
+    catalogue = default_catalogue()
+    pipeline = load_pipeline_config(config, catalogue, check_tasks=False)
+    plan = plan_matrix(pipeline, catalogue, calibration_fingerprint="fleet-bench")
+    store = open_store(str(pipeline.registry.url))
+    built: dict[str, int] = {}
+    for model in {cell.model.id for cell in plan.buildable}:
+        for entry in store.list_history(model):
+            body = store.read_history(model, entry)
+            outcome = CellOutcome.model_validate_json(body) if body else None
+            if outcome is not None and outcome.status == "built":
+                built[f"{outcome.cell}@{outcome.key}"] = built.get(f"{outcome.cell}@{outcome.key}", 0) + 1
+    missing = [cell.id for cell in plan.buildable if store.read_manifest(cell.model.id, cell.key) is None]
+    published_by = [built.get(f"{cell.id}@{cell.key}", 0) for cell in plan.buildable]
+    with temporary_settings({PREFECT_API_URL: api_url}), get_client(sync_client=True) as client:
+        unfinished = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+            start_time=FlowRunFilterStartTime(after_=since),
+            state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[
+                StateType.RUNNING, StateType.PENDING, StateType.SCHEDULED]))))
+    return {"cells": len(plan.buildable), "missing": missing,
+            "published_once": sum(count == 1 for count in published_by),
+            "published_twice_or_more": sum(count > 1 for count in published_by),
+            "left_unfinished": [run.name for run in unfinished]}
+
+
+def kill_nodes_at_random(workers: Workers, fleet: Fleet, share: float, window_s: tuple[float, float],
+                         seed: int) -> list[tuple[str, float]]:
+    """In a thread: SIGKILL ``share`` of the nodes (every worker of each and every process of their runs), each at
+    a random moment in ``window_s`` (seconds from now). Returns the plan (node, seconds), filled in as it runs."""
+    import random
+    import signal
+    import threading
+
+    from tests.prefect_processes import processes_with_env
+
+    chooser = random.Random(seed)
+    nodes = [node for names in fleet.node_names().values() for node in names]
+    doomed = chooser.sample(nodes, max(1, round(len(nodes) * share + 0.49)))
+    plan = sorted((node, chooser.uniform(*window_s)) for node in doomed)
+    started = time.monotonic()
+
+    def run() -> None:
+        for node, at in sorted(plan, key=lambda item: item[1]):
+            time.sleep(max(0.0, started + at - time.monotonic()))
+            for worker in [w for w in workers.started if w.name.startswith(node + "@")]:
+                with suppress(ProcessLookupError):
+                    os.killpg(worker.process.pid, signal.SIGKILL)
+                for pid in processes_with_env("PREFECT__WORKER_NAME", worker.name):
+                    with suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+            print(f"killed node {node} (-9, its workers and their runs) at {at:.0f} s", flush=True)
+
+    threading.Thread(target=run, daemon=True).start()
+    return plan
 
 
 def percentile(values: list[float], share: float) -> float:
@@ -274,6 +363,9 @@ def main() -> None:
     parser.add_argument("--changed-model", default="mistral-7b-instruct-v0.3",
                         help="the model whose revision the third night changes ('' skips that night)")
     parser.add_argument("--work-dir", type=Path, default=None, help="scratch directory (default: a temporary one)")
+    parser.add_argument("--fault", choices=["none", "kill-workers"], default="none",
+                        help="kill-workers: a quarter of the nodes killed -9 at random moments of the first night")
+    parser.add_argument("--seed", type=int, default=None, help="the fault's random seed (default: drawn, printed)")
     args = parser.parse_args()
     scratch = (args.work_dir or Path(tempfile.mkdtemp(prefix="fleet-bench-"))).resolve()
     scratch.mkdir(parents=True, exist_ok=True)
@@ -284,6 +376,8 @@ def main() -> None:
     bound_s = max(bound.lower_bound_s for bound in bounds)
     simulated = simulate(costs, fleet)
     env = node_env(args.scale)
+    # A killed node's runs are marked Crashed after three silent heartbeats (the deploy's automation): every 5 s.
+    env["PREFECT_FLOWS_HEARTBEAT_FREQUENCY"] = "5"
     os.environ.update({key: value for key, value in env.items() if key != "PREFECT_LOGGING_LEVEL"})
     sys.path.insert(0, str(BENCH_DIR))
     rows: list[dict[str, Any]] = []
@@ -299,7 +393,7 @@ def main() -> None:
 
         deploy_all(targets=sorted(fleet.pools()), nightly_config=str(config), fleet=str(args.fleet.resolve()))
         workers = Workers(api_url, scratch)
-        stack.callback(workers.stop_all)
+        stack.callback(stop_fleet, workers)
         started = time.perf_counter()
         start_fleet(workers, fleet, env)
         print(f"{len(workers.started)} workers online in {time.perf_counter() - started:.0f} s "
@@ -312,6 +406,11 @@ def main() -> None:
 
         for name, night_config in nights:
             since = datetime.now(timezone.utc)
+            if name == "first" and args.fault == "kill-workers":
+                seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
+                window = (0.05 * simulated.makespan_s * args.scale, 0.6 * simulated.makespan_s * args.scale)
+                killed = kill_nodes_at_random(workers, fleet, 0.25, window, seed)
+                print(f"fault: kill-workers, seed {seed}: {killed}", flush=True)
             wall_s, summaries = night(night_config, args.fleet, api_url, env, scratch / f"nightly-{len(rows)}.log")
             statuses = [summary["status"] for summary in summaries]
             row: dict[str, Any] = {"night": name, "wall_s": round(wall_s, 1), "built": statuses.count("built"),
@@ -331,6 +430,8 @@ def main() -> None:
                                 "simulated_model_s": round(simulated.makespan_s),
                                 "simulated_ratio": round(simulated.makespan_s / bound_s, 3)})
                     row["gantt"] = str(gantt(runs, night_jobs, fleet, scratch / "fleet-gantt.png"))
+            row["checks"] = night_checks(night_config, api_url, since)
+            row["retried"] = [s["cell"] for s in summaries if "crashed" in s.get("reason", "")]
             rows.append(row)
             print(json.dumps(row), flush=True)
         usage = server_usage(port)
@@ -339,6 +440,7 @@ def main() -> None:
     first = rows[0]
     verdict = {
         "bench": "fleet", "fleet": str(args.fleet), "config": str(args.config), "scale": args.scale,
+        "fault": args.fault,
         "cells_planned": len({job.cell_id for job in jobs.values()}), "runs_planned": len(jobs),
         "bounds": [{"pool": b.pool, "gpus": b.gpus, "gpu_seconds": round(b.gpu_seconds),
                     "longest_s": round(b.longest_s), "lower_bound_s": round(b.lower_bound_s)} for b in bounds],
@@ -347,6 +449,10 @@ def main() -> None:
             "makespan_within_1.15x_bound": first.get("ratio", 99) <= MAKESPAN_TARGET,
             "dispatch_p95_within_5s": first.get("dispatch_p95_s", 99) <= DISPATCH_P95_TARGET_S,
             "first_night_all_built": first["failed"] == 0 and first["built"] == len({j.cell_id for j in jobs.values()}),
+            "every_cell_published_exactly_once": all(
+                not row["checks"]["missing"] and row["checks"]["published_twice_or_more"] == 0
+                and row["checks"]["published_once"] == row["checks"]["cells"] for row in rows),
+            "no_run_left_unfinished": all(not row["checks"]["left_unfinished"] for row in rows),
             "second_night_under_30s": len(rows) > 1 and rows[1]["wall_s"] < SECOND_NIGHT_TARGET_S
                                        and rows[1]["built"] == 0,
             "changed_night_rebuilds_that_model_only": len(rows) < 3
