@@ -1,6 +1,6 @@
 """Told in the morning: Prefect automations that send the nightly's summary to a webhook, through Prefect's own
-webhook notification block (``CustomWebhookNotificationBlock``), as Slack-compatible JSON (``{"text": ...}``, what
-Slack's, Mattermost's and Teams' incoming webhooks take) or as a generic JSON object (subject, body, text).
+Apprise-backed notification block, as Slack-compatible JSON (``{"text": ...}``) or as Apprise's generic JSON
+object (``webhook_block``).
 
 - A night with a failed, crashed, blocked or regressed cell emits one event (``enginesmith.nightly.attention``,
   its summary and the catalogue's link in the payload) as it ends; an automation sends it: once per night.
@@ -9,7 +9,7 @@ Slack's, Mattermost's and Teams' incoming webhooks take) or as a generic JSON ob
 
 The webhook URL is a secret (a Slack URL or a token in a query string is a credential): it is stored in the block's
 secret fields, never in a log line or the automation's text. A receiver that answers an error does not stop the
-night; Prefect's actions service records the failed action (``prefect.automation.action.failed``).
+night: Apprise logs one warning (without the URL) and the notification is not sent again.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 import ipaddress
 from datetime import timedelta
 from typing import Any, Literal
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from uuid import UUID
 
 from pydantic import BaseModel, SecretStr
@@ -40,18 +40,24 @@ class NightlyAlerts(BaseModel):
 
 
 def webhook_block(url: SecretStr, kind: WebhookFormat) -> Any:
-    """Prefect's webhook block, the URL in its secret fields (templated in at send time)."""
-    from prefect.blocks.notifications import CustomWebhookNotificationBlock
+    """Prefect's Apprise-backed webhook block, the URL in its secret field as an Apprise JSON URL (``json://`` for
+    http, ``jsons://`` for https; the URL's own query parameters kept as the request's). ``slack`` maps Apprise's
+    message to Slack's ``text`` (and drops its other fields): ``{"text": ...}``, what Slack's, Mattermost's and
+    Teams' incoming webhooks take; ``json`` keeps Apprise's own object (title, message, type). Apprise names the URL
+    only at DEBUG, and a receiver's error is one warning without it: the secret stays out of the server's log
+    (Prefect's httpx-based custom webhook block logs the URL of a request that failed)."""
+    from prefect.blocks.notifications import SlackWebhook
 
     parts = urlsplit(url.get_secret_value())
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise UserError("the webhook URL is not an http(s) URL", where="--webhook-env",
                         hint="e.g. https://hooks.slack.com/services/… (kept as a secret)")
-    body = {"text": "{{ body }}"} if kind == "slack" else {"subject": "{{ subject }}", "body": "{{ body }}",
-                                                          "text": "{{ body }}"}
-    return CustomWebhookNotificationBlock(
-        name="enginesmith", url="{{ webhook_url }}", method="POST", json_data=body,
-        allow_private_urls=_is_private(parts.hostname), secrets={"webhook_url": url.get_secret_value()})
+    query = [(f"-{key}", value) for key, value in parse_qsl(parts.query, keep_blank_values=True)]
+    if kind == "slack":
+        query += [(":message", "text"), (":title", ""), (":type", ""), (":version", ""), (":attachments", "")]
+    apprise_url = urlunsplit(("jsons" if parts.scheme == "https" else "json", parts.netloc, parts.path,
+                              urlencode(query), ""))
+    return SlackWebhook(url=SecretStr(apprise_url), allow_private_urls=_is_private(parts.hostname))
 
 
 def deadline_window(cron: str, deadline: str) -> timedelta:
