@@ -46,7 +46,7 @@ from enginesmith.core.cost import estimate_planned  # noqa: E402
 from enginesmith.core.fleet import Fleet, load_fleet, lower_bounds, simulate  # noqa: E402
 from enginesmith.core.plan import plan_matrix  # noqa: E402
 from tests.postgres import postgres_bin, running_postgres  # noqa: E402
-from tests.prefect_processes import Workers, running_prefect_server  # noqa: E402
+from tests.prefect_processes import ServerProcess, Workers  # noqa: E402
 from validation.server import free_port  # noqa: E402
 
 SECOND_NIGHT_TARGET_S = 30.0
@@ -204,9 +204,10 @@ def night_checks(config: Path, api_url: str, since: Any) -> dict[str, Any]:
 
 
 def kill_nodes_at_random(workers: Workers, fleet: Fleet, share: float, window_s: tuple[float, float],
-                         seed: int) -> list[tuple[str, float]]:
+                         seed: int, *, env: dict[str, str], reboot_s: float | None) -> list[tuple[str, float]]:
     """In a thread: SIGKILL ``share`` of the nodes (every worker of each and every process of their runs), each at
-    a random moment in ``window_s`` (seconds from now). Returns the plan (node, seconds), filled in as it runs."""
+    a random moment in ``window_s`` (seconds from now), and (``reboot_s``) start its workers again that long after,
+    as a node that rebooted. Returns the plan (node, seconds)."""
     import random
     import signal
     import threading
@@ -229,9 +230,32 @@ def kill_nodes_at_random(workers: Workers, fleet: Fleet, share: float, window_s:
                     with suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
             print(f"killed node {node} (-9, its workers and their runs) at {at:.0f} s", flush=True)
+            if reboot_s is not None:
+                threading.Thread(target=reboot, args=(node,), daemon=True).start()
+
+    def reboot(node: str) -> None:
+        time.sleep(reboot_s or 0.0)
+        for worker in [w for w in list(workers.started) if w.name.startswith(node + "@")]:
+            workers.start(worker.pool, worker.name, env, queue=node, wait=False)
+        print(f"node {node} is back ({reboot_s:.0f} s after it was killed)", flush=True)
 
     threading.Thread(target=run, daemon=True).start()
     return plan
+
+
+def restart_server_at(server: ServerProcess, at_s: float) -> None:
+    """In a thread: stop the Prefect server ``at_s`` seconds from now (SIGTERM, then SIGKILL after its grace) and
+    start it again on the same port, database and home."""
+    import threading
+
+    def run() -> None:
+        time.sleep(at_s)
+        stopped = time.monotonic()
+        server.stop()
+        server.start()
+        print(f"restarted the Prefect server at {at_s:.0f} s: down {time.monotonic() - stopped:.1f} s", flush=True)
+
+    threading.Thread(target=run, daemon=True).start()
 
 
 def percentile(values: list[float], share: float) -> float:
@@ -363,8 +387,13 @@ def main() -> None:
     parser.add_argument("--changed-model", default="mistral-7b-instruct-v0.3",
                         help="the model whose revision the third night changes ('' skips that night)")
     parser.add_argument("--work-dir", type=Path, default=None, help="scratch directory (default: a temporary one)")
-    parser.add_argument("--fault", choices=["none", "kill-workers"], default="none",
-                        help="kill-workers: a quarter of the nodes killed -9 at random moments of the first night")
+    parser.add_argument("--fault", choices=["none", "kill-workers", "restart-server"], default="none",
+                        help="kill-workers: a quarter of the nodes killed -9 at random moments of the first night; "
+                             "restart-server: the Prefect server stopped and started again at a random moment")
+    parser.add_argument("--reboot-s", type=float, default=60.0,
+                        help="kill-workers: a killed node's workers start again this long after (0: it stays dead)")
+    parser.add_argument("--lease-storage", choices=["memory", "filesystem"], default="filesystem",
+                        help="where the server keeps concurrency leases (Prefect's default: memory, lost on restart)")
     parser.add_argument("--seed", type=int, default=None, help="the fault's random seed (default: drawn, printed)")
     args = parser.parse_args()
     scratch = (args.work_dir or Path(tempfile.mkdtemp(prefix="fleet-bench-"))).resolve()
@@ -376,22 +405,29 @@ def main() -> None:
     bound_s = max(bound.lower_bound_s for bound in bounds)
     simulated = simulate(costs, fleet)
     env = node_env(args.scale)
-    # A killed node's runs are marked Crashed after three silent heartbeats (the deploy's automation): every 5 s.
-    env["PREFECT_FLOWS_HEARTBEAT_FREQUENCY"] = "5"
+    # A killed node's runs are marked Crashed after three silent heartbeats (the deploy's automation): every 30 s,
+    # the shortest Prefect takes.
+    env["PREFECT_FLOWS_HEARTBEAT_FREQUENCY"] = "30"
     os.environ.update({key: value for key, value in env.items() if key != "PREFECT_LOGGING_LEVEL"})
     sys.path.insert(0, str(BENCH_DIR))
     rows: list[dict[str, Any]] = []
     with ExitStack() as stack:
         port = free_port()
         database_url = stack.enter_context(running_postgres(free_port())) if postgres_bin() else None
-        api_url = stack.enter_context(running_prefect_server(database_url, port=port,
-                                                             log_path=scratch / "prefect-server.log"))
+        leases = f"prefect.server.concurrency.lease_storage.{args.lease_storage}"
+        server = ServerProcess(database_url, port, scratch / "prefect-server.log",
+                               env={"PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE": leases})
+        api_url = server.start()
+        stack.callback(server.stop)
         from prefect.settings import PREFECT_API_URL, temporary_settings
 
         stack.enter_context(temporary_settings({PREFECT_API_URL: api_url}))
         from flows.deploy import deploy_all
 
         deploy_all(targets=sorted(fleet.pools()), nightly_config=str(config), fleet=str(args.fleet.resolve()))
+        from flows.deploy import crash_silent_runs
+
+        crash_silent_runs(int(env["PREFECT_FLOWS_HEARTBEAT_FREQUENCY"]))  # the workers' heartbeat, not this process's
         workers = Workers(api_url, scratch)
         stack.callback(stop_fleet, workers)
         started = time.perf_counter()
@@ -409,8 +445,17 @@ def main() -> None:
             if name == "first" and args.fault == "kill-workers":
                 seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
                 window = (0.05 * simulated.makespan_s * args.scale, 0.6 * simulated.makespan_s * args.scale)
-                killed = kill_nodes_at_random(workers, fleet, 0.25, window, seed)
+                killed = kill_nodes_at_random(workers, fleet, 0.25, window, seed, env=env,
+                                              reboot_s=args.reboot_s if args.reboot_s > 0 else None)
                 print(f"fault: kill-workers, seed {seed}: {killed}", flush=True)
+            if name == "first" and args.fault == "restart-server":
+                seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
+                import random
+
+                at = random.Random(seed).uniform(0.05 * simulated.makespan_s * args.scale,
+                                                 0.6 * simulated.makespan_s * args.scale)
+                restart_server_at(server, at)
+                print(f"fault: restart-server, seed {seed}: at {at:.0f} s", flush=True)
             wall_s, summaries = night(night_config, args.fleet, api_url, env, scratch / f"nightly-{len(rows)}.log")
             statuses = [summary["status"] for summary in summaries]
             row: dict[str, Any] = {"night": name, "wall_s": round(wall_s, 1), "built": statuses.count("built"),
@@ -431,7 +476,7 @@ def main() -> None:
                                 "simulated_ratio": round(simulated.makespan_s / bound_s, 3)})
                     row["gantt"] = str(gantt(runs, night_jobs, fleet, scratch / "fleet-gantt.png"))
             row["checks"] = night_checks(night_config, api_url, since)
-            row["retried"] = [s["cell"] for s in summaries if "crashed" in s.get("reason", "")]
+            row["retried"] = [s["cell"] for s in summaries if "placed again" in s.get("reason", "")]
             rows.append(row)
             print(json.dumps(row), flush=True)
         usage = server_usage(port)

@@ -33,6 +33,8 @@ from registry.history import CellOutcome
 
 SLOT_LIMIT_PREFIX = "gpus-"
 RECHECK_S = 10.0  # how often a dispatcher waiting on runs looks again at nodes it stopped placing on
+GIVE_UP_S = 600.0  # a node silent this long after its run crashed is gone: what only it could run is not run
+NODE_SILENT_S = 60.0  # Prefect's own window: a work queue no worker polled for this long is not ready
 
 
 def slot_limit(node: str) -> str:
@@ -96,6 +98,35 @@ def node_polled_since(work_pool: str, node: str, since: float) -> bool:
     return queue.last_polled is not None and queue.last_polled.timestamp() > since
 
 
+def cancel_runs_of_silent_node(work_pool: str, node: str, job_ids: set[str]) -> set[str] | None:
+    """None where a worker of ``node`` polled its queue in ``work_pool`` within ``NODE_SILENT_S``; else the jobs
+    (of ``job_ids``) whose runs there were still Scheduled or Pending, each now Cancelled: a worker that died took
+    them with it (a run killed while Pending never sends the heartbeat the crash automation waits for)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterName,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+        FlowRunFilterWorkQueueName,
+    )
+    from prefect.client.schemas.objects import StateType
+    from prefect.states import Cancelled
+
+    with get_client(sync_client=True) as client:
+        polled = client.read_work_queue_by_name(node, work_pool_name=work_pool).last_polled
+        if polled is not None and polled.timestamp() > time.time() - NODE_SILENT_S:
+            return None
+        stranded = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+            name=FlowRunFilterName(any_=sorted(job_ids)), work_queue_name=FlowRunFilterWorkQueueName(any_=[node]),
+            state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.SCHEDULED, StateType.PENDING]))))
+        for run in stranded:
+            client.set_flow_run_state(run.id, Cancelled(
+                message=f"node {node} stopped polling its queue (no worker for {NODE_SILENT_S:.0f} s): placed again"),
+                force=True)
+    return {run.name for run in stranded}
+
+
 def dispatch_on_fleet(night: FleetNight, fleet: Fleet, *, timeout_s: float, first: Callable[[str], bool] | None,
                       history: dict[str, tuple[PipelineConfig, PlannedCell]]) -> list[CellSummary]:
     """Place and run every run of ``night``; one summary per cell (a cell whose handover run failed fails with
@@ -113,7 +144,23 @@ def dispatch_on_fleet(night: FleetNight, fleet: Fleet, *, timeout_s: float, firs
     summaries: dict[str, CellSummary] = {}
     sized_pods = pools_with_gpus_variable({run.work_pool for run in night.runs})
     ended: queue.Queue[PrefectFuture[CellSummary]] = queue.Queue()
+    abandoned: set[str] = set()  # jobs whose run was cancelled because their node went silent
+    notes: dict[str, list[str]] = {}  # what was placed again, and why, per cell
+    checked = time.monotonic()
     while waiting or running:
+        if time.monotonic() - checked > RECHECK_S:
+            checked = time.monotonic()
+            busy: dict[tuple[str, int, str], set[str]] = {}
+            for job, node in running.values():
+                if (job.pool, node) not in suspect:
+                    busy.setdefault((job.pool, node, runs[job.id].work_pool), set()).add(job.id)
+            for (sku, node, work_pool), job_ids in busy.items():
+                stranded = cancel_runs_of_silent_node(work_pool, names[sku][node], job_ids)
+                if stranded is not None:
+                    logger.warning("node %s stopped polling: no run goes there until it polls again; cancelled "
+                                   "its runs that had not started (%s)", names[sku][node], ", ".join(sorted(stranded)))
+                    suspect[(sku, node)] = (runs[next(iter(job_ids))], time.time())
+                    abandoned |= stranded
         for (sku, node), (run, since) in list(suspect.items()):
             if node_polled_since(run.work_pool, names[sku][node], since):
                 logger.info("node %s polls again: placing runs on it", names[sku][node])
@@ -139,24 +186,34 @@ def dispatch_on_fleet(night: FleetNight, fleet: Fleet, *, timeout_s: float, firs
             running[future] = (job, node)
             future.add_done_callback(ended.put)
         if not running:
-            if suspect:
+            if suspect and min(since for _, since in suspect.values()) > time.time() - GIVE_UP_S:
                 time.sleep(RECHECK_S)
                 continue
             for job in waiting:  # nothing runs and nothing can start: no node of its SKU is left
                 summaries.setdefault(job.cell_id, CellSummary(
                     cell=job.cell_id, status="no-worker",
-                    reason=f"no {job.pool} node with {job.gpus} free GPUs is left to run it"))
+                    reason=f"no {job.pool} node with {job.gpus} GPUs is left to run it: "
+                           f"{', '.join(names[sku][node] for sku, node in suspect) or 'none'} stopped polling"))
             break
         try:
-            finished = ended.get(timeout=RECHECK_S if suspect else None)
+            finished = ended.get(timeout=RECHECK_S)
         except queue.Empty:
             continue
         job, node = running.pop(finished)
         free[job.pool][node] += job.gpus
         outcome = finished.result(raise_on_failure=False)
+        where = names[job.pool][node]
+        if job.id in abandoned:  # never started: the node's fault, not the cell's, so no attempt is spent
+            abandoned.discard(job.id)
+            attempts[job.id] -= 1
+            notes.setdefault(job.cell_id, []).append(f"{job.id} placed again: node {where} stopped polling")
+            waiting.append(job)
+            waiting.sort(key=lambda waiting_job: order[waiting_job.id])
+            continue
         if isinstance(outcome, CellRunCrashed) and attempts[job.id] <= CRASH_RETRIES:
             logger.warning("%s crashed on node %s: placing it again; no run goes to that node until its workers "
-                           "poll again", job.id, names[job.pool][node])
+                           "poll again", job.id, where)
+            notes.setdefault(job.cell_id, []).append(f"{job.id} crashed on node {where} and was placed again")
             suspect[(job.pool, node)] = (runs[job.id], time.time())
             waiting.append(job)
             waiting.sort(key=lambda waiting_job: order[waiting_job.id])
@@ -169,7 +226,14 @@ def dispatch_on_fleet(night: FleetNight, fleet: Fleet, *, timeout_s: float, firs
             handed_over.add(job.id)
         else:
             summaries[job.id] = summary
-    return [summaries[run.job.cell_id] for run in night.runs if run.job.phase == "cell"]
+    return [_noted(summaries[run.job.cell_id], notes.get(run.job.cell_id, [])) for run in night.runs
+            if run.job.phase == "cell"]
+
+
+def _noted(summary: CellSummary, notes: list[str]) -> CellSummary:
+    if not notes:
+        return summary
+    return summary.model_copy(update={"reason": "; ".join(filter(None, [*notes, summary.reason]))[:1000]})
 
 
 def fleet_summaries(config_path: str, pipeline: PipelineConfig, cells: list[tuple[CellKind, PlannedCell]],

@@ -2,7 +2,9 @@
 ``build-cell`` deployment on each cell's work pool (or run them here, ``dispatch="inline"``), and summarise
 every cell. One failing cell never stops the others; a cell no worker picks up times out with a reason; a cell
 whose run crashed (its worker's node died: the server marks a run Crashed when its heartbeats stop, see
-``flows.deploy``) is dispatched once more, then reported failed."""
+``flows.deploy``) is dispatched once more, then reported failed. With a fleet file, GPU cells are placed on its
+nodes instead, each holding its GPUs (``flows.fleet``). A night with a cell that needs attention emits one event
+for the morning's webhook (``flows.notify``)."""
 
 from __future__ import annotations
 

@@ -23,28 +23,56 @@ WORKER_START_TIMEOUT_S = 300
 STOP_GRACE_S = 10
 
 
+@dataclass
+class ServerProcess:
+    """``prefect server start`` at ``127.0.0.1:port`` on ``database_url`` (None: SQLite in its home), with the UI or
+    without, in a home of its own that outlives a restart (a server's file-based state, e.g. its concurrency leases
+    with ``PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE=...filesystem``, is found again)."""
+
+    database_url: str | None
+    port: int
+    log_path: Path
+    ui: bool = False
+    env: dict[str, str] = field(default_factory=dict)
+    home: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="prefect-server-home-")))
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/api"
+
+    def start(self) -> str:
+        """Start it and return its API URL once healthy (the log is appended to across restarts)."""
+        env = {**os.environ, "PREFECT_HOME": str(self.home), "PREFECT_SERVER_API_HOST": "127.0.0.1",
+               "PREFECT_SERVER_API_PORT": str(self.port), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+               "PREFECT_UI_API_URL": self.api_url, **self.env}
+        if self.database_url is not None:
+            env["PREFECT_SERVER_DATABASE_CONNECTION_URL"] = self.database_url
+        env.pop("PREFECT_API_URL", None)
+        with self.log_path.open("a") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(self.port),
+                 *([] if self.ui else ["--no-ui"])], cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True)
+        wait_for_health(f"{self.api_url}/health", "the Prefect server to answer /api/health",
+                        timeout_s=SERVER_START_TIMEOUT_S, process=self.process, log=self.log_path)
+        return self.api_url
+
+    def stop(self) -> None:
+        if self.process is not None:
+            stop_session(self.process)
+            self.process = None
+
+
 @contextmanager
-def running_prefect_server(database_url: str | None, *, port: int, log_path: Path, ui: bool = False) -> Iterator[str]:
-    """``prefect server start`` at ``127.0.0.1:port`` on ``database_url`` (None: SQLite in a home of its own), with
-    the UI or without; yields its API URL once healthy."""
-    home = Path(tempfile.mkdtemp(prefix="prefect-server-home-"))
-    api_url = f"http://127.0.0.1:{port}/api"
-    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_API_HOST": "127.0.0.1",
-           "PREFECT_SERVER_API_PORT": str(port), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "PREFECT_UI_API_URL": api_url}
-    if database_url is not None:
-        env["PREFECT_SERVER_DATABASE_CONNECTION_URL"] = database_url
-    env.pop("PREFECT_API_URL", None)
-    with log_path.open("w") as log:
-        server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
-                                   "--port", str(port), *([] if ui else ["--no-ui"])], cwd=REPO_ROOT, env=env,
-                                  stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            wait_for_health(f"{api_url}/health", "the Prefect server to answer /api/health",
-                            timeout_s=SERVER_START_TIMEOUT_S, process=server, log=log_path)
-            yield api_url
-        finally:
-            stop_session(server)
+def running_prefect_server(database_url: str | None, *, port: int, log_path: Path, ui: bool = False,
+                           env: dict[str, str] | None = None) -> Iterator[str]:
+    """A ``ServerProcess`` for the block's duration; yields its API URL once healthy."""
+    server = ServerProcess(database_url, port, log_path, ui=ui, env=env or {})
+    try:
+        yield server.start()
+    finally:
+        server.stop()
 
 
 @dataclass
