@@ -53,6 +53,7 @@ SECOND_NIGHT_TARGET_S = 30.0
 MAKESPAN_TARGET = 1.15
 DISPATCH_P95_TARGET_S = 5.0
 SHA = re.compile(r"^[0-9a-f]{40}$")
+CELL_FLOWS = ["build-cell", "run-cell"]
 
 
 def offline_config(source: Path, root: Path, *, changed_model: str | None = None) -> Path:
@@ -164,10 +165,12 @@ def cell_runs(api_url: str, since: Any) -> list[Any]:
 
 def night_checks(config: Path, api_url: str, since: Any) -> dict[str, Any]:
     """After a night: is every buildable cell of the config in the registry, published by exactly one run (its
-    history's "built" outcomes under its key), and is no flow run of the night left Running, Pending or
-    Scheduled?"""
+    history's "built" outcomes under its key), and is no cell run of the night left Running, Pending or Scheduled
+    (the nightly deployment's own scheduled runs, tomorrow's, are not the night's)?"""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import (
+        FlowFilter,
+        FlowFilterName,
         FlowRunFilter,
         FlowRunFilterStartTime,
         FlowRunFilterState,
@@ -176,12 +179,11 @@ def night_checks(config: Path, api_url: str, since: Any) -> dict[str, Any]:
     from prefect.client.schemas.objects import StateType
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
+    from pipeline.common.plan_sources import plan_config
     from registry.history import CellOutcome
     from registry.store import open_store
 
-    catalogue = default_catalogue()
-    pipeline = load_pipeline_config(config, catalogue, check_tasks=False)
-    plan = plan_matrix(pipeline, catalogue, calibration_fingerprint="fleet-bench")
+    pipeline, plan = plan_config(config, default_catalogue(), resolve_hub=False)  # the keys the nightly used
     store = open_store(str(pipeline.registry.url))
     built: dict[str, int] = {}
     for model in {cell.model.id for cell in plan.buildable}:
@@ -193,7 +195,8 @@ def night_checks(config: Path, api_url: str, since: Any) -> dict[str, Any]:
     missing = [cell.id for cell in plan.buildable if store.read_manifest(cell.model.id, cell.key) is None]
     published_by = [built.get(f"{cell.id}@{cell.key}", 0) for cell in plan.buildable]
     with temporary_settings({PREFECT_API_URL: api_url}), get_client(sync_client=True) as client:
-        unfinished = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+        unfinished = client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=CELL_FLOWS)),
+                                           flow_run_filter=FlowRunFilter(
             start_time=FlowRunFilterStartTime(after_=since),
             state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[
                 StateType.RUNNING, StateType.PENDING, StateType.SCHEDULED]))))

@@ -79,3 +79,56 @@ def test_a_fleet_file_without_nodes_is_refused(tmp_path: Path, missing: str):
     empty.write_text("name: empty\n")
     with pytest.raises(ConfigError, match=missing):
         load_fleet(empty, default_catalogue())
+
+
+SMALL_MATRIX = """
+models:
+  - {id: llama-3.1-8b-instruct, repo: meta-llama/Llama-3.1-8B-Instruct,
+     revision: 0e9e39f249a16976918f6564b8830bc894c89659, params_b: 8.03}
+matrix:
+  - {models: [llama-3.1-8b-instruct], recipes: [bf16, fp8, int4-awq], targets: [h100-sxm], kinds: [hf-quantized],
+     tp: [1]}
+"""
+
+
+@pytest.mark.slow
+def test_a_small_fleet_runs_each_cell_on_its_node_within_the_nodes_gpus(prefect_server, tmp_path: Path):
+    """The small fleet of CI (the full one is bench/fleet.py's): one H100 node of 4 GPUs, three cells of 2 GPUs each
+    (candidate and reference), through the real nightly, deploy, workers, global concurrency limit and registry,
+    with the stages' work replaced by the bench's labelled timed doubles. At most two cells may run at once."""
+    import yaml
+    from prefect.client.orchestration import get_client
+
+    from bench.fleet import cell_runs, night, night_checks, node_env, offline_config, start_fleet, stop_fleet
+    from flows.deploy import deploy_all
+    from flows.fleet import slot_limit
+    from tests.prefect_processes import Workers
+
+    source = tmp_path / "small.yaml"
+    shipped = yaml.safe_load((CONFIGS / "nightly.yaml").read_text())
+    source.write_text(yaml.safe_dump({**shipped, **yaml.safe_load(SMALL_MATRIX), "quantize_on": {}}, sort_keys=False))
+    config = offline_config(source, tmp_path)
+    fleet_path = tmp_path / "fleet.yaml"
+    fleet_path.write_text("name: ci\nnodes:\n  - {sku: h100-sxm, count: 1, gpus: 4}\n")
+    fleet = load_fleet(fleet_path, default_catalogue())
+    deploy_all(targets=["h100-sxm"], nightly_config=str(config), fleet=str(fleet_path))
+    env = node_env(0.001)
+    workers = Workers(prefect_server.api_url, tmp_path)
+    try:
+        start_fleet(workers, fleet, env)
+        from datetime import datetime, timezone
+
+        since = datetime.now(timezone.utc)
+        _, summaries = night(config, fleet_path, prefect_server.api_url, env, tmp_path / "nightly.log")
+    finally:
+        stop_fleet(workers)
+    assert [s["status"] for s in summaries] == ["built"] * 3, summaries
+    checks = night_checks(config, prefect_server.api_url, since)
+    assert checks["published_once"] == 3 and not checks["missing"] and not checks["left_unfinished"], checks
+    runs = [run for run in cell_runs(prefect_server.api_url, since) if run.start_time and run.end_time]
+    assert len(runs) == 3 and {run.work_queue_name for run in runs} == {"h100-sxm-0"}
+    at_once = max(sum(other.start_time <= run.start_time < other.end_time for other in runs) for run in runs)
+    assert at_once <= 2  # 2 GPUs each on a 4-GPU node
+    with get_client(sync_client=True) as client:
+        limit = client.read_global_concurrency_limit_by_name(slot_limit("h100-sxm-0"))
+    assert limit.limit == 4 and limit.active_slots == 0
