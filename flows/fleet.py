@@ -21,6 +21,7 @@ from pathlib import Path
 
 from prefect import get_run_logger, task
 from prefect.futures import PrefectFuture
+from prefect.settings import get_current_settings
 
 from enginesmith.core.config import Catalogue
 from enginesmith.core.fleet import Fleet, Job, dispatch_order, load_fleet, place
@@ -127,6 +128,46 @@ def cancel_runs_of_silent_node(work_pool: str, node: str, job_ids: set[str]) -> 
     return {run.name for run in stranded}
 
 
+def crash_silent_runs_of(node: str, job_ids: set[str], heartbeat_s: float) -> set[str]:
+    """The jobs (of ``job_ids``) whose runs on ``node`` are Running without a heartbeat in three intervals, each now
+    marked Crashed. The crash automation waits for a run's first heartbeat: a run killed with its node before it
+    sent one would stay Running for ever."""
+    from datetime import datetime, timedelta, timezone
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterName,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+        FlowRunFilterWorkQueueName,
+    )
+    from prefect.client.schemas.objects import StateType
+    from prefect.events.filters import EventFilter, EventNameFilter, EventOccurredFilter, EventResourceFilter
+    from prefect.states import Crashed
+
+    window = timedelta(seconds=3 * heartbeat_s)
+    now = datetime.now(timezone.utc)
+    crashed = set()
+    with get_client(sync_client=True) as client:
+        running = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+            name=FlowRunFilterName(any_=sorted(job_ids)), work_queue_name=FlowRunFilterWorkQueueName(any_=[node]),
+            state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.RUNNING]))))
+        for run in running:
+            if run.start_time is None or now - run.start_time < window:
+                continue
+            beats = client.read_events(EventFilter(
+                event=EventNameFilter(name=["prefect.flow-run.heartbeat"]),
+                resource=EventResourceFilter(id=[f"prefect.flow-run.{run.id}"]),
+                occurred=EventOccurredFilter(since=now - window, until=now)), limit=1)
+            if not beats.events:
+                client.set_flow_run_state(run.id, Crashed(
+                    message=f"node {node} stopped polling and the run sent no heartbeat for {window.seconds} s: "
+                            "its process is gone"), force=True)
+                crashed.add(run.name)
+    return crashed
+
+
 def dispatch_on_fleet(night: FleetNight, fleet: Fleet, *, timeout_s: float, first: Callable[[str], bool] | None,
                       history: dict[str, tuple[PipelineConfig, PlannedCell]]) -> list[CellSummary]:
     """Place and run every run of ``night``; one summary per cell (a cell whose handover run failed fails with
@@ -145,6 +186,7 @@ def dispatch_on_fleet(night: FleetNight, fleet: Fleet, *, timeout_s: float, firs
     sized_pods = pools_with_gpus_variable({run.work_pool for run in night.runs})
     ended: queue.Queue[PrefectFuture[CellSummary]] = queue.Queue()
     abandoned: set[str] = set()  # jobs whose run was cancelled because their node went silent
+    went_silent: set[tuple[str, int]] = set()  # nodes that stopped polling tonight (and may be back)
     notes: dict[str, list[str]] = {}  # what was placed again, and why, per cell
     checked = time.monotonic()
     while waiting or running:
@@ -161,6 +203,14 @@ def dispatch_on_fleet(night: FleetNight, fleet: Fleet, *, timeout_s: float, firs
                                    "its runs that had not started (%s)", names[sku][node], ", ".join(sorted(stranded)))
                     suspect[(sku, node)] = (runs[next(iter(job_ids))], time.time())
                     abandoned |= stranded
+            heartbeat_s = get_current_settings().flows.heartbeat_frequency
+            went_silent |= set(suspect)
+            for job, node in running.values():
+                if (job.pool, node) in went_silent and heartbeat_s:
+                    gone = crash_silent_runs_of(names[job.pool][node], {job.id}, heartbeat_s)
+                    if gone:
+                        logger.warning("marked %s Crashed: no heartbeat from it on silent node %s",
+                                       ", ".join(gone), names[job.pool][node])
         for (sku, node), (run, since) in list(suspect.items()):
             if node_polled_since(run.work_pool, names[sku][node], since):
                 logger.info("node %s polls again: placing runs on it", names[sku][node])
