@@ -22,6 +22,7 @@ from pathlib import Path
 from prefect import get_run_logger, task
 from prefect.futures import PrefectFuture
 from prefect.settings import get_current_settings
+from pydantic import BaseModel
 
 from enginesmith.core.config import Catalogue
 from enginesmith.core.fleet import Fleet, Job, dispatch_order, load_fleet, place
@@ -36,6 +37,7 @@ SLOT_LIMIT_PREFIX = "gpus-"
 RECHECK_S = 10.0  # how often a dispatcher waiting on runs looks again at nodes it stopped placing on
 GIVE_UP_S = 600.0  # a node silent this long after its run crashed is gone: what only it could run is not run
 NODE_SILENT_S = 60.0  # Prefect's own window: a work queue no worker polled for this long is not ready
+PENDING_STUCK_S = 180.0  # a run Pending this long was taken by a worker whose process never started it
 
 
 def slot_limit(node: str) -> str:
@@ -102,39 +104,26 @@ def node_polled_since(work_pool: str, node: str, since: float) -> bool:
     return queue.last_polled is not None and queue.last_polled.timestamp() > since
 
 
-def cancel_runs_of_silent_node(work_pool: str, node: str, job_ids: set[str]) -> set[str] | None:
-    """None where a worker of ``node`` polled its queue in ``work_pool`` within ``NODE_SILENT_S``; else the jobs
-    (of ``job_ids``) whose runs there were still Scheduled or Pending, each now Cancelled: a worker that died took
-    them with it (a run killed while Pending never sends the heartbeat the crash automation waits for)."""
+def node_is_silent(work_pool: str, node: str) -> bool:
+    """Has no worker polled ``node``'s queue in ``work_pool`` for ``NODE_SILENT_S``?"""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import (
-        FlowRunFilter,
-        FlowRunFilterName,
-        FlowRunFilterState,
-        FlowRunFilterStateType,
-        FlowRunFilterWorkQueueName,
-    )
-    from prefect.client.schemas.objects import StateType
-    from prefect.states import Cancelled
 
     with get_client(sync_client=True) as client:
         polled = client.read_work_queue_by_name(node, work_pool_name=work_pool).last_polled
-        if polled is not None and polled.timestamp() > time.time() - NODE_SILENT_S:
-            return None
-        stranded = client.read_flow_runs(flow_run_filter=FlowRunFilter(
-            name=FlowRunFilterName(any_=sorted(job_ids)), work_queue_name=FlowRunFilterWorkQueueName(any_=[node]),
-            state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.SCHEDULED, StateType.PENDING]))))
-        for run in stranded:
-            client.set_flow_run_state(run.id, Cancelled(
-                message=f"node {node} stopped polling its queue (no worker for {NODE_SILENT_S:.0f} s): placed again"),
-                force=True)
-    return {run.name for run in stranded}
+    return polled is None or polled.timestamp() < time.time() - NODE_SILENT_S
 
 
-def crash_silent_runs_of(node: str, job_ids: set[str], heartbeat_s: float) -> set[str]:
-    """The jobs (of ``job_ids``) whose runs on ``node`` are Running without a heartbeat in three intervals, each now
-    marked Crashed. The crash automation waits for a run's first heartbeat: a run killed with its node before it
-    sent one would stay Running for ever."""
+class Stuck(BaseModel):
+    cancelled: dict[str, str] = {}  # job id → why: its run never started, placed again without spending a retry
+    crashed: dict[str, str] = {}  # job id → why: its run's process is gone, handled as a crash
+
+
+def end_stuck_runs(job_ids: set[str], heartbeat_s: float | None) -> Stuck:
+    """End the runs of ``job_ids`` that would never end by themselves, which Prefect's crash automation misses (it
+    waits for a run's first heartbeat): a run Pending for ``PENDING_STUCK_S`` (its worker's process never started
+    it: the node died as it did) is Cancelled, and so is one Scheduled on a node whose workers stopped polling; a
+    run Running for three heartbeat intervals without a heartbeat in
+    the last three (killed with its node before it sent one) is marked Crashed."""
     from datetime import datetime, timedelta, timezone
 
     from prefect.client.orchestration import get_client
@@ -143,32 +132,46 @@ def crash_silent_runs_of(node: str, job_ids: set[str], heartbeat_s: float) -> se
         FlowRunFilterName,
         FlowRunFilterState,
         FlowRunFilterStateType,
-        FlowRunFilterWorkQueueName,
     )
     from prefect.client.schemas.objects import StateType
     from prefect.events.filters import EventFilter, EventNameFilter, EventOccurredFilter, EventResourceFilter
-    from prefect.states import Crashed
+    from prefect.states import Cancelled, Crashed
 
-    window = timedelta(seconds=3 * heartbeat_s)
+    stuck = Stuck()
     now = datetime.now(timezone.utc)
-    crashed = set()
     with get_client(sync_client=True) as client:
-        running = client.read_flow_runs(flow_run_filter=FlowRunFilter(
-            name=FlowRunFilterName(any_=sorted(job_ids)), work_queue_name=FlowRunFilterWorkQueueName(any_=[node]),
-            state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.RUNNING]))))
-        for run in running:
-            if run.start_time is None or now - run.start_time < window:
+        open_runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+            name=FlowRunFilterName(any_=sorted(job_ids)),
+            state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[
+                StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING]))))
+        for run in open_runs:
+            state = run.state
+            if state is None:
                 continue
-            beats = client.read_events(EventFilter(
-                event=EventNameFilter(name=["prefect.flow-run.heartbeat"]),
-                resource=EventResourceFilter(id=[f"prefect.flow-run.{run.id}"]),
-                occurred=EventOccurredFilter(since=now - window, until=now)), limit=1)
-            if not beats.events:
-                client.set_flow_run_state(run.id, Crashed(
-                    message=f"node {node} stopped polling and the run sent no heartbeat for {window.seconds} s: "
-                            "its process is gone"), force=True)
-                crashed.add(run.name)
-    return crashed
+            waited_s = (now - state.timestamp).total_seconds()
+            if (state.type == StateType.SCHEDULED and waited_s > NODE_SILENT_S and run.work_pool_name
+                    and run.work_queue_name and node_is_silent(run.work_pool_name, run.work_queue_name)):
+                why = f"Scheduled on {run.work_queue_name}, whose workers stopped polling: placed again"
+                client.set_flow_run_state(run.id, Cancelled(message=why), force=True)
+                stuck.cancelled[run.name] = why
+            elif state.type == StateType.PENDING and waited_s > PENDING_STUCK_S:
+                why = (f"Pending on {run.work_queue_name} for {PENDING_STUCK_S:.0f} s: its worker's process never "
+                       "started it")
+                client.set_flow_run_state(run.id, Cancelled(message=why), force=True)
+                stuck.cancelled[run.name] = why
+            elif state.type == StateType.RUNNING and heartbeat_s and run.start_time is not None:
+                window = timedelta(seconds=3 * heartbeat_s)
+                if now - run.start_time < window:
+                    continue
+                beats = client.read_events(EventFilter(
+                    event=EventNameFilter(name=["prefect.flow-run.heartbeat"]),
+                    resource=EventResourceFilter(id=[f"prefect.flow-run.{run.id}"]),
+                    occurred=EventOccurredFilter(since=now - window, until=now)), limit=1)
+                if not beats.events:
+                    why = f"no heartbeat for {window.seconds} s on {run.work_queue_name}: its process is gone"
+                    client.set_flow_run_state(run.id, Crashed(message=why), force=True)
+                    stuck.crashed[run.name] = why
+    return stuck
 
 
 def dispatch_on_fleet(night: FleetNight, fleet: Fleet, *, timeout_s: float, first: Callable[[str], bool] | None,
@@ -189,9 +192,8 @@ def dispatch_on_fleet(night: FleetNight, fleet: Fleet, *, timeout_s: float, firs
     sized_pods = pools_with_gpus_variable({run.work_pool for run in night.runs})
     ended: queue.Queue[PrefectFuture[CellSummary]] = queue.Queue()
     abandoned: set[str] = set()  # jobs whose run was cancelled because their node went silent
-    went_silent: set[tuple[str, int]] = set()  # nodes that stopped polling tonight (and may be back)
     notes: dict[str, list[str]] = {}  # what was placed again, and why, per cell
-    checked = time.monotonic()
+    checked = liveness_checked = time.monotonic()
     while waiting or running:
         if time.monotonic() - checked > RECHECK_S:
             checked = time.monotonic()
@@ -200,20 +202,19 @@ def dispatch_on_fleet(night: FleetNight, fleet: Fleet, *, timeout_s: float, firs
                 if (job.pool, node) not in suspect:
                     busy.setdefault((job.pool, node, runs[job.id].work_pool), set()).add(job.id)
             for (sku, node, work_pool), job_ids in busy.items():
-                stranded = cancel_runs_of_silent_node(work_pool, names[sku][node], job_ids)
-                if stranded is not None:
-                    logger.warning("node %s stopped polling: no run goes there until it polls again; cancelled "
-                                   "its runs that had not started (%s)", names[sku][node], ", ".join(sorted(stranded)))
+                if (sku, node) not in suspect and node_is_silent(work_pool, names[sku][node]):
+                    logger.warning("node %s stopped polling: no run goes there until it polls again",
+                                   names[sku][node])
                     suspect[(sku, node)] = (runs[next(iter(job_ids))], time.time())
-                    abandoned |= stranded
+            in_flight = {job.id for job, _ in running.values()}
             heartbeat_s = get_current_settings().flows.heartbeat_frequency
-            went_silent |= set(suspect)
-            for job, node in running.values():
-                if (job.pool, node) in went_silent and heartbeat_s:
-                    gone = crash_silent_runs_of(names[job.pool][node], {job.id}, heartbeat_s)
-                    if gone:
-                        logger.warning("marked %s Crashed: no heartbeat from it on silent node %s",
-                                       ", ".join(gone), names[job.pool][node])
+            stuck = Stuck()
+            if in_flight and time.monotonic() - liveness_checked > (heartbeat_s or RECHECK_S):
+                liveness_checked = time.monotonic()
+                stuck = end_stuck_runs(in_flight, heartbeat_s)
+            for job_id, why in {**stuck.cancelled, **stuck.crashed}.items():
+                logger.warning("%s: %s", job_id, why)
+            abandoned |= set(stuck.cancelled)
         for (sku, node), (run, since) in list(suspect.items()):
             if node_polled_since(run.work_pool, names[sku][node], since):
                 logger.info("node %s polls again: placing runs on it", names[sku][node])
