@@ -112,7 +112,7 @@ def test_a_small_fleet_runs_each_cell_on_its_node_within_the_nodes_gpus(prefect_
     fleet_path.write_text("name: ci\nnodes:\n  - {sku: h100-sxm, count: 1, gpus: 4}\n")
     fleet = load_fleet(fleet_path, default_catalogue())
     deploy_all(targets=["h100-sxm"], nightly_config=str(config), fleet=str(fleet_path))
-    env = node_env(0.001)
+    env = node_env(0.0003)
     workers = Workers(prefect_server.api_url, tmp_path)
     try:
         start_fleet(workers, fleet, env)
