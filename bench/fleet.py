@@ -41,10 +41,9 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(REPO_ROOT))
 
-from enginesmith.core.config import default_catalogue, load_pipeline_config  # noqa: E402
+from enginesmith.core.config import default_catalogue  # noqa: E402
 from enginesmith.core.cost import estimate_planned  # noqa: E402
 from enginesmith.core.fleet import Fleet, load_fleet, lower_bounds, simulate  # noqa: E402
-from enginesmith.core.plan import plan_matrix  # noqa: E402
 from tests.postgres import postgres_bin, running_postgres  # noqa: E402
 from tests.prefect_processes import ServerProcess, Workers  # noqa: E402
 from validation.server import free_port  # noqa: E402
@@ -268,12 +267,11 @@ def percentile(values: list[float], share: float) -> float:
 
 def plan_jobs(config: Path, fleet: Fleet) -> tuple[dict[str, Any], list[Any], list[Any]]:
     """The night's runs by name (the nightly names each run after its job), the cost model's cells, and each
-    pool's lower bound."""
+    pool's lower bound; planned as the nightly plans them (offline: no Hub)."""
     from enginesmith.core.fleet import night_jobs
+    from pipeline.common.plan_sources import plan_config
 
-    catalogue = default_catalogue()
-    pipeline = load_pipeline_config(config, catalogue, check_tasks=False)
-    plan = plan_matrix(pipeline, catalogue, calibration_fingerprint="fleet-bench")
+    pipeline, plan = plan_config(config, default_catalogue(), resolve_hub=False)
     costs, _ = estimate_planned(list(plan.buildable), pipeline)
     return {job.id: job for job in night_jobs(costs)}, costs, lower_bounds(costs, fleet)
 

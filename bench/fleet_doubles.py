@@ -32,7 +32,7 @@ from enginesmith.core.checkpoints.models import CheckpointFile
 from enginesmith.core.config import Catalogue
 from enginesmith.core.cost import CellCost, estimate_planned
 from enginesmith.core.plan import Cell
-from enginesmith.core.reports import Objective, ReportView, gate_table, markdown_table, register_report
+from enginesmith.core.reports import Objective, ReportView, gate_table, register_report, view_markdown
 from enginesmith.core.reports.measures import GateResult, Spread
 from enginesmith.core.specs import PipelineConfig, TargetSpec
 from pipeline.common import steps
@@ -78,10 +78,7 @@ class FleetDoubleReport(BaseModel):
                           tables=[gate_table(self.gates)])
 
     def markdown(self) -> str:
-        lines = [f"# Timed double of {self.cell} (no GPU work was done)", ""]
-        for table in self.view().tables:
-            lines += [f"## {table.caption}", "", *markdown_table(table), ""]
-        return "\n".join(lines)
+        return view_markdown(f"Timed double of {self.cell} (no GPU work was done)", self.view())
 
     def plots(self, out_dir: Path) -> list[Path]:
         return []

@@ -95,22 +95,18 @@ def pools_with_gpus_variable(work_pools: set[str]) -> set[str]:
                 if "gpus" in client.read_work_pool(pool).base_job_template.get("variables", {}).get("properties", {})}
 
 
-def node_polled_since(work_pool: str, node: str, since: float) -> bool:
-    """Has a worker polled the node's queue in ``work_pool`` after ``since`` (epoch seconds)?"""
-    from prefect.client.orchestration import get_client
-
-    with get_client(sync_client=True) as client:
-        queue = client.read_work_queue_by_name(node, work_pool_name=work_pool)
-    return queue.last_polled is not None and queue.last_polled.timestamp() > since
-
-
-def node_is_silent(work_pool: str, node: str) -> bool:
-    """Has no worker polled ``node``'s queue in ``work_pool`` for ``NODE_SILENT_S``?"""
+def last_polled(work_pool: str, node: str) -> float:
+    """When a worker last polled ``node``'s queue in ``work_pool`` (epoch seconds; 0 for never)."""
     from prefect.client.orchestration import get_client
 
     with get_client(sync_client=True) as client:
         polled = client.read_work_queue_by_name(node, work_pool_name=work_pool).last_polled
-    return polled is None or polled.timestamp() < time.time() - NODE_SILENT_S
+    return polled.timestamp() if polled is not None else 0.0
+
+
+def node_is_silent(work_pool: str, node: str) -> bool:
+    """Has no worker polled ``node``'s queue in ``work_pool`` for ``NODE_SILENT_S``?"""
+    return last_polled(work_pool, node) < time.time() - NODE_SILENT_S
 
 
 class Stuck(BaseModel):
@@ -216,7 +212,7 @@ def dispatch_on_fleet(night: FleetNight, fleet: Fleet, *, timeout_s: float, firs
                 logger.warning("%s: %s", job_id, why)
             abandoned |= set(stuck.cancelled)
         for (sku, node), (run, since) in list(suspect.items()):
-            if node_polled_since(run.work_pool, names[sku][node], since):
+            if last_polled(run.work_pool, names[sku][node]) > since:
                 logger.info("node %s polls again: placing runs on it", names[sku][node])
                 del suspect[(sku, node)]
         for job in [job for job in waiting if job.after is not None and job.after in summaries]:

@@ -23,7 +23,7 @@ from enginesmith.core.checkpoints.models import CheckpointFile
 from enginesmith.core.config import Catalogue
 from enginesmith.core.errors import ConfigError
 from enginesmith.core.keys import stage_key
-from enginesmith.core.reports import Objective, ReportView, TableView, gate_table, markdown_table, register_report
+from enginesmith.core.reports import Objective, ReportView, TableView, gate_table, register_report, view_markdown
 from enginesmith.core.reports.measures import GateResult, Spread
 from enginesmith.core.specs import PipelineConfig, TargetSpec
 from pipeline.common import steps
@@ -119,10 +119,7 @@ class ChecksumReport(BaseModel):
                           tables=[files, gate_table(self.gates)])
 
     def markdown(self) -> str:
-        lines = [f"# Checksum validation of {self.cell}", ""]
-        for table in self.view().tables:
-            lines += [f"## {table.caption}", "", *markdown_table(table), ""]
-        return "\n".join(lines)
+        return view_markdown(f"Checksum validation of {self.cell}", self.view())
 
     def plots(self, out_dir: Path) -> list[Path]:
         return []

@@ -146,6 +146,14 @@ def gate_rows(gates: list[GateResult], measured_spec: str = ".3f") -> list[list[
              "pass" if g.passed else "FAIL", g.decided_by, g.detail] for g in gates]
 
 
+def view_markdown(title: str, view: ReportView) -> str:
+    """A report's markdown from its view: the title, then each table under its caption."""
+    lines = [f"# {title}", ""]
+    for table in view.tables:
+        lines += [f"## {table.caption}", "", *markdown_table(table), ""]
+    return "\n".join(lines)
+
+
 def markdown_table(table: TableView) -> list[str]:
     lines = ["| " + " | ".join(table.columns) + " |", "|---" * len(table.columns) + "|"]
     for row in table.rows:
