@@ -31,7 +31,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from contextlib import ExitStack, suppress
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -44,22 +46,25 @@ sys.path.insert(0, str(REPO_ROOT))
 from enginesmith.core.config import default_catalogue  # noqa: E402
 from enginesmith.core.cost import estimate_planned  # noqa: E402
 from enginesmith.core.fleet import Fleet, load_fleet, lower_bounds, simulate  # noqa: E402
-from tests.postgres import postgres_bin, running_postgres  # noqa: E402
+from tests.postgres import postgres_bin, postgres_cluster  # noqa: E402
 from tests.prefect_processes import ServerProcess, Workers  # noqa: E402
 from validation.server import free_port  # noqa: E402
 
 SECOND_NIGHT_TARGET_S = 30.0
 MAKESPAN_TARGET = 1.15
 DISPATCH_P95_TARGET_S = 5.0
+FAULTS = ["none", "kill-workers", "restart-server", "restart-postgres", "registry-outage"]
 SHA = re.compile(r"^[0-9a-f]{40}$")
 CELL_FLOWS = ["build-cell", "run-cell"]
 
 
-def offline_config(source: Path, root: Path, *, changed_model: str | None = None) -> Path:
-    """``source`` with its registry and work directory under ``root``, every model at a 40-hex revision (a branch
-    gets a made-up one: there is no Hub), and ``changed_model`` (if any) at another."""
+def offline_config(source: Path, root: Path, *, registry_url: str | None = None,
+                   changed_model: str | None = None) -> Path:
+    """``source`` with its registry at ``registry_url`` (default: a directory under ``root``) and its work directory
+    under ``root``, every model at a 40-hex revision (a branch gets a made-up one: there is no Hub), and
+    ``changed_model`` (if any) at another."""
     document = yaml.safe_load(source.read_text())
-    document["registry"] = {**document.get("registry", {}), "url": str(root / "registry")}
+    document["registry"] = {**document.get("registry", {}), "url": registry_url or str(root / "registry")}
     document["registry"].pop("signing", None)
     document["registry"].pop("catalogue", None)
     document["workdir"] = str(root / "work")
@@ -245,17 +250,19 @@ def kill_nodes_at_random(workers: Workers, fleet: Fleet, share: float, window_s:
     return plan
 
 
-def restart_server_at(server: ServerProcess, at_s: float) -> None:
-    """In a thread: stop the Prefect server ``at_s`` seconds from now (SIGTERM, then SIGKILL after its grace) and
-    start it again on the same port, database and home."""
+def outage_at(what: str, stop: Callable[[], None], start: Callable[[], Any], at_s: float, down_s: float) -> None:
+    """In a thread: ``stop()`` ``at_s`` seconds from now, ``down_s`` later ``start()`` again (on the same port and
+    data: each service's own restart)."""
     import threading
 
     def run() -> None:
         time.sleep(at_s)
         stopped = time.monotonic()
-        server.stop()
-        server.start()
-        print(f"restarted the Prefect server at {at_s:.0f} s: down {time.monotonic() - stopped:.1f} s", flush=True)
+        stop()
+        time.sleep(down_s)
+        start()
+        print(f"fault: {what} went away at {at_s:.0f} s and was back {time.monotonic() - stopped:.1f} s later",
+              flush=True)
 
     threading.Thread(target=run, daemon=True).start()
 
@@ -388,23 +395,25 @@ def main() -> None:
     parser.add_argument("--changed-model", default="mistral-7b-instruct-v0.3",
                         help="the model whose revision the third night changes ('' skips that night)")
     parser.add_argument("--work-dir", type=Path, default=None, help="scratch directory (default: a temporary one)")
-    parser.add_argument("--fault", choices=["none", "kill-workers", "restart-server"], default="none",
+    parser.add_argument("--fault", choices=FAULTS, default="none",
                         help="kill-workers: a quarter of the nodes killed -9 at random moments of the first night; "
-                             "restart-server: the Prefect server stopped and started again at a random moment")
+                             "restart-server: the Prefect server stopped and started again at a random moment; "
+                             "restart-postgres: PostgreSQL stopped at once (-m immediate, as a crash) and started "
+                             "again; registry-outage: the registry (an S3 server) killed for --outage-s")
     parser.add_argument("--reboot-s", type=float, default=60.0,
                         help="kill-workers: a killed node's workers start again this long after (0: it stays dead)")
     parser.add_argument("--lease-storage", choices=["memory", "filesystem"], default="filesystem",
                         help="where the server keeps concurrency leases (Prefect's default: memory, lost on restart)")
+    parser.add_argument("--outage-s", type=float, default=30.0,
+                        help="registry-outage: how long the registry stays unreachable (30 s)")
+    parser.add_argument("--registry", choices=["local", "s3"], default="local",
+                        help="local: a directory; s3: a SeaweedFS S3 server on loopback (registry-outage's)")
     parser.add_argument("--seed", type=int, default=None, help="the fault's random seed (default: drawn, printed)")
     args = parser.parse_args()
     scratch = (args.work_dir or Path(tempfile.mkdtemp(prefix="fleet-bench-"))).resolve()
     scratch.mkdir(parents=True, exist_ok=True)
     catalogue = default_catalogue()
     fleet = load_fleet(args.fleet, catalogue)
-    config = offline_config(args.config, scratch)
-    jobs, costs, bounds = plan_jobs(config, fleet)
-    bound_s = max(bound.lower_bound_s for bound in bounds)
-    simulated = simulate(costs, fleet)
     env = node_env(args.scale)
     # A killed node's runs are marked Crashed after three silent heartbeats (the deploy's automation): every 30 s,
     # the shortest Prefect takes.
@@ -413,8 +422,21 @@ def main() -> None:
     sys.path.insert(0, str(BENCH_DIR))
     rows: list[dict[str, Any]] = []
     with ExitStack() as stack:
+        registry_server = None
+        if args.registry == "s3" or args.fault == "registry-outage":
+            from tests.seaweedfs import running_seaweedfs
+
+            registry_server = stack.enter_context(running_seaweedfs(scratch / "seaweedfs"))
+            env.update(registry_server.env)
+            os.environ.update(registry_server.env)
+        registry_url = registry_server.registry_url("fleet") if registry_server else None
+        config = offline_config(args.config, scratch, registry_url=registry_url)
+        jobs, costs, bounds = plan_jobs(config, fleet)
+        bound_s = max(bound.lower_bound_s for bound in bounds)
+        simulated = simulate(costs, fleet)
         port = free_port()
-        database_url = stack.enter_context(running_postgres(free_port())) if postgres_bin() else None
+        cluster = stack.enter_context(postgres_cluster(free_port())) if postgres_bin() else None
+        database_url = cluster.url if cluster else None
         leases = f"prefect.server.concurrency.lease_storage.{args.lease_storage}"
         server = ServerProcess(database_url, port, scratch / "prefect-server.log",
                                env={"PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE": leases})
@@ -438,25 +460,33 @@ def main() -> None:
         nights = [("first", config), ("nothing changed", config)]
         if args.changed_model:
             nights.append((f"{args.changed_model} changed",
-                           offline_config(args.config, scratch, changed_model=args.changed_model)))
+                           offline_config(args.config, scratch, registry_url=registry_url,
+                                          changed_model=args.changed_model)))
         from datetime import datetime, timezone
 
         for name, night_config in nights:
             since = datetime.now(timezone.utc)
-            if name == "first" and args.fault == "kill-workers":
+            if name == "first" and args.fault != "none":
                 seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
                 window = (0.05 * simulated.makespan_s * args.scale, 0.6 * simulated.makespan_s * args.scale)
-                killed = kill_nodes_at_random(workers, fleet, 0.25, window, seed, env=env,
-                                              reboot_s=args.reboot_s if args.reboot_s > 0 else None)
-                print(f"fault: kill-workers, seed {seed}: {killed}", flush=True)
-            if name == "first" and args.fault == "restart-server":
-                seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
-                import random
+                if args.fault == "kill-workers":
+                    killed = kill_nodes_at_random(workers, fleet, 0.25, window, seed, env=env,
+                                                  reboot_s=args.reboot_s if args.reboot_s > 0 else None)
+                    print(f"fault: kill-workers, seed {seed}: {killed}", flush=True)
+                else:
+                    import random
 
-                at = random.Random(seed).uniform(0.05 * simulated.makespan_s * args.scale,
-                                                 0.6 * simulated.makespan_s * args.scale)
-                restart_server_at(server, at)
-                print(f"fault: restart-server, seed {seed}: at {at:.0f} s", flush=True)
+                    at = random.Random(seed).uniform(*window)
+                    if args.fault == "restart-server":
+                        outage_at("the Prefect server", server.stop, server.start, at, 0.0)
+                    elif args.fault == "restart-postgres":
+                        assert cluster is not None, "restart-postgres needs PostgreSQL (scripts/setup-postgres.sh)"
+                        outage_at("PostgreSQL", cluster.stop, cluster.start, at, 0.0)
+                    else:
+                        assert registry_server is not None
+                        outage_at("the registry", partial(registry_server.stop, kill=True), registry_server.start,
+                                  at, args.outage_s)
+                    print(f"fault: {args.fault}, seed {seed}: at {at:.0f} s", flush=True)
             wall_s, summaries = night(night_config, args.fleet, api_url, env, scratch / f"nightly-{len(rows)}.log")
             statuses = [summary["status"] for summary in summaries]
             row: dict[str, Any] = {"night": name, "wall_s": round(wall_s, 1), "built": statuses.count("built"),
@@ -477,7 +507,8 @@ def main() -> None:
                                 "simulated_ratio": round(simulated.makespan_s / bound_s, 3)})
                     row["gantt"] = str(gantt(runs, night_jobs, fleet, scratch / "fleet-gantt.png"))
             row["checks"] = night_checks(night_config, api_url, since)
-            row["retried"] = [s["cell"] for s in summaries if "placed again" in s.get("reason", "")]
+            row["retried"] = {s["cell"]: s["reason"] for s in summaries
+                              if any(what in s.get("reason", "") for what in ("placed again", "succeeded on try"))}
             rows.append(row)
             print(json.dumps(row), flush=True)
         usage = server_usage(port)

@@ -35,6 +35,23 @@ STAGE_TIMEOUT_S = 6 * 3600  # a stage run on another pool (quantize_on), waited 
 T = TypeVar("T")
 
 
+_FIRST_TRANSIENT: dict[str, str] = {}  # task run id → the transient error of its first failed try (same process)
+
+
+def remember_transient(error: TransientError) -> None:
+    from prefect.runtime import task_run
+
+    _FIRST_TRANSIENT.setdefault(str(task_run.id), error.render()[:300])
+
+
+def tried_again(what: str) -> str:
+    """In a task that just succeeded: what it retried and why, for the night's summary ('' on its first try)."""
+    from prefect.runtime import task_run
+
+    first = _FIRST_TRANSIENT.pop(str(task_run.id), "")
+    return f"{what} succeeded on try {task_run.run_count} after: {first}" if task_run.run_count > 1 else ""
+
+
 class GateFailed(UserError):
     """The candidate did not pass its gates: nothing is published."""
 
@@ -117,7 +134,8 @@ def run_planned(kind: CellKind, cell: PlannedCell, config_path: Path, config: Pi
     logger = get_run_logger()
     if cell.status == "invalid":
         raise ConfigError(f"cell {cell.id} cannot be built: {cell.reason}", field="params")
-    if steps.published(config, cell.model.id, cell.key):
+    found, checked_again = check_registry(config, cell.model.id, cell.key)
+    if found:
         logger.info("cell %s (key %s) is already in the registry: nothing to do", cell.id, cell.key[:12])
         return CellSummary(cell=cell.id, status="cached", key=cell.key, worker=worker_name())
     context = CellContext(config_path=config_path, config=config, work=steps.workdir(config), until=until,
@@ -127,7 +145,8 @@ def run_planned(kind: CellKind, cell: PlannedCell, config_path: Path, config: Pi
         if run.artefact_dir is None or run.report is None:
             return CellSummary(cell=cell.id, status="quantized", key=cell.key, reason=run.stopped,
                                worker=worker_name())
-        return publish_if_passed(cell, run.artefact_dir, run.report, config)
+        summary = publish_if_passed(cell, run.artefact_dir, run.report, config)
+        return summary.model_copy(update={"reason": "; ".join(filter(None, [checked_again, summary.reason]))})
     except GateFailed:
         raise  # recorded with its report
     except Exception as exc:
@@ -151,25 +170,45 @@ def publish_if_passed(cell: PlannedCell, artefact_dir: Path, report: dict[str, A
         verdict = "; ".join(f"{g.name} = {g.measured} (limit {g.limit})" for g in failed)
         record_cell(config, cell, "gate-failed", report=report, artefact_dir=artefact_dir, reason=verdict)
         raise GateFailed(f"cell {cell.id} failed its gates: {verdict}. Nothing was published.")
-    signer = publish_task(cell.key, artefact_dir, report, config)
+    signer, published_again = publish_task(cell.key, artefact_dir, report, config)
     record_cell(config, cell, "built", report=report, artefact_dir=artefact_dir, signer=signer)
     get_run_logger().info("cell %s built and published", cell.id)
     ratios = parsed.round_metrics()
     return CellSummary(cell=cell.id, status="built", key=cell.key,
                        throughput_ratio=ratios["throughput_ratio"].median if "throughput_ratio" in ratios else None,
                        tpot_ratio=ratios["tpot_ratio"].median if "tpot_ratio" in ratios else None,
+                       reason=published_again,
                        worker=worker_name())
+
+
+@task(name="check-registry", retries=len(RETRY_DELAYS_S), retry_delay_seconds=RETRY_DELAYS_S,
+      retry_condition_fn=retry_transient, cache_policy=NO_CACHE)
+def check_registry(config: PipelineConfig, model_id: str, key: str) -> tuple[bool, str]:
+    """Is the cell's key already published (so its run costs no GPU time)? A registry that does not answer is asked
+    again as a publish is. Returns (found, what was retried and why)."""
+    try:
+        found = steps.published(config, model_id, key)
+    except TransientError as error:
+        remember_transient(error)
+        raise
+    return found, tried_again("the registry check")
 
 
 @task(name="publish", retries=len(RETRY_DELAYS_S), retry_delay_seconds=RETRY_DELAYS_S,
       retry_condition_fn=retry_transient)
-def publish_task(key: str, artefact_dir: Path, report: dict[str, Any], config: PipelineConfig) -> str | None:
-    """Publish the cell's artefact; returns the fingerprint of the key that signed it (None: unsigned)."""
-    result = steps.publish(key, artefact_dir, report, config)
+def publish_task(key: str, artefact_dir: Path, report: dict[str, Any], config: PipelineConfig
+                 ) -> tuple[str | None, str]:
+    """Publish the cell's artefact; returns the fingerprint of the key that signed it (None: unsigned) and what was
+    retried and why."""
+    try:
+        result = steps.publish(key, artefact_dir, report, config)
+    except TransientError as error:
+        remember_transient(error)
+        raise
     signed = f", signed by key {result.signer[:16]}" if result.signer else ""
     get_run_logger().info("published %s/%s (%d new blobs, %d reused) to %s%s", result.model, result.key[:12],
                           result.uploaded_blobs, result.reused_blobs, result.registry, signed)
-    return result.signer
+    return result.signer, tried_again("the publish")
 
 
 @flow(name=BUILD_CELL_FLOW, persist_result=True)

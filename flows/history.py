@@ -3,18 +3,20 @@
 A build-cell run records how it ended (built, gate-failed, failed) under its own flow run id, so a second writer
 of the same run records nothing; the nightly records, under the same id, the runs that could not record their end
 (no worker started them, they crashed, they failed before they could): where the run did record, that write
-changes nothing. Recording is best effort: the
-manifest is the record of what was published, and a registry that stops answering while a cell is recorded is
+changes nothing. A registry that stops answering is asked again (``HISTORY_RETRY_DELAYS_S``: a minute and a
+half in all, past a storage outage's usual length; a second write of the same run changes nothing); after that,
+recording is best effort: the manifest is the record of what was published, and a write that still fails is
 logged, not turned into a failed build.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
-from enginesmith.core.errors import UserError
+from enginesmith.core.errors import TransientError, UserError
 from enginesmith.core.specs import PipelineConfig
 from pipeline.common import steps
 from pipeline.common.params import CellSummary
@@ -30,6 +32,7 @@ from registry.history import (
 )
 
 log = logging.getLogger(__name__)
+HISTORY_RETRY_DELAYS_S: list[float] = [10, 30, 60]
 
 
 def this_flow_run() -> str:
@@ -51,12 +54,21 @@ def record_cell(config: PipelineConfig, cell: PlannedCell, status: OutcomeStatus
         key=cell.key, status=status, report=report,
         artefact=read_artefact(artefact_dir) if artefact_dir is not None else None,
         flow_run=this_flow_run() if flow_run is None else flow_run, reason=reason[:1000], signer=signer)
-    try:
-        record_outcome(open_store(steps.registry_url(config)), outcome)
-    except UserError as exc:
-        log.warning("could not record cell %s's outcome in the registry's history: %s", cell.id, exc.render())
-        return None
-    return outcome
+    store = open_store(steps.registry_url(config))
+    for delay_s in [*HISTORY_RETRY_DELAYS_S, None]:
+        try:
+            record_outcome(store, outcome)
+            return outcome
+        except TransientError as exc:
+            if delay_s is None:
+                log.warning("could not record cell %s's outcome in the registry's history: %s", cell.id, exc.render())
+                return None
+            log.info("recording cell %s's outcome: %s; asking again in %g s", cell.id, exc.message, delay_s)
+            time.sleep(delay_s)
+        except UserError as exc:
+            log.warning("could not record cell %s's outcome in the registry's history: %s", cell.id, exc.render())
+            return None
+    return None
 
 
 def last_outcomes(config: PipelineConfig, cells: list[PlannedCell]) -> dict[str, CellOutcome]:
