@@ -167,6 +167,27 @@ def cell_runs(api_url: str, since: Any) -> list[Any]:
                 return runs
 
 
+def cells_ended(api_url: str, since: Any) -> bool:
+    """Has a cell run of the night ended (so publishes are under way)?"""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        FlowFilter,
+        FlowFilterName,
+        FlowRunFilter,
+        FlowRunFilterStartTime,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: api_url}), get_client(sync_client=True) as client:
+        return bool(client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=CELL_FLOWS)), limit=1,
+                                          flow_run_filter=FlowRunFilter(
+            start_time=FlowRunFilterStartTime(after_=since),
+            state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.COMPLETED])))))
+
+
 def night_checks(config: Path, api_url: str, since: Any) -> dict[str, Any]:
     """After a night: is every buildable cell of the config in the registry, published by exactly one run (its
     history's "built" outcomes under its key), and is no cell run of the night left Running, Pending or Scheduled
@@ -250,19 +271,23 @@ def kill_nodes_at_random(workers: Workers, fleet: Fleet, share: float, window_s:
     return plan
 
 
-def outage_at(what: str, stop: Callable[[], None], start: Callable[[], Any], at_s: float, down_s: float) -> None:
-    """In a thread: ``stop()`` ``at_s`` seconds from now, ``down_s`` later ``start()`` again (on the same port and
-    data: each service's own restart)."""
+def outage_at(what: str, stop: Callable[[], None], start: Callable[[], Any], at_s: float, down_s: float,
+              *, after: Callable[[], bool] | None = None) -> None:
+    """In a thread: ``stop()`` ``at_s`` seconds from now (from when ``after()`` first holds, polled each second, if
+    given), ``down_s`` later ``start()`` again (on the same port and data: each service's own restart)."""
     import threading
 
     def run() -> None:
+        began = time.monotonic()
+        while after is not None and not after():
+            time.sleep(1.0)
         time.sleep(at_s)
         stopped = time.monotonic()
         stop()
         time.sleep(down_s)
         start()
-        print(f"fault: {what} went away at {at_s:.0f} s and was back {time.monotonic() - stopped:.1f} s later",
-              flush=True)
+        print(f"fault: {what} went away at {stopped - began:.0f} s and was back {time.monotonic() - stopped:.1f} s "
+              "later", flush=True)
 
     threading.Thread(target=run, daemon=True).start()
 
@@ -482,10 +507,11 @@ def main() -> None:
                     elif args.fault == "restart-postgres":
                         assert cluster is not None, "restart-postgres needs PostgreSQL (scripts/setup-postgres.sh)"
                         outage_at("PostgreSQL", cluster.stop, cluster.start, at, 0.0)
-                    else:
+                    else:  # during publishes: from the first published cell, within the night's first half
                         assert registry_server is not None
+                        at = random.Random(seed).uniform(0.0, 0.3 * simulated.makespan_s * args.scale)
                         outage_at("the registry", partial(registry_server.stop, kill=True), registry_server.start,
-                                  at, args.outage_s)
+                                  at, args.outage_s, after=partial(cells_ended, api_url, since))
                     print(f"fault: {args.fault}, seed {seed}: at {at:.0f} s", flush=True)
             wall_s, summaries = night(night_config, args.fleet, api_url, env, scratch / f"nightly-{len(rows)}.log")
             statuses = [summary["status"] for summary in summaries]

@@ -41,7 +41,7 @@ _FIRST_TRANSIENT: dict[str, str] = {}  # task run id → the transient error of 
 def remember_transient(error: TransientError) -> None:
     from prefect.runtime import task_run
 
-    _FIRST_TRANSIENT.setdefault(str(task_run.id), error.render()[:300])
+    _FIRST_TRANSIENT.setdefault(str(task_run.id), error.render().splitlines()[0][:300])  # without its hint
 
 
 def tried_again(what: str) -> str:

@@ -19,6 +19,7 @@ from pydantic import BaseModel, SecretStr
 from enginesmith.core.config import default_catalogue
 from enginesmith.core.errors import UserError
 from enginesmith.core.specs import TargetSpec
+from flows import API_RETRY_ENV
 from flows.notify import NightlyAlerts, WebhookFormat, create_nightly_alerts, deadline_window
 from pipeline.common.params import RUN_CELL_FLOW
 from pipeline.kind_registry import KINDS
@@ -87,6 +88,7 @@ def deploy_all(*, source_dir: Path = PACKAGES_ROOT, nightly_config: str = "confi
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
     from prefect.schedules import Cron
+    from prefect.workers.process import ProcessWorker
 
     window = deadline_window(cron, deadline) if deadline else None  # a bad deadline is refused before any change
     if window is not None and webhook is None:
@@ -95,9 +97,12 @@ def deploy_all(*, source_dir: Path = PACKAGES_ROOT, nightly_config: str = "confi
     chosen = [catalogue.target(t) for t in targets] if targets else list(catalogue.targets.values())
     routes = dict(pools or {})
     pools_to_create = pool_names(chosen, routes)
+    template = ProcessWorker.get_default_base_job_template()
+    template["variables"]["properties"]["env"]["default"] = API_RETRY_ENV  # each run's, beside the worker's own
     with get_client(sync_client=True) as client:
         for pool in pools_to_create:
-            client.create_work_pool(WorkPoolCreate(name=pool, type="process"), overwrite=True)
+            client.create_work_pool(WorkPoolCreate(name=pool, type="process", base_job_template=template),
+                                    overwrite=True)
     if fleet:
         from enginesmith.core.fleet import load_fleet
         from flows.fleet import ensure_fleet

@@ -92,7 +92,8 @@ def run_and_judge(dispatch: Dispatch, cell_id: str, pool: str, timeout_s: float,
     if state.is_completed():
         result = state.result()
         summary = CellSummary.model_validate(result.model_dump() if hasattr(result, "model_dump") else result)
-        return summary.model_copy(update={"flow_run": str(flow_run.id), "reason": summary.reason or retried})
+        return summary.model_copy(update={"flow_run": str(flow_run.id),
+                                          "reason": "; ".join(filter(None, [summary.reason, retried]))})
     reason = f"{state.type.value}: {state.message or ''}"[:500]
     if state.is_final():  # still running when the wait ran out: the run records its own end
         record("failed", reason)

@@ -21,6 +21,7 @@ from pydantic import BaseModel
 
 from enginesmith.core.errors import UserError
 from enginesmith.core.specs import TargetSpec
+from flows import API_RETRY_ENV
 
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"  # set by NVIDIA GPU Feature Discovery: the NVML name, spaces as '-'
@@ -54,7 +55,7 @@ def base_job_template(target: TargetSpec, pool: str, *, image_repository: str, t
                          "default": 1, "description": f"{GPU_RESOURCE} the run's pod requests: the GPUs the cell "
                                                       "holds (its candidate and its reference)"}
     variables["image"]["default"] = f"{image_repository}/{image}:{tag}"
-    variables["env"]["default"] = {f"ENGINESMITH_ENV_{runtime.upper()}": "PATH"}
+    variables["env"]["default"] = {f"ENGINESMITH_ENV_{runtime.upper()}": "PATH", **API_RETRY_ENV}
     job = template["job_configuration"]["job_manifest"]
     pod = job["spec"]["template"]["spec"]
     # The worker's default puts the Job's own fields in the pod spec: unknown fields there, which the API server

@@ -444,6 +444,10 @@ def nightly(
         load_fleet(fleet, default_catalogue())
     os.environ.setdefault(EPHEMERAL_STARTUP_ENV, str(EPHEMERAL_STARTUP_S))
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # its telemetry fails offline, as an ERROR
+    from flows import API_RETRY_ENV
+
+    for name, value in API_RETRY_ENV.items():
+        os.environ.setdefault(name, value)
     from flows.nightly import nightly as nightly_flow
 
     if not _debug["enabled"]:
