@@ -17,8 +17,11 @@ GPU-seconds over its GPUs, or its longest cell; the night's is the largest), the
 GPU utilisation per pool, dispatch latency (each run's scheduled to running, p50/p95), the server's CPU and peak
 memory, and the database's size. Prints a table, writes a Gantt chart per pool, and last one JSON line.
 
+Faults (``--fault``, in the first night, at a seeded random moment): kill-workers, restart-server,
+restart-postgres, registry-outage (see ``--help``).
+
 Usage: python bench/fleet.py [--fleet configs/fleets/production.yaml] [--config configs/nightly.yaml]
-                             [--scale 0.01] [--work-dir DIR] [--changed-model MODEL]
+                             [--scale 0.01] [--work-dir DIR] [--changed-model MODEL] [--fault FAULT] [--seed N]
 """
 
 from __future__ import annotations
@@ -81,8 +84,10 @@ def offline_config(source: Path, root: Path, *, registry_url: str | None = None,
 
 def node_env(scale: float) -> dict[str, str]:
     """What every process of the night needs: the doubles (labelled: bench/fleet_doubles.py), no Hub."""
+    from flows import API_RETRY_ENV
+
     return {"ENGINESMITH_PLUGINS": "fleet_doubles", "PYTHONPATH": str(BENCH_DIR), "HF_HUB_OFFLINE": "1",
-            "ENGINESMITH_FLEET_DOUBLE_SCALE": str(scale), "PREFECT_LOGGING_LEVEL": "WARNING"}
+            "ENGINESMITH_FLEET_DOUBLE_SCALE": str(scale), "PREFECT_LOGGING_LEVEL": "WARNING", **API_RETRY_ENV}
 
 
 def start_fleet(workers: Workers, fleet: Fleet, env: dict[str, str]) -> None:
