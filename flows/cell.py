@@ -166,7 +166,7 @@ def publish_if_passed(cell: PlannedCell, artefact_dir: Path, report: dict[str, A
     create_table_artifact(table=[dict(zip(GATE_COLUMNS, row, strict=True)) for row in gate_rows(parsed.gates)],
                           key=f"gates-{artifact_key}", description=f"gates of {cell.id}")
     if not parsed.passed:
-        failed = [g for g in parsed.gates if not g.passed]
+        failed = [g for g in parsed.gates if g.failed]
         verdict = "; ".join(f"{g.name} = {g.measured} (limit {g.limit})" for g in failed)
         record_cell(config, cell, "gate-failed", report=report, artefact_dir=artefact_dir, reason=verdict)
         raise GateFailed(f"cell {cell.id} failed its gates: {verdict}. Nothing was published.")

@@ -294,7 +294,8 @@ def outcome_from_report(
         accuracy = {name: value for name, value in parsed.accuracy().items() if math.isfinite(value)}
         # A swept cell's profiles; an unswept one's single profile is its candidate, which the ratios follow already.
         frontier = frontier_metrics([p for p in serving_profiles_of(parsed) if p.name != DEFAULT_PROFILE])
-        gates = [GateVerdict.model_validate(gate.model_dump()) for gate in parsed.gates]
+        gates = [GateVerdict.model_validate(gate.model_dump()) for gate in parsed.gates
+                 if gate.decision != "abandoned"]  # a gate the verdict did not wait for has no verdict of its own
         passed = parsed.passed
     lineage = artefact.lineage if artefact is not None else None
     return CellOutcome(

@@ -73,6 +73,36 @@ def test_a_slower_candidate_fails_clear_of_the_spread(tiny_model_dir, tmp_path):
     assert throughput.measured is not None and throughput.high is not None and throughput.high < 0.8
 
 
+@pytest.mark.parametrize("complete_report", [False, True])
+def test_once_a_gate_fails_clear_the_verdict_stops_measuring_unless_a_complete_report_is_asked(
+        tiny_model_dir, tmp_path, complete_report):
+    """#51 item 5: the candidate's single requests alternate 0.8× and 1.25× the reference's TPOT (the latency gate,
+    limit 1.0, cannot be decided) and at concurrency 2 it serves a quarter of the reference's tokens, so its best
+    throughput is its single requests', at most 0.63× the reference's best (the throughput gate, limit 0.9, fails
+    clear at the first look). The failed verdict is final: no round after the first look, the latency gate "not
+    decided". With complete_report the latency gate is measured to the last round, as before."""
+    def candidate_pace(round_number: int, concurrency: int) -> float:
+        return (0.008 if round_number % 2 else 0.0125) if concurrency == 1 else 0.04
+
+    workload = WORKLOAD.model_copy(update={"complete_report": complete_report})
+    with PacedServer("c", candidate_pace, by_level=True) as candidate, PacedServer("r", lambda r: 0.01) as reference:
+        report = validate(ServerSide(role="candidate", name="c", runtime="double", url=candidate.url),
+                          ServerSide(role="reference", name="r", runtime="double", url=reference.url),
+                          workload=workload, gates=GateSpec(min_throughput_ratio=0.9, max_tpot_ratio=1.0),
+                          recipe_id="fp8", target_id="cpu", tokenizer_dir=tiny_model_dir, out_dir=tmp_path)
+    throughput, latency = _gate(report, "min_throughput_ratio"), _gate(report, "max_tpot_ratio")
+    assert not report.passed and throughput.failed and throughput.decision == "clear"
+    assert throughput.rounds == WORKLOAD.repeats
+    if complete_report:
+        assert report.comparison.rounds == WORKLOAD.max_repeats and latency.decision == "median"
+        assert max(r for r, _ in candidate.levels_seen) == WORKLOAD.max_repeats
+    else:
+        assert report.comparison.rounds == WORKLOAD.repeats
+        assert max(r for r, _ in candidate.levels_seen) == WORKLOAD.repeats  # the servers saw no round after it
+        assert latency.decision == "abandoned" and not latency.failed and latency.verdict == "not decided"
+        assert "not decided: the verdict had failed" in report.markdown()
+
+
 def test_after_the_first_look_only_the_levels_of_undecided_gates_are_measured_and_baselines_stop(tiny_model_dir,
                                                                                                 tmp_path):
     """#32: verdicts from fewer requests. The candidate's single requests are 0.6× and 1.6× the reference's TPOT in

@@ -9,7 +9,9 @@ After ``workload.repeats`` rounds the gates are judged by the sequential test of
 error budget spent over one look per round, up to ``workload.max_repeats``); while a performance gate is
 undecided another round measures the levels it depends on (concurrency 1 for the latency gate, the busiest
 levels for the throughput gate) and nothing else; the baselines, which are not gated, are measured in the first
-round alone. A warm-up in a later round is steady at once when its first batch matches what the level measured.
+round alone. Once a gate has failed clear the verdict is final: measuring stops, and a gate still undecided reads
+"not decided" (``workload.complete_report`` measures it on to its own decision). A warm-up in a later round is
+steady at once when its first batch matches what the level measured.
 Each side's accuracy runs once per cell. The report says what the verdict cost (requests, seconds, GPU-seconds).
 """
 
@@ -384,6 +386,12 @@ def validate(candidate: ServerSide, reference: ServerSide, *, workload: Workload
             gate_results = keep_decided(judge(comparison, gates, recipe_id, final=final, workload=workload),
                                         decided)
             waiting = undecided(gate_results)
+            if waiting and not workload.complete_report and any(g.failed for g in gate_results):
+                gate_results = [g.model_copy(update={"decision": "abandoned", "passed": False})
+                                if g.decision == "inside" else g for g in gate_results]
+                progress.console.print(f"the verdict failed after {round_index} rounds: "
+                                       f"{', '.join(g.name for g in waiting)} not decided, measuring stopped")
+                break
             if not waiting:
                 break
             levels = levels_to_measure(waiting, reports[0], reports[1], workload.concurrency)

@@ -357,6 +357,9 @@ class WorkloadSpec(StrictModel):
         0.05, gt=0, description="an upper bound on the per-round noise of a ratio (σ of its log) on this target, "
         "worth four rounds of evidence: two rounds that happen to agree cannot decide a gate alone, and the error "
         "budget holds while the true noise stays below it")
+    complete_report: bool = Field(
+        False, description="measure every performance gate to its decision even after another gate failed clear "
+        "(by default the verdict is final then and measuring stops: the undecided gates read 'not decided')")
     accuracy_tasks: list[str] = []
     greedy_agreement_tokens: int = Field(16, ge=1)
     baselines: list[Literal["transformers-serve"]] = Field(
@@ -385,7 +388,8 @@ class WorkloadSpec(StrictModel):
 
     def keyed(self) -> dict[str, object]:
         """The workload as a stage key takes it: a field added after keys were recorded enters only when set."""
-        return self.model_dump(mode="json", exclude={"slo"} if self.slo is None else set())
+        unset = {"slo"} if self.slo is None else set()
+        return self.model_dump(mode="json", exclude=unset | (set() if self.complete_report else {"complete_report"}))
 
     @model_validator(mode="after")
     def _rounds_in_order(self) -> WorkloadSpec:

@@ -143,7 +143,7 @@ GATE_COLUMNS = ["gate", "measured", "rounds' spread", "limit", "verdict", "decid
 def gate_rows(gates: list[GateResult], measured_spec: str = ".3f") -> list[list[str]]:
     """gate, measured (the median), spread over rounds, limit, verdict, how it was decided, what is measured."""
     return [[g.name, "—" if g.measured is None else format(g.measured, measured_spec), g.spread_label, f"{g.limit:g}",
-             "pass" if g.passed else "FAIL", g.decided_by, g.detail] for g in gates]
+             g.verdict, g.decided_by, g.detail] for g in gates]
 
 
 def view_markdown(title: str, view: ReportView) -> str:

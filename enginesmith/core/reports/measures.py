@@ -102,7 +102,9 @@ class BenchmarkResult(BaseModel):
 # clear: the bounds lie wholly on one side of the limit; inside: undecided, measure more rounds;
 # median: still undecided when no more rounds were allowed, decided on the median; not-judged: the measure cannot
 # discriminate (an accuracy task the reference itself fails), so the gate's verdict is the config's choice.
-Decision = Literal["clear", "inside", "median", "not-judged"]
+# "abandoned": still undecided when another gate had failed clear, so the cell's verdict was final and measuring
+# stopped (validation.stage; WorkloadSpec.complete_report measures on).
+Decision = Literal["clear", "inside", "median", "not-judged", "abandoned"]
 
 
 class GateResult(BaseModel):
@@ -121,6 +123,15 @@ class GateResult(BaseModel):
     bound_high: float | None = None
 
     @property
+    def verdict(self) -> str:
+        return "not decided" if self.decision == "abandoned" else "pass" if self.passed else "FAIL"
+
+    @property
+    def failed(self) -> bool:
+        """Failed on its own measurement (an abandoned gate did not pass, but was never shown to fail)."""
+        return not self.passed and self.decision != "abandoned"
+
+    @property
     def decided_by(self) -> str:
         bounds = "" if self.bound_low is None or self.bound_high is None else \
             f" (bounds {self.bound_low:.3f}–{self.bound_high:.3f})"
@@ -128,6 +139,9 @@ class GateResult(BaseModel):
             return f"limit inside the bounds{bounds}: re-measuring"
         if self.decision == "median":
             return f"limit inside the bounds after {self.rounds} rounds{bounds}: decided on the median"
+        if self.decision == "abandoned":
+            return f"not decided: the verdict had failed (after {self.rounds} rounds the limit was inside the " \
+                   f"bounds{bounds})"
         if self.decision == "not-judged":
             return "not judged: the measure cannot discriminate (" + ("accepted by the config)" if self.passed else
                                                                      "the cell fails unless the config accepts it)")
