@@ -48,6 +48,9 @@ def main() -> None:
     parser.add_argument("--input-len", type=int, default=16)
     parser.add_argument("--output-len", type=int, default=16)
     parser.add_argument("--tolerance", type=float, default=0.05, help="the A/A target: every ratio within 1 ± this")
+    parser.add_argument("--placement", choices=["halves", "swapped"], default="halves",
+                        help="halves: as the nightly places a cpu cell (candidate's model threads on the first half "
+                             "of the cores); swapped: the halves exchanged (a placement bias flips its ratio)")
     parser.add_argument("--slowed", action="store_true",
                         help="candidate with --max-num-seqs 1, judged by the SmolLM2 config's rounds and gates")
     args = parser.parse_args()
@@ -84,8 +87,11 @@ def main() -> None:
     # Placed on the node's cores as the nightly places a cpu cell's sides (pipeline.kinds.llm_steps.validate).
     placement = place_sides(on_cpu=True, visible_uuids=[], candidate_gpus=1, reference_gpus=1,
                             cpu_cores=sorted(os.sched_getaffinity(0)), cpu_bind=os.environ.get(CPU_BIND_ENV))
-    sides[0].env.update(placement.candidate_env)
-    sides[1].env.update(placement.reference_env)
+    candidate_env, reference_env = placement.candidate_env, placement.reference_env
+    if args.placement == "swapped":
+        candidate_env, reference_env = reference_env, candidate_env
+    sides[0].env.update(candidate_env)
+    sides[1].env.update(reference_env)
     with tempfile.TemporaryDirectory(prefix="validation-aa-") as out:
         report = validate(sides[0], sides[1], workload=workload, gates=gates, recipe_id="bf16", target_id="cpu",
                           tokenizer_dir=model_dir, out_dir=Path(out))

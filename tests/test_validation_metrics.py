@@ -284,3 +284,19 @@ def test_the_sequential_test_keeps_its_error_budget_and_decides_a_clear_case_at_
     assert sum(verdict == "fail" and rounds == 2 for verdict, rounds in slowed) / len(slowed) >= 0.95
     same = _sequential_verdicts(1.0, 0.08, 0.7, runs=1000, seed=4)
     assert sum(verdict == "pass" and rounds == 2 for verdict, rounds in same) / len(same) >= 0.95
+
+
+@pytest.mark.parametrize(("throughput", "tpot", "status"), [
+    ([1.54, 1.98, 0.82, 1.70, 1.45, 1.62], [1.0, 1.01, 0.99, 1.0, 1.02, 0.98], "off"),  # the demo's tiny A/A
+    ([1.02, 0.97, 1.01, 0.99], [1.0, 1.03, 0.98, 1.0], "ok"),
+    ([1.02], [1.0], "not-judged"),
+    ([0.80, 0.81, 0.79, 0.80], None, "off"),  # a ratio missing (tokens at once) judges the others
+])
+def test_calibration_is_off_when_one_is_outside_a_ratios_bounds(throughput, tpot, status):
+    from enginesmith.core.reports.measures import Spread
+    from validation.gates import check_calibration, decision_rule
+
+    rule = decision_rule(WorkloadSpec(name="w", dataset="random", repeats=2, max_repeats=6))
+    calibration = check_calibration({"throughput": Spread(values=throughput),
+                                     "TPOT": Spread(values=tpot) if tpot else None}, rule)
+    assert calibration.status == status, calibration.detail

@@ -18,6 +18,10 @@ from validation.stage import ServerSide, validate
 WORKLOAD = WorkloadSpec(name="paced", dataset="random", input_len=8, output_len=4, num_prompts=8, concurrency=[1, 2],
                         warmup_requests=2, warmup_max_s=0.25, min_duration_s=0.2, min_requests=4, repeats=3,
                         max_repeats=5, greedy_agreement_tokens=4)
+# The fewest rounds and requests a verdict is drawn from (two rounds, then one look more), for the tests of what
+# happens at a look rather than of how the rounds are measured.
+QUICK = WORKLOAD.model_copy(update={"repeats": 2, "max_repeats": 3, "min_duration_s": 0.1, "min_requests": 2,
+                                    "warmup_requests": 1})
 # Margins far outside what machine load does to a 10 ms sleep: these tests must not depend on the load.
 GATES = GateSpec(min_throughput_ratio=0.8, max_tpot_ratio=1.25)
 WIDE_GATES = GateSpec(min_throughput_ratio=0.5, max_tpot_ratio=2.0)
@@ -84,7 +88,7 @@ def test_once_a_gate_fails_clear_the_verdict_stops_measuring_unless_a_complete_r
     def candidate_pace(round_number: int, concurrency: int) -> float:
         return (0.008 if round_number % 2 else 0.0125) if concurrency == 1 else 0.04
 
-    workload = WORKLOAD.model_copy(update={"complete_report": complete_report})
+    workload = QUICK.model_copy(update={"complete_report": complete_report})
     with PacedServer("c", candidate_pace, by_level=True) as candidate, PacedServer("r", lambda r: 0.01) as reference:
         report = validate(ServerSide(role="candidate", name="c", runtime="double", url=candidate.url),
                           ServerSide(role="reference", name="r", runtime="double", url=reference.url),
@@ -92,13 +96,13 @@ def test_once_a_gate_fails_clear_the_verdict_stops_measuring_unless_a_complete_r
                           recipe_id="fp8", target_id="cpu", tokenizer_dir=tiny_model_dir, out_dir=tmp_path)
     throughput, latency = _gate(report, "min_throughput_ratio"), _gate(report, "max_tpot_ratio")
     assert not report.passed and throughput.failed and throughput.decision == "clear"
-    assert throughput.rounds == WORKLOAD.repeats
+    assert throughput.rounds == QUICK.repeats
     if complete_report:
-        assert report.comparison.rounds == WORKLOAD.max_repeats and latency.decision == "median"
-        assert max(r for r, _ in candidate.levels_seen) == WORKLOAD.max_repeats
+        assert report.comparison.rounds == QUICK.max_repeats and latency.decision == "median"
+        assert max(r for r, _ in candidate.levels_seen) == QUICK.max_repeats
     else:
-        assert report.comparison.rounds == WORKLOAD.repeats
-        assert max(r for r, _ in candidate.levels_seen) == WORKLOAD.repeats  # the servers saw no round after it
+        assert report.comparison.rounds == QUICK.repeats
+        assert max(r for r, _ in candidate.levels_seen) == QUICK.repeats  # the servers saw no round after it
         assert latency.decision == "abandoned" and not latency.failed and latency.verdict == "not decided"
         assert "not decided: the verdict had failed" in report.markdown()
 
@@ -280,3 +284,28 @@ matrix: [{{models: [tiny-llama], recipes: [fp8], targets: [cpu], kinds: [hf-quan
     with pytest.raises(ConfigError) as no_c1:
         load_pipeline_config(write_config(base + "workload: {concurrency: [4, 8]}\n"))
     assert "workload.concurrency" in no_c1.value.render() and "add 1" in no_c1.value.render()
+
+
+def test_a_placement_bias_on_the_cpu_target_is_a_calibration_fault_not_a_pass(tiny_model_dir, tmp_path):
+    """#51 item 3: on the cpu target both sides run the same kernels, so the speed ratios must read 1.00. A planted
+    bias (the candidate's server decodes twice as fast in every round, as a side on faster cores would) passes the
+    gates but the report calls its calibration off, says so first, and gives history no speed ratio to compare."""
+    with PacedServer("c", lambda r: 0.005) as candidate, PacedServer("r", lambda r: 0.01) as reference:
+        report = validate(ServerSide(role="candidate", name="c", runtime="double", url=candidate.url),
+                          ServerSide(role="reference", name="r", runtime="double", url=reference.url),
+                          workload=QUICK, gates=WIDE_GATES, recipe_id="fp8", target_id="cpu",
+                          tokenizer_dir=tiny_model_dir, out_dir=tmp_path)
+    assert report.passed and report.calibration is not None and report.calibration.status == "off"
+    assert "throughput" in report.calibration.detail and report.round_metrics() == {}
+    assert report.view().calibration_fault.startswith("calibration off: throughput")
+    assert "**calibration off" in report.markdown()
+
+
+def test_one_round_cannot_judge_the_calibration(tiny_model_dir, tmp_path):
+    with PacedServer("c", lambda r: 0.01) as candidate, PacedServer("r", lambda r: 0.01) as reference:
+        report = validate(ServerSide(role="candidate", name="c", runtime="double", url=candidate.url),
+                          ServerSide(role="reference", name="r", runtime="double", url=reference.url),
+                          workload=QUICK.model_copy(update={"repeats": 1, "max_repeats": 1}), gates=WIDE_GATES,
+                          recipe_id="fp8", target_id="cpu", tokenizer_dir=tiny_model_dir, out_dir=tmp_path)
+    assert report.calibration is not None and report.calibration.status == "not-judged"
+    assert report.view().calibration_fault.startswith("calibration not judged: one round")

@@ -18,7 +18,7 @@ import math
 import statistics
 from typing import Literal
 
-from enginesmith.core.reports.measures import Decision, DecisionRule, GateResult, Spread
+from enginesmith.core.reports.measures import Calibration, Decision, DecisionRule, GateResult, Spread
 from enginesmith.core.specs import GateSpec, WorkloadSpec
 
 Judgement = Literal["pass", "fail", "inside"]
@@ -182,3 +182,19 @@ def evaluate_gates(
 def undecided(results: list[GateResult]) -> list[GateResult]:
     """The gates that want more rounds."""
     return [result for result in results if result.decision == "inside"]
+
+
+def check_calibration(ratios: dict[str, Spread | None], rule: DecisionRule) -> Calibration:
+    """For ratios that should read 1.00 by construction: is 1.00 inside the bounds the sequential test puts around
+    each at its last look? Outside: a harness fault. One round puts no bounds around a ratio: not judged."""
+    measured = {name: spread for name, spread in ratios.items() if spread is not None}
+    if not measured:
+        return Calibration(status="not-judged", detail="no speed ratio was measured")
+    if any(len(spread.values) < 2 for spread in measured.values()):
+        return Calibration(status="not-judged", detail="one round puts no bounds around a ratio (workload.repeats 1)")
+    parts, off = [], False
+    for name, spread in measured.items():
+        low, high = bounds(spread, rule)
+        parts.append(f"{name} {spread.median:.2f}, bounds {low:.2f}–{high:.2f}")
+        off = off or not low <= 1.0 <= high
+    return Calibration(status="off" if off else "ok", detail="; ".join(parts))

@@ -54,7 +54,7 @@ from validation.accuracy import (
     perplexity,
     shipped_task_scores,
 )
-from validation.gates import decision_rule, evaluate_gates, undecided
+from validation.gates import check_calibration, decision_rule, evaluate_gates, undecided
 from validation.loadgen import LevelPlan, probe_capabilities, run_level
 from validation.sampling import UsageSampler
 from validation.server import Endpoint, check_still_serving, external_endpoint, free_port, running_server
@@ -332,12 +332,15 @@ def keep_decided(results: list[GateResult], decided: dict[str, GateResult]) -> l
 def validate(candidate: ServerSide, reference: ServerSide, *, workload: WorkloadSpec, gates: GateSpec,
              recipe_id: str, target_id: str, tokenizer_dir: Path, out_dir: Path,
              baselines: list[ServerSide] | None = None, health_timeout_s: float = 600,
-             reference_accuracy_cache: Path | None = None, keep_servers_up: bool = True) -> ValidationReport:
+             reference_accuracy_cache: Path | None = None, keep_servers_up: bool = True,
+             calibrate: bool = False) -> ValidationReport:
     """Measure every side on the same prompts in interleaved rounds, compare, and apply the gates.
 
     ``reference_accuracy_cache`` is a file keyed by the caller on (reference checkpoint, runtime, workload): the
     reference's greedy accuracy and completions are deterministic, so they are measured once and reused.
     ``keep_servers_up`` false starts each side's server for each round (for sides that cannot share a device).
+    Where the speed ratios should read 1.00 by construction (the cpu target; ``calibrate``: an A/A run) the report
+    says whether they did (``ValidationReport.calibration``).
     """
     prompts = build_prompts(workload, tokenizer_dir)
     requests = [(p.text, p.prompt_len, p.output_len) for p in prompts]
@@ -404,8 +407,11 @@ def validate(candidate: ServerSide, reference: ServerSide, *, workload: Workload
     reports = [run.report(servers.held_s[run.side.role]) for run in runs]
     comparison = compare(reports, [run.results.completions for run in runs if run.results], workload)
     notes = [note for side in sides for note in side.notes]
-    if target_id == "cpu":
-        notes.append(CPU_TARGET_NOTE)
+    calibration = None
+    if target_id == "cpu" or calibrate:
+        notes.append(CPU_TARGET_NOTE if target_id == "cpu" else "An A/A run: its speed ratios check the harness.")
+        calibration = check_calibration({"throughput": comparison.throughput_ratios, "TPOT": comparison.tpot_ratios},
+                                        decision_rule(workload))
     for side_report in reports:
         if not side_report.capabilities.vllm_extensions:
             notes.append(f"{side_report.role} rejects vLLM's request extensions ({side_report.capabilities.detail}): "
@@ -432,7 +438,7 @@ def validate(candidate: ServerSide, reference: ServerSide, *, workload: Workload
         recipe=recipe_id, target=target_id, workload=workload, comparison=comparison, gates=gate_results,
         passed=all(g.passed for g in gate_results), notes=notes,
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"), decision=decision_rule(workload),
-        verdict_s=round(verdict_s, 3),
+        verdict_s=round(verdict_s, 3), calibration=calibration,
     )
 
 

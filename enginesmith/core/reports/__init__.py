@@ -45,6 +45,9 @@ class ReportView(BaseModel):
     notes: list[str] = []
     throughput_ratio: str = "—"
     tpot_ratio: str = "—"
+    # Where the speed ratios should read 1.00 and did not, or could not be judged: the line that says so ("" where
+    # they did, or where they compare real speeds).
+    calibration_fault: str = ""
 
 
 class KindReport(Protocol):

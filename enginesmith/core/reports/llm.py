@@ -12,6 +12,7 @@ from pydantic import BaseModel, computed_field
 from enginesmith.core.reports import Objective, ReportView, TableView, gate_table, markdown_table
 from enginesmith.core.reports.measures import (
     BenchmarkResult,
+    Calibration,
     DecisionRule,
     GateResult,
     Perplexity,
@@ -238,8 +239,21 @@ class ValidationReport(BaseModel):
     # The tuning sweep's profiles, measured after the gates passed (empty: none was asked for, or an older report;
     # the candidate's own measurement is then the one profile, ``serving_profiles``).
     profiles: list[ServingProfile] = []
+    # Where the speed ratios should read 1.00 by construction (the cpu target, an A/A run): whether they did.
+    calibration: Calibration | None = None
+
+    @property
+    def calibration_fault(self) -> str:
+        if self.calibration is None or self.calibration.status == "ok":
+            return ""
+        off = " — the harness's error (placement, load generator, a loaded machine), not the artefact's speed"
+        return self.calibration.headline + (off if self.calibration.status == "off" else "")
 
     def round_metrics(self) -> dict[str, Spread]:
+        """The speed ratios, except from a run whose calibration was off: they measured the harness, so history
+        must not read them as a regression or an improvement."""
+        if self.calibration is not None and self.calibration.status == "off":
+            return {}
         c = self.comparison
         found = {"throughput_ratio": c.throughput_ratios, "tpot_ratio": c.tpot_ratios, "e2el_ratio": c.e2el_ratios}
         return {name: spread for name, spread in found.items() if spread is not None}
@@ -319,13 +333,16 @@ class ValidationReport(BaseModel):
                           tables=[self.comparison_table(), gate_table(self.gates),
                                   *([cost] if (cost := self.cost_table()) else []),
                                   *([profiles] if (profiles := self.profile_table()) else [])], notes=notes,
-                          throughput_ratio=fmt_ratio(c.throughput_ratios), tpot_ratio=fmt_ratio(c.tpot_ratios))
+                          throughput_ratio=fmt_ratio(c.throughput_ratios), tpot_ratio=fmt_ratio(c.tpot_ratios),
+                          calibration_fault=self.calibration_fault)
 
     def markdown(self) -> str:
         verdict = "PASSED" if self.passed else "FAILED"
         table = self.comparison_table()
-        lines = [f"# Validation {verdict}: {self.recipe} on {self.target}", "", self.workload_summary(), "",
-                 table.caption, "", *markdown_table(table)]
+        lines = [f"# Validation {verdict}: {self.recipe} on {self.target}", "", self.workload_summary(), ""]
+        if self.calibration is not None:
+            lines += [f"**{self.calibration_fault or self.calibration.headline}**", ""]
+        lines += [table.caption, "", *markdown_table(table)]
         if self.comparison.greedy_agreement is not None:
             lines += ["", f"Greedy agreement (first {self.comparison.greedy_agreement_tokens} tokens): "
                           f"{self.comparison.greedy_agreement:.1%}"]

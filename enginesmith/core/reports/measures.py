@@ -257,3 +257,17 @@ def fmt_ratio(spread: Spread | None) -> str:
     if spread is None:
         return "—"
     return f"{spread.median:.3f} ±{spread.relative_half_range:.1%}"
+
+
+class Calibration(BaseModel):
+    """Whether the speed ratios of a run where they should read 1.00 by construction (the cpu target, an A/A run)
+    did: "ok" (1.00 inside every ratio's bounds), "off" (a harness fault: the placement, the load generator, a loaded
+    machine; not the artefact's speed) or "not-judged" (too few rounds to put bounds around a ratio)."""
+
+    status: Literal["ok", "off", "not-judged"]
+    detail: str
+
+    @property
+    def headline(self) -> str:
+        return {"ok": "calibration ok", "off": "calibration off", "not-judged": "calibration not judged"}[
+            self.status] + f": {self.detail}"
