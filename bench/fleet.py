@@ -172,8 +172,8 @@ def cell_runs(api_url: str, since: Any) -> list[Any]:
                 return runs
 
 
-def cells_ended(api_url: str, since: Any) -> bool:
-    """Has a cell run of the night ended (so publishes are under way)?"""
+def cell_runs_in(api_url: str, since: Any, states: list[str], limit: int | None = None) -> list[Any]:
+    """The night's cell runs (build-cell and run-cell, started after ``since``) in one of ``states``."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import (
         FlowFilter,
@@ -187,28 +187,21 @@ def cells_ended(api_url: str, since: Any) -> bool:
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     with temporary_settings({PREFECT_API_URL: api_url}), get_client(sync_client=True) as client:
-        return bool(client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=CELL_FLOWS)), limit=1,
-                                          flow_run_filter=FlowRunFilter(
+        return client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=CELL_FLOWS)), limit=limit,
+                                     flow_run_filter=FlowRunFilter(
             start_time=FlowRunFilterStartTime(after_=since),
-            state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.COMPLETED])))))
+            state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType(s) for s in states]))))
+
+
+def cells_ended(api_url: str, since: Any) -> bool:
+    """Has a cell run of the night ended (so publishes are under way)?"""
+    return bool(cell_runs_in(api_url, since, ["COMPLETED"], limit=1))
 
 
 def night_checks(config: Path, api_url: str, since: Any) -> dict[str, Any]:
     """After a night: is every buildable cell of the config in the registry, published by exactly one run (its
     history's "built" outcomes under its key), and is no cell run of the night left Running, Pending or Scheduled
     (the nightly deployment's own scheduled runs, tomorrow's, are not the night's)?"""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import (
-        FlowFilter,
-        FlowFilterName,
-        FlowRunFilter,
-        FlowRunFilterStartTime,
-        FlowRunFilterState,
-        FlowRunFilterStateType,
-    )
-    from prefect.client.schemas.objects import StateType
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
     from pipeline.common.plan_sources import plan_config
     from registry.history import CellOutcome
     from registry.store import open_store
@@ -224,12 +217,7 @@ def night_checks(config: Path, api_url: str, since: Any) -> dict[str, Any]:
                 built[f"{outcome.cell}@{outcome.key}"] = built.get(f"{outcome.cell}@{outcome.key}", 0) + 1
     missing = [cell.id for cell in plan.buildable if store.read_manifest(cell.model.id, cell.key) is None]
     published_by = [built.get(f"{cell.id}@{cell.key}", 0) for cell in plan.buildable]
-    with temporary_settings({PREFECT_API_URL: api_url}), get_client(sync_client=True) as client:
-        unfinished = client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=CELL_FLOWS)),
-                                           flow_run_filter=FlowRunFilter(
-            start_time=FlowRunFilterStartTime(after_=since),
-            state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[
-                StateType.RUNNING, StateType.PENDING, StateType.SCHEDULED]))))
+    unfinished = cell_runs_in(api_url, since, ["RUNNING", "PENDING", "SCHEDULED"])
     return {"cells": len(plan.buildable), "missing": missing,
             "published_once": sum(count == 1 for count in published_by),
             "published_twice_or_more": sum(count > 1 for count in published_by),
