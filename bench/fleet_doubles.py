@@ -69,8 +69,11 @@ class FleetDoubleReport(BaseModel):
     def accuracy(self) -> dict[str, float]:
         return {}
 
-    def objective_value(self, objective: Objective) -> float | None:
+    def objective_spread(self, objective: Objective) -> Spread | None:
         return None
+
+    def speed_checks_harness(self) -> bool:
+        return False
 
     def view(self) -> ReportView:
         return ReportView(kind=self.kind, passed=self.passed,
@@ -96,7 +99,7 @@ def cost_of(cell: Cell, config: PipelineConfig) -> CellCost:
 
 
 def sleep_stages(cost: CellCost, names: Iterable[str], pool: str) -> dict[str, float]:
-    slept = {}
+    slept: dict[str, float] = {}
     for stage in cost.stages:
         if stage.stage in names and (stage.pool == pool or stage.stage == "pull"):
             slept[stage.stage] = stage.seconds * scale()

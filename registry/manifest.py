@@ -21,6 +21,7 @@ from pydantic_core import PydanticCustomError
 from enginesmith.core.artefacts import ARTEFACT_FILE, Artefact
 from enginesmith.core.checkpoints.models import CheckpointFile
 from enginesmith.core.reports import Objective, parse_report
+from enginesmith.core.reports.measures import Spread
 from registry.errors import IntegrityError, UnsafePathError
 from registry.names import is_digest, is_name
 
@@ -291,14 +292,33 @@ def parse_manifest(body: bytes, where: str) -> Manifest:
                              hint="the manifest does not match schema 1; re-publish the artefact") from None
 
 
-def validation_metric(validation: Mapping[str, Any] | None, objective: Objective) -> float | None:
-    """The number the resolver ranks artefacts by, as the report's kind defines it (``KindReport.objective_value``:
-    an LLM's max output tokens/s or median TPOT at concurrency 1; an encoder's embeddings/s at its largest batch or
-    median latency at its smallest); ``None`` when there is no report this version can read."""
+class SpeedEvidence(BaseModel):
+    """What a manifest's validation says about the artefact for ranking it: the objective per round, whether its
+    speed only checked the harness (the cpu target: the same kernels on both sides), and the mean of its accuracy
+    measures."""
+
+    objective: Spread | None
+    checks_harness: bool
+    accuracy: float | None
+
+
+def speed_evidence(validation: Mapping[str, Any] | None, objective: Objective) -> SpeedEvidence | None:
+    """``None`` when there is no report this version can read."""
     parsed = parse_report(validation)
     if parsed is None or isinstance(parsed, str):
         return None
-    return parsed.objective_value(objective)
+    scores = list(parsed.accuracy().values())
+    return SpeedEvidence(objective=parsed.objective_spread(objective), checks_harness=parsed.speed_checks_harness(),
+                         accuracy=sum(scores) / len(scores) if scores else None)
+
+
+def validation_metric(validation: Mapping[str, Any] | None, objective: Objective) -> float | None:
+    """The number the resolver ranks artefacts by, as the report's kind defines it (``KindReport.objective_spread``'s
+    median:
+    an LLM's max output tokens/s or median TPOT at concurrency 1; an encoder's embeddings/s at its largest batch or
+    median latency at its smallest); ``None`` when there is no report this version can read."""
+    evidence = speed_evidence(validation, objective)
+    return evidence.objective.median if evidence is not None and evidence.objective is not None else None
 
 
 def higher_is_better(objective: Objective) -> bool:

@@ -109,8 +109,11 @@ class ChecksumReport(BaseModel):
     def accuracy(self) -> dict[str, float]:
         return {"files_matching": sum(self.files.values()) / len(self.files)} if self.files else {}
 
-    def objective_value(self, objective: Objective) -> float | None:
+    def objective_spread(self, objective: Objective) -> Spread | None:
         return None
+
+    def speed_checks_harness(self) -> bool:
+        return False
 
     def view(self) -> ReportView:
         files = TableView(caption="Files", columns=["file", "matches"],

@@ -48,13 +48,16 @@ def side(role: str, throughputs: list[float], tpot_ms: float, accuracy: float | 
 def llm_report(throughput_ratios: list[float], tpot_ratios: list[float] | None = None, *,
                e2el_ratios: list[float] | None = None, accuracy: float | None = None, passed: bool = True,
                artefact_key: str | None = None, key: str | None = None, recipe: str = "fp8", note: str = "",
-               tpot_ms: float = 10.0, cell: str | None = None, peak_tok_s: float | None = None) -> dict[str, Any]:
+               tpot_ms: float = 10.0, cell: str | None = None, peak_tok_s: float | None = None,
+               peak_tok_s_by_round: list[float] | None = None, target: str = "cpu") -> dict[str, Any]:
     """An LLM report whose per-round ratios are the ones given (one round per throughput ratio); ``peak_tok_s``:
     the candidate's best level in every round (its ``max_output_throughput``), whatever the ratios."""
     reference = list(islice(cycle(REFERENCE_TOK_S), len(throughput_ratios)))
     candidate = [ratio * ref for ratio, ref in zip(throughput_ratios, reference, strict=True)]
     if peak_tok_s is not None:  # the c=4 level runs at 3× the c=1 one
         candidate = [peak_tok_s / 3] * len(throughput_ratios)
+    if peak_tok_s_by_round is not None:
+        candidate = [peak / 3 for peak in peak_tok_s_by_round]
     ratios = Spread(values=throughput_ratios)
     comparison = Comparison(
         candidate=side("candidate", candidate, tpot_ms, accuracy), reference=side("reference", reference, 10.0),
@@ -65,7 +68,7 @@ def llm_report(throughput_ratios: list[float], tpot_ratios: list[float] | None =
     gates = [GateResult(name="min_throughput_ratio", measured=ratios.median, limit=0.5, passed=passed,
                         detail=f"candidate ÷ reference {note}", low=ratios.low, high=ratios.high,
                         rounds=len(throughput_ratios))]
-    report = ValidationReport(recipe=recipe, target="cpu", workload=WorkloadSpec(name="nightly", concurrency=[1, 4]),
+    report = ValidationReport(recipe=recipe, target=target, workload=WorkloadSpec(name="nightly", concurrency=[1, 4]),
                               comparison=comparison, gates=gates, passed=passed, notes=[note] if note else [],
                               created="2026-11-01T02:00:00+00:00", artefact_key=artefact_key, key=key, cell=cell)
     return report.model_dump(mode="json")

@@ -131,6 +131,33 @@ def test_on_a_gpu_machine_its_own_engine_beats_a_newer_cpu_artefact(engine, tmp_
     assert on_cpu.chosen is not None and on_cpu.chosen.key == cpu_artefact.key
 
 
+def test_on_the_cpu_target_speed_is_no_reason_and_the_more_accurate_artefact_is_pulled(tmp_path) -> None:
+    """#51 item 6: a hidden run pulled a model's fp8 artefact over its bf16 one on 32.1 against 30.7 tok/s, the same
+    size, on the cpu target, where both serve the same BF16 kernels: the lossier artefact for nothing."""
+    from tests.report_factory import llm_report
+
+    fp8 = manifest_for(write_artefact(tmp_path / "fp8", recipe="fp8"), published="2026-02-01T00:00:00+00:00",
+                       validation=llm_report([1.0, 1.0], peak_tok_s=32.1, accuracy=0.61))
+    bf16 = manifest_for(write_artefact(tmp_path / "bf16", recipe="bf16"), published="2026-01-01T00:00:00+00:00",
+                        validation=llm_report([1.0, 1.0], peak_tok_s=30.7, accuracy=0.64))
+    result = resolve("m", [fp8, bf16], machine(), Constraints())
+    assert result.chosen is not None and result.chosen.key == bf16.key
+    assert all("ranked by accuracy" in candidate.ranked_by for candidate in result.candidates)
+
+
+@pytest.mark.parametrize(("slower_rounds", "tie"), [([8800, 9400, 9100], True), ([6000, 6200, 6100], False)])
+def test_throughputs_within_each_others_rounds_are_a_tie_broken_by_accuracy(engine, slower_rounds, tie) -> None:
+    from tests.report_factory import llm_report
+
+    faster = engine(recipe="fp8", published="2026-02-01T00:00:00+00:00", validation=llm_report(
+        [1.0] * 3, peak_tok_s_by_round=[9000, 9600, 9300], accuracy=0.60, target="h100-sxm"))
+    slower = engine(recipe="bf16", published="2026-01-01T00:00:00+00:00", validation=llm_report(
+        [1.0] * 3, peak_tok_s_by_round=slower_rounds, accuracy=0.65, target="h100-sxm"))
+    result = resolve("m", [faster, slower], machine(H100, H100), Constraints())
+    assert result.chosen is not None and result.chosen.key == (slower.key if tie else faster.key)
+    assert ("overlap the fastest" in result.chosen.ranked_by) is tie
+
+
 def test_nothing_runnable_chooses_nothing(engine) -> None:
     result = resolve("m", [engine()], machine(), Constraints())
     assert result.chosen is None and result.candidates[0].status == "incompatible"

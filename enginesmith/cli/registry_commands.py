@@ -693,7 +693,8 @@ def _print_resolution(resolution: Resolution) -> None:
     rows: list[list[Cell]] = []
     for candidate in resolution.candidates:
         chosen = resolution.chosen is not None and candidate.key == resolution.chosen.key
-        detail = "; ".join(candidate.reasons + candidate.notes) or "-"
+        detail = "; ".join(candidate.reasons + candidate.notes + [candidate.ranked_by] * bool(candidate.ranked_by)) \
+            or "-"
         row = ["→" if chosen else "", candidate.key[:12], candidate.kind, candidate.recipe, candidate.target,
                f"{candidate.tp}×{candidate.pp}", size_label(candidate.total_bytes)]
         if slo is not None:
@@ -704,7 +705,12 @@ def _print_resolution(resolution: Resolution) -> None:
                     f"{profile.goodput:.2f}" if meets and profile and profile.goodput is not None else "-",
                     f"{profile.output_throughput:,.1f}" if meets and profile and profile.output_throughput else "-"]
         else:
-            row.append("-" if candidate.metric is None else f"{candidate.metric:,.1f}")
+            spread = "" if candidate.metric_low is None or candidate.metric_high is None or \
+                candidate.metric_low == candidate.metric_high else \
+                f" ({candidate.metric_low:,.1f}–{candidate.metric_high:,.1f})"
+            row.append("-" if candidate.metric is None else f"{candidate.metric:,.1f}{spread}")
+            if candidate.accuracy is not None and candidate.ranked_by:
+                row[-1] += f", accuracy {candidate.accuracy:.3f}"
         rows.append([*row, styled(candidate.status, colour[candidate.status]), detail])
     columns = ["", "key", "kind", "recipe", "target", "tp×pp", "size"]
     columns += ["profile", "at", "goodput req/s", "tok/s"] if slo is not None else [metric_name]
@@ -715,7 +721,8 @@ def _print_resolution(resolution: Resolution) -> None:
     if resolution.chosen is not None:
         chosen_profile = resolution.chosen.profile
         by = (f"profile {chosen_profile.profile} at c={chosen_profile.concurrency}: the most goodput within the SLO"
-              if chosen_profile is not None and chosen_profile.meets else f"by {resolution.constraints.objective}")
+              if chosen_profile is not None and chosen_profile.meets else resolution.chosen.ranked_by
+              or f"by {resolution.constraints.objective}")
         stdout.print(f"chosen: [bold]{escape(resolution.chosen.model)}@{resolution.chosen.key[:12]}[/] ({escape(by)})",
                      markup=True)
     elif resolution.candidates:

@@ -75,8 +75,14 @@ class KindReport(Protocol):
         """The candidate's accuracy measures (task scores, cosine, recall), by name."""
         ...
 
-    def objective_value(self, objective: Objective) -> float | None:
-        """What the resolver ranks by: the candidate's throughput (higher is better) or latency (lower)."""
+    def objective_spread(self, objective: Objective) -> Spread | None:
+        """What the resolver ranks by, one value per round: the candidate's throughput (higher is better) or latency
+        (lower); two artefacts whose spreads overlap are a tie on it. None where the kind measures no speed."""
+        ...
+
+    def speed_checks_harness(self) -> bool:
+        """Did its candidate and reference run the same kernels (the cpu target), so its speed checks the harness
+        and says nothing of the artefact? The resolver then ranks by accuracy."""
         ...
 
     def serving_profiles(self) -> list[ServingProfile]:

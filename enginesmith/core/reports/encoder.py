@@ -64,14 +64,17 @@ class EncoderValidationReport(BaseModel):
     def serving_profiles(self) -> list[ServingProfile]:
         return []  # the encoder kind publishes no serving profiles yet
 
-    def objective_value(self, objective: Objective) -> float | None:
+    def objective_spread(self, objective: Objective) -> Spread | None:
         """Embeddings/s at the largest batch size, or the median request latency at the smallest."""
         levels = [level for level in self.throughput if level.side == CANDIDATE]
         if not levels:
             return None
         if objective == "throughput":
-            return max(levels, key=lambda level: level.batch_size).embeddings_per_s.median
-        return min(levels, key=lambda level: level.batch_size).median_latency_ms.median
+            return max(levels, key=lambda level: level.batch_size).embeddings_per_s
+        return min(levels, key=lambda level: level.batch_size).median_latency_ms
+
+    def speed_checks_harness(self) -> bool:
+        return False  # the candidate runs its own graph (int8 against fp32): its speed is its own
 
     def tables(self) -> list[TableView]:
         accuracy = [[s.name, s.what, f"{s.cosine_to_reference.min_cosine:.6f}",

@@ -261,9 +261,12 @@ class ValidationReport(BaseModel):
     def accuracy(self) -> dict[str, float]:
         return {score.task: score.value for score in self.comparison.candidate.accuracy}
 
-    def objective_value(self, objective: Objective) -> float | None:
+    def objective_spread(self, objective: Objective) -> Spread | None:
         candidate = self.comparison.candidate
-        return candidate.max_output_throughput if objective == "throughput" else candidate.tpot_c1_median_ms
+        return candidate.throughput if objective == "throughput" else candidate.tpot_c1
+
+    def speed_checks_harness(self) -> bool:
+        return self.target == "cpu" or self.calibration is not None
 
     def serving_profiles(self) -> list[ServingProfile]:
         """The tuned profiles, or the candidate as validated (the serve recipe as built)."""

@@ -128,8 +128,9 @@ class GateResult(BaseModel):
 
     @property
     def failed(self) -> bool:
-        """Failed on its own measurement (an abandoned gate did not pass, but was never shown to fail)."""
-        return not self.passed and self.decision != "abandoned"
+        """Shown to fail by its own measurement: not an undecided gate ("inside": more rounds to come) nor an
+        abandoned one (it did not pass, but was never shown to fail)."""
+        return not self.passed and self.decision not in ("inside", "abandoned")
 
     @property
     def decided_by(self) -> str:
