@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 
@@ -36,7 +37,7 @@ def main() -> None:
     from enginesmith.core.serving import reference_recipe
     from enginesmith.core.specs import BuildProfile, GateSpec, WorkloadSpec
     from validation.placement import CPU_BIND_ENV, place_sides
-    from validation.stage import ServerSide, validate
+    from validation.stage import ServerSide, seat, validate
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2", help="smollm2 (default), tiny, or a checkpoint directory")
@@ -48,9 +49,11 @@ def main() -> None:
     parser.add_argument("--input-len", type=int, default=16)
     parser.add_argument("--output-len", type=int, default=16)
     parser.add_argument("--tolerance", type=float, default=0.05, help="the A/A target: every ratio within 1 ± this")
-    parser.add_argument("--placement", choices=["halves", "swapped"], default="halves",
-                        help="halves: as the nightly places a cpu cell (candidate's model threads on the first half "
-                             "of the cores); swapped: the halves exchanged (a placement bias flips its ratio)")
+    parser.add_argument("--placement", choices=["counterbalanced", "halves", "swapped"], default="counterbalanced",
+                        help="counterbalanced: as the nightly places a cpu cell (each side on half the cores, the "
+                             "halves exchanged every round); halves: the candidate kept on the first half, the "
+                             "reference on the second; swapped: the other way round (a placement bias flips its "
+                             "ratio)")
     parser.add_argument("--slowed", action="store_true",
                         help="candidate with --max-num-seqs 1, judged by the SmolLM2 config's rounds and gates")
     args = parser.parse_args()
@@ -87,11 +90,11 @@ def main() -> None:
     # Placed on the node's cores as the nightly places a cpu cell's sides (pipeline.kinds.llm_steps.validate).
     placement = place_sides(on_cpu=True, visible_uuids=[], candidate_gpus=1, reference_gpus=1,
                             cpu_cores=sorted(os.sched_getaffinity(0)), cpu_bind=os.environ.get(CPU_BIND_ENV))
-    candidate_env, reference_env = placement.candidate_env, placement.reference_env
-    if args.placement == "swapped":
-        candidate_env, reference_env = reference_env, candidate_env
-    sides[0].env.update(candidate_env)
-    sides[1].env.update(reference_env)
+    if args.placement != "counterbalanced" and placement.halves is not None:
+        candidate, reference = placement.halves if args.placement == "halves" else placement.halves[::-1]
+        placement = replace(placement, halves=None, candidate_env={CPU_BIND_ENV: ",".join(map(str, candidate))},
+                            reference_env={CPU_BIND_ENV: ",".join(map(str, reference))})
+    seat(placement, sides[0], sides[1])
     with tempfile.TemporaryDirectory(prefix="validation-aa-") as out:
         report = validate(sides[0], sides[1], workload=workload, gates=gates, recipe_id="bf16", target_id="cpu",
                           tokenizer_dir=model_dir, out_dir=Path(out))

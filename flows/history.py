@@ -59,15 +59,12 @@ def record_cell(config: PipelineConfig, cell: PlannedCell, status: OutcomeStatus
         try:
             record_outcome(store, outcome)
             return outcome
-        except TransientError as exc:
-            if delay_s is None:
+        except UserError as exc:  # a transient error is asked again, then given up on as any other
+            if not isinstance(exc, TransientError) or delay_s is None:
                 log.warning("could not record cell %s's outcome in the registry's history: %s", cell.id, exc.render())
                 return None
             log.info("recording cell %s's outcome: %s; asking again in %g s", cell.id, exc.message, delay_s)
             time.sleep(delay_s)
-        except UserError as exc:
-            log.warning("could not record cell %s's outcome in the registry's history: %s", cell.id, exc.render())
-            return None
     return None
 
 

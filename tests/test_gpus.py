@@ -22,7 +22,6 @@ from enginesmith.core.gpus import (
 from registry.machine import describe_machine
 from tests.conftest import run_cli
 from tests.fake_nvml import FakeBoard, FakeMig, FakeNvml
-from validation.placement import place_sides
 from validation.sampling import UsageSampler, gpu_memory_used_bytes
 
 # NVML reports a little less memory than the nominal size (an H100 80GB: 81559 MiB).
@@ -179,32 +178,6 @@ def test_resolve_on_a_mig_slice_sees_the_slices_memory_not_the_boards(monkeypatc
     machine = describe_machine("auto", default_catalogue())
     assert [(slot.index, slot.target_id, round(slot.memory_bytes / GIB, 1)) for slot in machine.gpus] == [
         (0, "h100-sxm", 19.5)]
-
-
-def test_validation_names_each_sides_gpus_by_uuid():
-    placement = place_sides(on_cpu=False, visible_uuids=[_uuid(5), _uuid(2), _uuid(7), _uuid(1)], candidate_gpus=1,
-                            reference_gpus=2)
-    assert placement.keep_servers_up
-    assert placement.candidate_env == {"CUDA_VISIBLE_DEVICES": _uuid(5)}
-    assert placement.reference_env == {"CUDA_VISIBLE_DEVICES": f"{_uuid(2)},{_uuid(7)}"}
-    assert not place_sides(on_cpu=False, visible_uuids=[_uuid(5), _uuid(2)], candidate_gpus=1,
-                           reference_gpus=2).keep_servers_up
-
-
-def test_on_the_cpu_the_sides_model_threads_get_disjoint_halves_of_the_node_unless_the_node_pins_them():
-    split = place_sides(on_cpu=True, visible_uuids=[], candidate_gpus=1, reference_gpus=1, cpu_cores=[7, 0, 1, 2, 5])
-    assert split.keep_servers_up
-    assert split.candidate_env == {"VLLM_CPU_OMP_THREADS_BIND": "0-1"}
-    assert split.reference_env == {"VLLM_CPU_OMP_THREADS_BIND": "2,5"}  # the odd core out is left to the frontends
-    two = place_sides(on_cpu=True, visible_uuids=[], candidate_gpus=1, reference_gpus=1, cpu_cores=[0, 1])
-    assert (two.candidate_env, two.reference_env) == ({"VLLM_CPU_OMP_THREADS_BIND": "0"},
-                                                      {"VLLM_CPU_OMP_THREADS_BIND": "1"})
-    pinned = place_sides(on_cpu=True, visible_uuids=[], candidate_gpus=1, reference_gpus=1, cpu_cores=[0, 1],
-                         cpu_bind="1")
-    assert pinned.keep_servers_up and not pinned.candidate_env and not pinned.reference_env
-    assert "VLLM_CPU_OMP_THREADS_BIND=1" in pinned.notes[0]
-    alone = place_sides(on_cpu=True, visible_uuids=[], candidate_gpus=1, reference_gpus=1, cpu_cores=[3])
-    assert alone.keep_servers_up and not alone.candidate_env and not alone.reference_env
 
 
 def test_gpu_memory_is_sampled_for_the_servers_own_processes_not_the_whole_node(monkeypatch):

@@ -89,13 +89,15 @@ def test_a_night_that_needs_attention_is_told_once_and_a_night_past_its_deadline
                               deadline=timedelta(seconds=10))
         summaries = [CellSummary(cell="m/fp8/h100-sxm/tp1/hf-quantized", status="failed", reason="crashed twice"),
                      CellSummary(cell="m/bf16/h100-sxm/tp1/hf-quantized", status="built")]
+        _until_live(receiver, summaries)
         nights = [str(uuid.uuid4()), str(uuid.uuid4())]
         assert emit_attention(nights[0], "configs/nightly.yaml", summaries, {}, "file:///srv/catalogue/index.html")
         assert not emit_attention(str(uuid.uuid4()), "configs/nightly.yaml", summaries[1:], {}, None)  # all well
         assert emit_attention(nights[1], "configs/nightly.yaml", summaries, {}, None)
 
         def attention() -> list:
-            return [m for m in receiver.messages() if "need attention" in m.body.get("title", "")]
+            return [m for m in receiver.messages()
+                    if "need attention" in m.body.get("title", "") and PROBE not in m.body["title"]]
 
         wait_for(lambda: len(attention()) >= 2, "both nights' summaries at the receiver", timeout_s=120)
         messages = [m.body["message"] for m in attention()]  # the automation's order, not the nights'
@@ -121,7 +123,7 @@ def test_a_webhook_that_answers_500_is_asked_and_its_url_stays_out_of_every_log(
     in the server's log; the Apprise-backed block logs one warning without it."""
     from prefect.client.orchestration import get_client
 
-    from flows.notify import ATTENTION_AUTOMATION, NOTIFICATION_BLOCK, create_nightly_alerts, emit_attention
+    from flows.notify import ATTENTION_AUTOMATION, NOTIFICATION_BLOCK, create_nightly_alerts
     from tests.webhook_receiver import webhook_receiver
 
     with webhook_receiver(path=f"/hooks/{TOKEN}") as receiver:
@@ -129,8 +131,7 @@ def test_a_webhook_that_answers_500_is_asked_and_its_url_stays_out_of_every_log(
         alerts = create_nightly_alerts(SecretStr(receiver.url), "slack", nightly_deployment=_nightly_deployment(),
                                        deadline=None)
         summaries = [CellSummary(cell="m/fp8/l40s/tp1/hf-quantized", status="no-worker", reason="no worker")]
-        assert emit_attention(str(uuid.uuid4()), "configs/nightly.yaml", summaries, {}, None)
-        wait_for(lambda: len(receiver.messages()) >= 1, "the failing receiver to be asked", timeout_s=120)
+        _until_live(receiver, summaries)  # the failing receiver was asked
         assert receiver.messages()[0].body == {"text": receiver.messages()[0].body["text"]}  # Slack-compatible
         assert receiver.messages()[0].body["text"].startswith("enginesmith nightly")
         with get_client(sync_client=True) as client:
@@ -139,6 +140,25 @@ def test_a_webhook_that_answers_500_is_asked_and_its_url_stays_out_of_every_log(
         assert TOKEN not in automation.model_dump_json() and TOKEN not in block.model_dump_json()
         assert block.name == NOTIFICATION_BLOCK
     assert TOKEN not in prefect_server.log_path.read_text(errors="replace")
+
+
+PROBE = "probe.yaml"
+
+
+def _until_live(receiver, summaries: list[CellSummary]) -> None:  # type: ignore[no-untyped-def]
+    """Return once the attention automation just created has sent a probe night's message to ``receiver``. Prefect's
+    trigger service loads a new automation a moment after it is created (an event before that is not matched, and
+    one matched by the automation it replaced goes to that one's receiver): a probe is emitted every 5 s until one
+    arrives, so the test's own events go to a live automation. Probe messages name the config ``probe.yaml``."""
+    from flows.notify import emit_attention
+
+    def arrived() -> bool:
+        if any(PROBE in str(m.body) for m in receiver.messages()):
+            return True
+        emit_attention(str(uuid.uuid4()), PROBE, summaries, {}, None)
+        return False
+
+    wait_for(arrived, "a probe night's message from the new automation", timeout_s=180, interval_s=5)
 
 
 def _nightly_deployment() -> uuid.UUID:

@@ -10,6 +10,12 @@ sides stay up only where each gets GPUs of its own (candidate on the first ``tp 
 reference on the next, each named to its server by UUID, which means the same device whatever the worker's own
 ``CUDA_VISIBLE_DEVICES`` is, where an index would not); otherwise two servers that each pre-allocate most of a
 GPU cannot coexist, so each side's server is started for its turn in each round and stopped after it.
+
+What the sides cannot share equally, they exchange: on the cpu target the two halves of the cores change sides every
+round (the running servers' threads are moved, ``validation.affinity``), as the sides' turn order alternates, so
+over any two rounds each side had each half and each turn once, and a bias of either cancels in the median of the
+per-round ratios and shows in their spread. A GPU server cannot move its memory between rounds: the sides keep
+their GPUs, and the report says so.
 """
 
 from __future__ import annotations
@@ -26,6 +32,14 @@ class Placement:
     candidate_env: dict[str, str] = field(default_factory=dict)
     reference_env: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    # cpu target: the candidate's and the reference's cores in the first round, exchanged every round after.
+    halves: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+
+    def cores_by_round(self, role: str) -> tuple[tuple[int, ...], ...]:
+        """A side's cores in even and odd rounds (``()``: not moved between rounds)."""
+        if self.halves is None or role not in ("candidate", "reference"):
+            return ()
+        return self.halves if role == "candidate" else self.halves[::-1]
 
 
 def place_sides(*, on_cpu: bool, visible_uuids: list[str], candidate_gpus: int, reference_gpus: int,
@@ -42,7 +56,9 @@ def place_sides(*, on_cpu: bool, visible_uuids: list[str], candidate_gpus: int, 
         return Placement(keep_servers_up=True, candidate_env={"CUDA_VISIBLE_DEVICES": ",".join(candidate)},
                          reference_env={"CUDA_VISIBLE_DEVICES": ",".join(reference)},
                          notes=[f"candidate on {', '.join(candidate)}, reference on {', '.join(reference)} (same "
-                                "SKU), both up for the whole run, measured in turn"])
+                                "SKU), both up for the whole run, measured in turn; the sides keep their GPUs (a "
+                                "server cannot move its memory between rounds), so a difference between the GPUs' "
+                                "positions is not counterbalanced"])
     return Placement(keep_servers_up=False, notes=[
         f"{len(visible_uuids)} GPU(s) visible, {needed} needed to keep both servers up: each side's server was "
         "started for its turn in every round"])
@@ -51,16 +67,25 @@ def place_sides(*, on_cpu: bool, visible_uuids: list[str], candidate_gpus: int, 
 def _place_on_cpu(cores: list[int], cpu_bind: str | None) -> Placement:
     if cpu_bind is not None:
         return Placement(keep_servers_up=True, notes=[
-            f"every side's model threads where this node's {CPU_BIND_ENV}={cpu_bind} puts them, measured in turn"])
+            f"every side's model threads where this node's {CPU_BIND_ENV}={cpu_bind} puts them, measured in turn; "
+            "placement not counterbalanced (the node's binding is kept)"])
     half = len(cores) // 2
     if half == 0:
         return Placement(keep_servers_up=True)
     candidate, reference = cores[:half], cores[half:2 * half]
     return Placement(keep_servers_up=True, candidate_env={CPU_BIND_ENV: _id_list(candidate)},
-                     reference_env={CPU_BIND_ENV: _id_list(reference)},
-                     notes=[f"candidate's model threads on cores {_id_list(candidate)}, reference's on "
-                            f"{_id_list(reference)} (half the node each), both up for the whole run, measured in "
-                            "turn"])
+                     reference_env={CPU_BIND_ENV: _id_list(reference)}, halves=(tuple(candidate), tuple(reference)),
+                     notes=[f"each side's server on half the node's cores (cores {_id_list(candidate)} and "
+                            f"{_id_list(reference)}), the halves exchanged every round; both up for the whole run, "
+                            "measured in turn"])
+
+
+def rounds_note(cores_by_round: list[dict[str, tuple[int, ...]]], first_by_round: list[str]) -> str:
+    """The report's line on where each side ran in each round, and which went first at the first level. Pure."""
+    rounds = [f"round {index + 1}: " + ", ".join(f"{role} on {_id_list(list(cores))}" for role, cores in placed.items())
+              + (f", {first_by_round[index]} first" if index < len(first_by_round) else "")
+              for index, placed in enumerate(cores_by_round)]
+    return "Placement by round (cores; the first level's first side): " + "; ".join(rounds) + "."
 
 
 def _id_list(cores: list[int]) -> str:

@@ -54,8 +54,10 @@ from validation.accuracy import (
     perplexity,
     shipped_task_scores,
 )
+from validation.affinity import pin_tree
 from validation.gates import check_calibration, decision_rule, evaluate_gates, undecided
 from validation.loadgen import LevelPlan, probe_capabilities, run_level
+from validation.placement import Placement, rounds_note
 from validation.sampling import UsageSampler
 from validation.server import Endpoint, check_still_serving, external_endpoint, free_port, running_server
 from validation.workloads import build_prompts, perplexity_windows
@@ -81,6 +83,18 @@ class ServerSide:
     notes: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)  # on top of the recipe's (e.g. CUDA_VISIBLE_DEVICES)
     gpus: int = 0  # the GPUs its server holds (0 on the CPU): what its GPU-seconds count
+    # cpu target: its cores in even and odd rounds (the first started with it); () where it is not moved
+    cores_by_round: tuple[tuple[int, ...], ...] = ()
+
+    def cores_in(self, round_index: int) -> tuple[int, ...]:
+        return self.cores_by_round[round_index % len(self.cores_by_round)]
+
+
+def seat(placement: Placement, candidate: ServerSide, reference: ServerSide) -> None:
+    """Give the two sides what the placement says: their devices or cores, and the cores they exchange by round."""
+    for side, env in ((candidate, placement.candidate_env), (reference, placement.reference_env)):
+        side.env.update(env)
+        side.cores_by_round = placement.cores_by_round(side.role)
 
 
 @contextmanager
@@ -105,6 +119,9 @@ class Servers:
                  keep_up: bool) -> None:
         self.logs_dir, self.health_timeout_s = logs_dir, health_timeout_s
         self.kept: dict[str, Endpoint] = {}
+        self.sides = {side.role: side for side in sides}
+        self.cores: dict[str, tuple[int, ...]] = {side.role: side.cores_in(0) for side in sides if side.cores_by_round}
+        self.placed: list[dict[str, tuple[int, ...]]] = []  # each round's cores, by side
         self.held_s: dict[str, float] = {side.role: 0.0 for side in sides}  # each side's server up, summed
         if keep_up:
             started = time.perf_counter()
@@ -143,6 +160,21 @@ class Servers:
         failures = [future.exception() for _, future in futures if future.exception() is not None]
         if failures:
             raise failures[0]  # type: ignore[misc]
+
+    def place_round(self, round_index: int) -> None:
+        """Move each kept server that is counterbalanced onto its cores for this round (its whole process tree:
+        the model threads each to the core at its own position, the API server and helpers confined to the
+        half)."""
+        placed: dict[str, tuple[int, ...]] = {}
+        for role, cores in self.cores.items():
+            endpoint = self.kept.get(role)
+            if endpoint is None or endpoint.pid is None:
+                continue
+            new = self.sides[role].cores_in(round_index)
+            pin_tree(endpoint.pid, cores, new)
+            self.cores[role] = placed[role] = new
+        if placed:
+            self.placed.append(placed)
 
     @contextmanager
     def up(self, side: ServerSide, round_index: int) -> Iterator[Endpoint]:
@@ -332,15 +364,14 @@ def keep_decided(results: list[GateResult], decided: dict[str, GateResult]) -> l
 def validate(candidate: ServerSide, reference: ServerSide, *, workload: WorkloadSpec, gates: GateSpec,
              recipe_id: str, target_id: str, tokenizer_dir: Path, out_dir: Path,
              baselines: list[ServerSide] | None = None, health_timeout_s: float = 600,
-             reference_accuracy_cache: Path | None = None, keep_servers_up: bool = True,
-             calibrate: bool = False) -> ValidationReport:
+             reference_accuracy_cache: Path | None = None, keep_servers_up: bool = True) -> ValidationReport:
     """Measure every side on the same prompts in interleaved rounds, compare, and apply the gates.
 
     ``reference_accuracy_cache`` is a file keyed by the caller on (reference checkpoint, runtime, workload): the
     reference's greedy accuracy and completions are deterministic, so they are measured once and reused.
     ``keep_servers_up`` false starts each side's server for each round (for sides that cannot share a device).
-    Where the speed ratios should read 1.00 by construction (the cpu target; ``calibrate``: an A/A run) the report
-    says whether they did (``ValidationReport.calibration``).
+    On the cpu target, where the speed ratios should read 1.00 by construction, the report says whether they did
+    (``ValidationReport.calibration``).
     """
     prompts = build_prompts(workload, tokenizer_dir)
     requests = [(p.text, p.prompt_len, p.output_len) for p in prompts]
@@ -358,6 +389,7 @@ def validate(candidate: ServerSide, reference: ServerSide, *, workload: Workload
     # What the next round measures: every level until the first look, then the levels an undecided gate depends on.
     levels = list(workload.concurrency)
     decided: dict[str, GateResult] = {}  # performance gates decided at a look: final
+    first_by_round: list[str] = []
     with ExitStack() as stack, Progress(*columns, transient=False, console=stderr) as progress:
         servers = Servers(stack, sides, logs_dir, health_timeout_s, keep_servers_up)
         kept_since = started if servers.kept else None
@@ -372,7 +404,10 @@ def validate(candidate: ServerSide, reference: ServerSide, *, workload: Workload
         while True:
             # The ungated baselines are reported beside the first round, never judged: one round is all they need.
             measuring = runs if round_index == 0 else runs[:2]
-            for run, concurrencies in turns(measuring, levels, round_index, per_level=bool(servers.kept)):
+            servers.place_round(round_index)
+            round_turns = turns(measuring, levels, round_index, per_level=bool(servers.kept))
+            first_by_round.append(round_turns[0][0].side.role)
+            for run, concurrencies in round_turns:
                 measure_turn(run, concurrencies, round_index, servers, workload, requests,
                               prompts=prompt_texts, tokenizer_dir=tokenizer_dir, progress=progress,
                               task=tasks[run.side.role], run_id=run_id)
@@ -407,9 +442,11 @@ def validate(candidate: ServerSide, reference: ServerSide, *, workload: Workload
     reports = [run.report(servers.held_s[run.side.role]) for run in runs]
     comparison = compare(reports, [run.results.completions for run in runs if run.results], workload)
     notes = [note for side in sides for note in side.notes]
+    if servers.placed:
+        notes.append(rounds_note(servers.placed, first_by_round))
     calibration = None
-    if target_id == "cpu" or calibrate:
-        notes.append(CPU_TARGET_NOTE if target_id == "cpu" else "An A/A run: its speed ratios check the harness.")
+    if target_id == "cpu":
+        notes.append(CPU_TARGET_NOTE)
         calibration = check_calibration({"throughput": comparison.throughput_ratios, "TPOT": comparison.tpot_ratios},
                                         decision_rule(workload))
     for side_report in reports:

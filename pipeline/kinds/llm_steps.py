@@ -146,7 +146,7 @@ def validate(cell: Cell, artefact_dir: Path, checkpoint: Checkpoint, config: Pip
     from enginesmith.core.memory import GIB, SERVED_REFERENCE_BYTES, reference_tp
     from enginesmith.core.serving import ServedMemory, baseline_recipe, installed_runtime_version, reference_recipe
     from validation.report import write_report
-    from validation.stage import ServerSide
+    from validation.stage import ServerSide, seat
     from validation.stage import validate as run_validation
 
     source = Path(checkpoint.local_path).resolve()
@@ -174,8 +174,7 @@ def validate(cell: Cell, artefact_dir: Path, checkpoint: Checkpoint, config: Pip
     baselines = [ServerSide(role="baseline", name=name, runtime=name, recipe=baseline_recipe(name, source), root=source)
                  for name in config.workload.baselines]
     placement = _placement(cell, reference_gpus=served_tp * cell.pp)
-    candidate.env.update(placement.candidate_env)
-    reference.env.update(placement.reference_env)
+    seat(placement, candidate, reference)
     if not cell.target.is_cpu:  # what each side's GPU-seconds count
         candidate.gpus, reference.gpus = cell.tp * cell.pp, served_tp * cell.pp
         for baseline in baselines:
