@@ -143,13 +143,16 @@ def create_nightly_alerts(url: SecretStr, kind: WebhookFormat, *, nightly_deploy
 
 def attention_lines(summaries: list[CellSummary], versus: dict[str, str]) -> list[str]:
     """The cells that need someone in the morning, a line each: failed, crashed (retried and failed), blocked,
-    without a worker, or regressed against their last measurement."""
+    without a worker, regressed against their last measurement, or built by a run whose calibration was off (its
+    speed ratios measured the harness: someone should look at the node)."""
     lines = []
     for summary in summaries:
         if summary.status in NEEDS_ATTENTION:
             lines.append(f"- {summary.cell}: {summary.status}: {summary.reason[:300]}")
         elif "(regression)" in versus.get(summary.cell, ""):
             lines.append(f"- {summary.cell}: regressed: {versus[summary.cell]}")
+        elif summary.reason.startswith("calibration off"):  # built, but its speed measured the harness
+            lines.append(f"- {summary.cell}: {summary.reason[:300]}")
     return lines
 
 

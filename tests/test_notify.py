@@ -66,13 +66,17 @@ def test_the_cells_that_need_attention_and_none_otherwise():
     summaries = [CellSummary(cell="a/fp8/h100-sxm/tp1/hf-quantized", status="built"),
                  CellSummary(cell="b/fp8/h100-sxm/tp1/hf-quantized", status="failed", reason="tpot ratio 3.0"),
                  CellSummary(cell="c/fp8/h100-sxm/tp1/hf-quantized", status="built"),
-                 CellSummary(cell="d/fp8/h100-sxm/tp1/hf-quantized", status="cached")]
+                 CellSummary(cell="d/fp8/h100-sxm/tp1/hf-quantized", status="cached"),
+                 CellSummary(cell="e/fp8/cpu/tp1/hf-quantized", status="built",
+                             reason="calibration off: throughput 1.54, bounds 1.05–1.95 — the harness's error")]
     versus = {"a/fp8/h100-sxm/tp1/hf-quantized": "throughput -1.0% (within spread)",
               "c/fp8/h100-sxm/tp1/hf-quantized": "throughput -31.0% (regression)"}
     lines = attention_lines(summaries, versus)
     assert [line.split(":")[0] for line in lines] == ["- b/fp8/h100-sxm/tp1/hf-quantized",
-                                                     "- c/fp8/h100-sxm/tp1/hf-quantized"]
-    assert attention_lines(summaries[:1] + summaries[3:], versus) == []
+                                                     "- c/fp8/h100-sxm/tp1/hf-quantized",
+                                                     "- e/fp8/cpu/tp1/hf-quantized"]
+    assert "calibration off: throughput 1.54" in lines[2]
+    assert attention_lines(summaries[:1] + summaries[3:4], versus) == []
 
 
 @pytest.mark.slow

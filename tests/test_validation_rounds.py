@@ -309,3 +309,24 @@ def test_one_round_cannot_judge_the_calibration(tiny_model_dir, tmp_path):
                           recipe_id="fp8", target_id="cpu", tokenizer_dir=tiny_model_dir, out_dir=tmp_path)
     assert report.calibration is not None and report.calibration.status == "not-judged"
     assert report.view().calibration_fault.startswith("calibration not judged: one round")
+
+
+def test_a_gpu_cells_calibration_round_measures_the_reference_against_itself_and_says_what_it_cost(tiny_model_dir,
+                                                                                                   tmp_path):
+    """#51 item 3 on a GPU target: the reference served again where the candidate ran (here a double twice as fast,
+    as a side on a faster GPU would be) is measured against itself for exactly calibration_rounds rounds; 1.00 outside
+    its bounds is a calibration fault. Off by default, and keyed only when set."""
+    from validation.calibration_round import measure_calibration
+
+    assert "calibration_rounds" not in QUICK.keyed()
+    workload = QUICK.model_copy(update={"calibration_rounds": 2})
+    assert workload.keyed()["calibration_rounds"] == 2
+    with PacedServer("twin", lambda r: 0.005) as twin, PacedServer("r", lambda r: 0.01) as reference:
+        measured = measure_calibration(ServerSide(role="twin", name="r", runtime="double", url=twin.url, gpus=1),
+                                       ServerSide(role="reference", name="r", runtime="double", url=reference.url,
+                                                  gpus=1),
+                                       workload=workload, target_id="h100-sxm", tokenizer_dir=tiny_model_dir,
+                                       out_dir=tmp_path)
+        assert {r for _, r in twin.rounds_seen} == {1, 2}  # exactly the calibration rounds
+    assert measured.calibration.status == "off" and measured.calibration.detail.startswith("throughput")
+    assert "measured against itself in 2 rounds: calibration off" in measured.note and " s" in measured.note

@@ -360,6 +360,11 @@ class WorkloadSpec(StrictModel):
     complete_report: bool = Field(
         False, description="measure every performance gate to its decision even after another gate failed clear "
         "(by default the verdict is final then and measuring stops: the undecided gates read 'not decided')")
+    calibration_rounds: int = Field(
+        0, ge=0, description="GPU targets: after the verdict, the reference served again on the candidate's GPUs and "
+        "measured against itself in this many interleaved rounds, an A/A run whose speed ratios must read 1.00 (a "
+        "harness fault otherwise, as on the cpu target); 0: off. It costs another server start and these rounds on "
+        "both sides' GPUs (the report says how much). The cpu target checks its calibration in every run")
     accuracy_tasks: list[str] = []
     greedy_agreement_tokens: int = Field(16, ge=1)
     baselines: list[Literal["transformers-serve"]] = Field(
@@ -388,8 +393,9 @@ class WorkloadSpec(StrictModel):
 
     def keyed(self) -> dict[str, object]:
         """The workload as a stage key takes it: a field added after keys were recorded enters only when set."""
-        unset = {"slo"} if self.slo is None else set()
-        return self.model_dump(mode="json", exclude=unset | (set() if self.complete_report else {"complete_report"}))
+        unset = {name for name, default in (("slo", None), ("complete_report", False), ("calibration_rounds", 0))
+                 if getattr(self, name) == default}
+        return self.model_dump(mode="json", exclude=unset)
 
     @model_validator(mode="after")
     def _rounds_in_order(self) -> WorkloadSpec:

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from enginesmith.core.reports.llm import ValidationReport
     from registry.stages import StashedQuantized, StashResult
     from validation.placement import Placement
+    from validation.stage import ServerSide
 
 log = logging.getLogger(__name__)
 
@@ -193,12 +194,44 @@ def validate(cell: Cell, artefact_dir: Path, checkpoint: Checkpoint, config: Pip
         reference_accuracy_cache=work / REFERENCE_DIR / f"{accuracy_key[:16]}.json",
         keep_servers_up=placement.keep_servers_up, baselines=baselines)
     report.notes.extend(placement.notes)
+    if config.workload.calibration_rounds:
+        _calibration_round(report, cell, config, candidate, reference, placement, tokenizer_dir=tokenizer,
+                           out_dir=out_dir, accuracy_cache=work / REFERENCE_DIR / f"{accuracy_key[:16]}.json")
     if served_tp != cell.tp:
         report.notes.append(f"The BF16 reference was served at tp={served_tp}: its weights do not fit the cell's "
                             f"tp={cell.tp} on {cell.target.id} (enginesmith/memory.py).")
     report.artefact_key, report.key, report.cell = artefact.key, cell.key, cell.id
     write_report(report, out_dir)
     return report
+
+
+def _calibration_round(report: ValidationReport, cell: Cell, config: PipelineConfig, candidate: ServerSide,
+                       reference: ServerSide, placement: Placement, *, tokenizer_dir: Path, out_dir: Path,
+                       accuracy_cache: Path) -> None:
+    """A GPU cell's A/A run (workload.calibration_rounds): the reference again on the candidate's GPUs, against
+    itself; its calibration becomes the report's."""
+    from dataclasses import replace
+
+    from enginesmith.core.reports.measures import Calibration
+    from validation.calibration_round import measure_calibration
+
+    if cell.target.is_cpu:
+        report.notes.append("workload.calibration_rounds is for GPU targets: the cpu target checked its calibration "
+                            "in the run itself.")
+        return
+    if reference.gpus != candidate.gpus:
+        report.calibration = Calibration(status="not-judged", detail=(
+            f"the reference needs {reference.gpus} GPUs, the candidate's side has {candidate.gpus}: the reference "
+            "cannot be served again where the candidate ran"))
+        return
+    twin = replace(reference, name=f"{reference.name} (the reference again)", env={**reference.env,
+                                                                                   **placement.candidate_env})
+    measured = measure_calibration(twin, reference, workload=config.workload, target_id=cell.target.id,
+                                   tokenizer_dir=tokenizer_dir, out_dir=out_dir / "calibration",
+                                   reference_accuracy_cache=accuracy_cache,
+                                   keep_servers_up=placement.keep_servers_up)
+    report.calibration = measured.calibration
+    report.notes.append(measured.note)
 
 
 def _placement(cell: Cell, *, reference_gpus: int) -> Placement:
