@@ -49,11 +49,13 @@ def main() -> None:
     parser.add_argument("--input-len", type=int, default=16)
     parser.add_argument("--output-len", type=int, default=16)
     parser.add_argument("--tolerance", type=float, default=0.05, help="the A/A target: every ratio within 1 ± this")
-    parser.add_argument("--placement", choices=["counterbalanced", "halves", "swapped"], default="counterbalanced",
-                        help="counterbalanced: as the nightly places a cpu cell (each side on half the cores, the "
-                             "halves exchanged every round); halves: the candidate kept on the first half, the "
-                             "reference on the second; swapped: the other way round (a placement bias flips its "
-                             "ratio)")
+    parser.add_argument("--placement", choices=["counterbalanced", "pinned", "halves", "swapped", "shared"],
+                        default="counterbalanced",
+                        help="counterbalanced: as the nightly places a cpu cell (each side's whole server on half the "
+                             "cores, the halves exchanged every round); pinned: each whole server kept on its half; "
+                             "halves: only the model threads bound (vLLM's own VLLM_CPU_OMP_THREADS_BIND), the "
+                             "candidate's to the first half, the API servers free; swapped: as halves, the other way "
+                             "round (a placement bias flips its ratio); shared: no binding of ours (vLLM's 'auto')")
     parser.add_argument("--slowed", action="store_true",
                         help="candidate with --max-num-seqs 1, judged by the SmolLM2 config's rounds and gates")
     args = parser.parse_args()
@@ -90,11 +92,16 @@ def main() -> None:
     # Placed on the node's cores as the nightly places a cpu cell's sides (pipeline.kinds.llm_steps.validate).
     placement = place_sides(on_cpu=True, visible_uuids=[], candidate_gpus=1, reference_gpus=1,
                             cpu_cores=sorted(os.sched_getaffinity(0)), cpu_bind=os.environ.get(CPU_BIND_ENV))
-    if args.placement != "counterbalanced" and placement.halves is not None:
+    if args.placement in ("halves", "swapped") and placement.halves is not None:
         candidate, reference = placement.halves if args.placement == "halves" else placement.halves[::-1]
         placement = replace(placement, halves=None, candidate_env={CPU_BIND_ENV: ",".join(map(str, candidate))},
                             reference_env={CPU_BIND_ENV: ",".join(map(str, reference))})
+    elif args.placement == "shared":
+        placement = replace(placement, halves=None, candidate_env={}, reference_env={})
     seat(placement, sides[0], sides[1])
+    if args.placement == "pinned":  # each side's tree confined to its first-round half in every round
+        for side in sides:
+            side.cores_by_round = side.cores_by_round[:1]
     with tempfile.TemporaryDirectory(prefix="validation-aa-") as out:
         report = validate(sides[0], sides[1], workload=workload, gates=gates, recipe_id="bf16", target_id="cpu",
                           tokenizer_dir=model_dir, out_dir=Path(out))
