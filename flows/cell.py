@@ -177,7 +177,7 @@ def publish_if_passed(cell: PlannedCell, artefact_dir: Path, report: dict[str, A
     return CellSummary(cell=cell.id, status="built", key=cell.key,
                        throughput_ratio=ratios["throughput_ratio"].median if "throughput_ratio" in ratios else None,
                        tpot_ratio=ratios["tpot_ratio"].median if "tpot_ratio" in ratios else None,
-                       reason="; ".join(filter(None, [parsed.calibration_fault, published_again])),
+                       reason="; ".join(filter(None, [parsed.view().calibration_fault, published_again])),
                        worker=worker_name())
 
 
