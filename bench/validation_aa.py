@@ -6,8 +6,10 @@ one JSON object: {"throughput_ratio", "tpot_ratio", "e2el_ratio", "spread", "rou
 
 The default model is SmolLM2-135M-Instruct (fetched and converted on first use, ``enginesmith models fetch``):
 a real model whose decode is engine work. ``--model tiny`` runs the 1.7 MB tiny Llama instead: its decode steps
-are so short that each request is mostly HTTP and Python scheduling, and on a 2-core machine two such servers
-and the client contend for the same cores; seen there: ratios 0.83–1.24 across runs (±10–25 % per round).
+are so short that each request is mostly HTTP and Python scheduling, so where each server's API process runs
+matters as much as its model threads. ``--placement`` picks how the two servers share the node's cores (default:
+as the nightly places a cpu cell, counterbalanced); the others are there to measure what each part of that
+placement does.
 
 ``--slowed`` is the other half of the proof: the candidate is the same model started with ``--max-num-seqs 1`` (at
 concurrency 4 it serves one request at a time), judged as the nightly judges SmolLM2 cells (its rounds, its
@@ -15,7 +17,7 @@ sequential test and its gates: throughput ≥ 0.7, latency ≤ 1.4); it must fai
 after how many rounds.
 
 Usage: python bench/validation_aa.py [--model smollm2|tiny|DIR] [--repeats 4] [--min-duration 5] [--tolerance 0.05]
-                                     [--slowed]
+                                     [--placement counterbalanced|pinned|halves|swapped|shared] [--slowed]
 """
 
 from __future__ import annotations
