@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pydantic import BaseModel
 
 from enginesmith.core.errors import UserError
-from registry.errors import IntegrityError, NotFoundError
+from registry.errors import ForeignRecordError, IntegrityError, NotFoundError
 from registry.manifest import Manifest, key_problem, parse_manifest
 from registry.names import Ref, manifest_path
 from registry.store import RegistryStore
@@ -29,12 +29,14 @@ class ModelListing(BaseModel):
     manifests: list[Manifest]
     unreadable: list[UnreadableManifest]
     channels: dict[str, str]  # channel → manifest key
+    foreign: list[UnreadableManifest] = []  # records another tool wrote where ours live (an OCI tag): not ours
 
 
 class ModelSummary(BaseModel):
     model: str
-    artefacts: int
+    artefacts: int  # ours, readable or not
     channels: dict[str, str]
+    foreign: int = 0  # records another tool wrote there, not counted as artefacts
 
 
 def load_manifest(store: RegistryStore, model: str, key: str) -> Manifest:
@@ -61,27 +63,38 @@ def list_model(store: RegistryStore, model: str, *, with_channels: bool = True) 
     listed with its problem, not raised."""
     keys = store.list_manifest_keys(model)
 
-    def load(key: str) -> Manifest | UnreadableManifest:
+    def load(key: str) -> Manifest | tuple[bool, UnreadableManifest]:
         try:
             return load_manifest(store, model, key)
+        except ForeignRecordError as exc:
+            return True, UnreadableManifest(model=model, key=key, problem=exc.render())
         except (IntegrityError, NotFoundError) as exc:
-            return UnreadableManifest(model=model, key=key, problem=exc.render())
+            return False, UnreadableManifest(model=model, key=key, problem=exc.render())
 
     with ThreadPoolExecutor(READ_THREADS) as pool:
         loaded = list(pool.map(load, keys))
     manifests = sorted((m for m in loaded if isinstance(m, Manifest)), key=lambda m: m.published_at, reverse=True)
     channels = channel_keys(store, model) if with_channels else {}
-    return ModelListing(model=model, manifests=manifests,
-                        unreadable=[m for m in loaded if isinstance(m, UnreadableManifest)], channels=channels)
+    failed = [m for m in loaded if not isinstance(m, Manifest)]
+    return ModelListing(model=model, manifests=manifests, unreadable=[m for foreign, m in failed if not foreign],
+                        foreign=[m for foreign, m in failed if foreign], channels=channels)
 
 
 def list_models(store: RegistryStore) -> list[ModelSummary]:
+    """Each model with its artefacts counted; on a store where another tool may write beside us (OCI), every
+    manifest is read, so a foreign record is not counted as an artefact."""
+    from registry.oci import OciStore
+
     summaries = []
     for model in store.list_models():
         channels = channel_keys(store, model)
-        artefacts = len(store.list_manifest_keys(model))
+        if isinstance(store, OciStore):
+            listing = list_model(store, model, with_channels=False)
+            artefacts, foreign = len(listing.manifests) + len(listing.unreadable), len(listing.foreign)
+        else:
+            artefacts, foreign = len(store.list_manifest_keys(model)), 0
         if artefacts or channels:  # gc may leave an empty directory behind
-            summaries.append(ModelSummary(model=model, artefacts=artefacts, channels=channels))
+            summaries.append(ModelSummary(model=model, artefacts=artefacts, channels=channels, foreign=foreign))
     return summaries
 
 

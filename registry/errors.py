@@ -21,6 +21,11 @@ class SignatureError(IntegrityError):
     """A signature that is missing where trust is required, damaged, by a key not trusted, or over other content."""
 
 
+class ForeignRecordError(IntegrityError):
+    """A record the registry holds that enginesmith did not write (another tool's OCI artifact under a model's
+    repository): named where it is met, skipped by listings and gc, never read as one of ours."""
+
+
 class ReadOnlyStoreError(UserError):
     """A write to a store that cannot be written (a bundle)."""
 

@@ -44,6 +44,7 @@ class GcResult(BaseModel):
     stale_uploads_removed: int
     kept_stage_records: int = 0
     deleted_stage_records: list[str] = []  # stage/key
+    skipped_foreign: list[str] = []  # model:tag of records another tool wrote beside ours (OCI): never touched
 
 
 def manifests_to_delete(manifests: Iterable[Manifest], pinned: set[tuple[str, str]], keep_last: int) -> list[Manifest]:
@@ -77,6 +78,7 @@ def collect_garbage(
         raise ValueError("keep_last must be at least 1")
     now = time.time() if now is None else now
     manifests: list[Manifest] = []
+    foreign: list[str] = []
     pinned: set[tuple[str, str]] = set()
     for model in store.list_models():
         listing = list_model(store, model)
@@ -87,6 +89,7 @@ def collect_garbage(
                 where=store.location, hint="gc must know every blob a manifest references; fix or delete them first",
             )
         manifests += listing.manifests
+        foreign += [f"{model}:{record.key}" for record in listing.foreign]
         pinned |= {(model, key) for key in listing.channels.values()}
     doomed = manifests_to_delete(manifests, pinned, keep_last)
     doomed_refs = {m.ref for m in doomed}
@@ -116,7 +119,7 @@ def collect_garbage(
         deleted_manifests=sorted(doomed_refs), deleted_blobs=len(expired), deleted_bytes=sum(b.size for b in expired),
         referenced_blobs=len(referenced), young_unreferenced_blobs=len(unreferenced) - len(expired),
         stale_uploads_removed=stale_uploads, kept_stage_records=len(kept_stages),
-        deleted_stage_records=sorted(f"{r.stage}/{r.key}" for r in expired_stages),
+        deleted_stage_records=sorted(f"{r.stage}/{r.key}" for r in expired_stages), skipped_foreign=foreign,
     )
 
 

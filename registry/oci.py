@@ -48,7 +48,7 @@ from enginesmith.core.errors import UserError
 from enginesmith.core.locks import exclusive
 from enginesmith.core.secrets import register_secret
 from registry.docker_config import credentials_for
-from registry.errors import IntegrityError, NotFoundError, RegistryUnavailableError
+from registry.errors import ForeignRecordError, IntegrityError, NotFoundError, RegistryUnavailableError
 from registry.manifest import SIGNATURE_FILE
 from registry.store import BlobInfo, RefState, StageFile
 from registry.transfer import RateLimiter, TransferProgress, file_chunks, rechunk, sha256_file
@@ -109,6 +109,7 @@ class OciStore:
         self._auth = _Authenticator(self.host)
         self._client_lock = threading.Lock()
         self._http: httpx.Client | None = None
+        self._api_checked = False
 
     @property
     def location(self) -> str:
@@ -411,7 +412,7 @@ class OciStore:
         assert isinstance(document, dict)
         config = document.get("config") or {}
         if config.get("mediaType") != config_type:
-            raise IntegrityError(f"{repo}:{tag} is an OCI artifact of type {document.get('artifactType') or '?'} "
+            raise ForeignRecordError(f"{repo}:{tag} is an OCI artifact of type {document.get('artifactType') or '?'} "
                                  f"(config {config.get('mediaType')}), not one enginesmith wrote",
                                  where=self.location, hint="push artefacts with `enginesmith publish`")
         digest = str(config.get("digest", "")).removeprefix("sha256:")
@@ -516,7 +517,26 @@ class OciStore:
         with self._client_lock:
             if self._http is None:
                 self._http = httpx.Client(timeout=TIMEOUT, follow_redirects=True, trust_env=True)
+            if not self._api_checked:
+                self._check_api(self._http)
+                self._api_checked = True
             return self._http
+
+    def _check_api(self, client: httpx.Client) -> None:
+        """Is there a registry at all? A web server that is not one would answer every listing 404, which reads as
+        an empty registry. The spec's base endpoint answers 200 (distribution: with its API version header, JSON)
+        or 401 (credentials needed first)."""
+        try:
+            response = client.get(f"{self._base}/v2/")
+        except httpx.TransportError as exc:
+            raise self._transport_error(exc, "registry API check", hint="check that the registry is up and the "
+                                                                        "URL's scheme and port") from None
+        kind = response.headers.get("content-type", "").split(";")[0] or "no content type"
+        api = response.headers.get("docker-distribution-api-version", "")
+        if response.status_code == 401 or (response.status_code == 200 and (api or kind == "application/json")):
+            return
+        raise UserError(f"{self._base} is not an OCI registry: GET /v2/ answered {response.status_code} ({kind})",
+                        where=self.location, hint=_URL_HINT)
 
     def _url(self, repo: str | None, path: str) -> str:
         if path.startswith(("http://", "https://")):

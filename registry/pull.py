@@ -28,7 +28,7 @@ from enginesmith.core.checkpoints.models import CheckpointFile
 from enginesmith.core.diskspace import disk_filled_error, is_disk_full, require_free_space, same_filesystem
 from enginesmith.core.errors import UserError
 from enginesmith.core.factcache import CACHE_ENV
-from registry.cache import LOCKS_ENV, BlobCache, link_or_copy, size_or_zero
+from registry.cache import BlobCache, link_or_copy, size_or_zero
 from registry.errors import IntegrityError, RegistryUnavailableError, SignatureError, UnsafePathError
 from registry.manifest import (
     PUBLICATION_FILE,
@@ -167,6 +167,24 @@ def plan_pull(manifest: Manifest, cache: BlobCache, dest: Path, registry: str) -
                     files=len(manifest.artefact.files), total_bytes=manifest.total_bytes, blobs=blobs)
 
 
+def check_pull_trust(store: RegistryStore, manifest: Manifest, signature_body: bytes | None, trust: Trust, *,
+                     channel: str | None = None, profile: ChosenProfile | None = None) -> SignatureCheck:
+    """That ``manifest`` may be pulled under ``trust``: its signature holds, its signer may be on ``channel`` (the one
+    it was found through) and covers the report a ``profile`` comes from. Raises ``SignatureError`` otherwise; the
+    CLI asks before it draws a progress bar, ``pull_artefact`` again before it fetches."""
+    checked = check_signature(manifest, signature_body, trust, where=store.location)  # its message names the ref
+    if channel is not None:
+        require_channel_signer(checked, manifest, channel, trust, where=f"{store.location}: {manifest.model}:{channel}",
+                               hint="do not deploy it; ask who moved the channel")
+    if profile is not None and checked.covers == "artefact":
+        # A profile's flags start the server; from a report no trusted key signed, they are not taken.
+        raise SignatureError(f"the serving profile would come from {manifest.ref}'s validation report, which its "
+                             "signature does not cover", where=store.location,
+                             hint="pull without --slo (the artefact's files are signed), or publish it signed "
+                                  "with --sign-key, which covers the report")
+    return checked
+
+
 def pull_artefact(
     store: RegistryStore,
     manifest: Manifest,
@@ -198,17 +216,7 @@ def pull_artefact(
     signature_body = read_signature(store, manifest)
     checked = None
     if trust is not None:
-        where = f"{store.location}: {manifest.ref}"
-        checked = check_signature(manifest, signature_body, trust, where=where)
-        if channel is not None:
-            require_channel_signer(checked, manifest, channel, trust, where=f"{store.location}: "
-                                   f"{manifest.model}:{channel}", hint="do not deploy it; ask who moved the channel")
-        if profile is not None and checked.covers == "artefact":
-            # A profile's flags start the server; from a report no trusted key signed, they are not taken.
-            raise SignatureError(f"the serving profile would come from {manifest.ref}'s validation report, which its "
-                                 "signature does not cover", where=where,
-                                 hint="pull without --slo (the artefact's files are signed), or publish it signed "
-                                      "with --sign-key, which covers the report")
+        checked = check_pull_trust(store, manifest, signature_body, trust, channel=channel, profile=profile)
     plan = plan_pull(manifest, cache, dest, store.location)
     result = PullResult(
         model=manifest.model, key=manifest.key, registry=store.location, dest=str(dest), dry_run=dry_run,
@@ -353,9 +361,8 @@ def _fetch_blob(store: RegistryStore, cache: BlobCache, blob: PlannedBlob, limit
                     f"{', '.join(blob.paths)}: fetched twice, and the bytes ({offset + written} of {blob.size}) "
                     f"do not match sha256 {blob.sha256}",
                     where=store.location,
-                    hint="the blob in the registry is damaged (re-publish the artefact), or another process wrote "
-                         f"to the same partial file: where the cache's filesystem has no working flock (NFS, Lustre, "
-                         f"GPFS) set {LOCKS_ENV}=off",
+                    hint="the registry's copy of this blob is damaged or was altered: nothing of it was kept. "
+                         "Re-publish the artefact from its build, or pull it from a registry you trust",
                 )
     return stats
 

@@ -14,9 +14,12 @@ key signer and verifier are used as they are, handed keys loaded here (from a fi
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import json
 import os
+import re
 import stat
 import tempfile
 from collections.abc import Mapping
@@ -146,6 +149,10 @@ def load_signing_key(*, key_file: Path | None = None, key_env: str | None = None
                         hint="--passphrase-env NAME (registry.signing.passphrase_env) names the variable that holds it"
                         ) from None
     except ValueError:
+        damage = pem_damage(pem)
+        if damage is not None:  # before blaming the passphrase: a cut or damaged file fails to decrypt too
+            raise UserError(f"the private key in {source} {damage}", where=where,
+                            hint="copy the whole key again (from -----BEGIN to -----END)") from None
         why = "cannot be decrypted with that passphrase" if passphrase is not None else "is not a PEM private key"
         raise UserError(f"the private key in {source} {why}", where=where,
                         hint="check the passphrase variable" if passphrase is not None
@@ -155,6 +162,39 @@ def load_signing_key(*, key_file: Path | None = None, key_env: str | None = None
                         hint="model-signing signs with P-256, P-384 or P-521 keys: openssl ecparam -name prime256v1 "
                              "-genkey -noout -out KEY.pem")
     return SigningKey(source=source, private_key=private_key)
+
+
+_PEM_BLOCK = re.compile(r"-----BEGIN ([A-Z0-9 ]+)-----(.*?)(-----END \1-----|\Z)", re.DOTALL)
+
+
+def pem_damage(pem: bytes) -> str | None:
+    """What is wrong with the first PEM block of ``pem`` as a container, whatever key it holds: None where its END
+    line is there, its body is base64 and the DER inside is as long as it says."""
+    block = _PEM_BLOCK.search(pem.decode(errors="replace"))
+    if block is None:
+        return None  # no PEM at all: the caller's own message says so
+    if not block.group(3):
+        return "is cut short (no -----END line)"
+    try:
+        der = base64.b64decode("".join(block.group(2).split()), validate=True)
+    except binascii.Error:
+        return "is damaged (its body is not base64)"
+    declared = _der_length(der)
+    if declared != len(der):
+        return f"is cut short or damaged ({len(der)} bytes where its encoding says {declared})"
+    return None
+
+
+def _der_length(der: bytes) -> int | None:
+    """The length a DER SEQUENCE says it has, header included."""
+    if len(der) < 2 or der[0] != 0x30:
+        return None
+    if der[1] < 0x80:
+        return 2 + der[1]
+    count = der[1] & 0x7F
+    if len(der) < 2 + count:
+        return None
+    return 2 + count + int.from_bytes(der[2:2 + count], "big")
 
 
 class TrustedKey(BaseModel):
@@ -365,7 +405,7 @@ def read_signature(store: RegistryStore, manifest: Manifest) -> bytes | None:
 
 def verify_stored(store: RegistryStore, manifest: Manifest, trust: Trust) -> SignatureCheck:
     """``check_signature`` of the manifest's stored signature."""
-    return check_signature(manifest, read_signature(store, manifest), trust, where=f"{store.location}: {manifest.ref}")
+    return check_signature(manifest, read_signature(store, manifest), trust, where=store.location)
 
 
 def authorize_channel(store: RegistryStore, manifest: Manifest, channel: str, trust: Trust) -> SignatureCheck:

@@ -7,6 +7,7 @@ primitives (blob uploads, manifest PUT, tags).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -137,6 +138,9 @@ class RegistryStore(Protocol):
         ...
 
 
+_MISSING_SLASHES = re.compile(r"^(s3|oci|oci\+http|file):(?!//)")
+
+
 def open_store(url: str, *, s3_endpoint: str | None = None) -> RegistryStore:
     """The store for a registry URL: ``s3://bucket[/prefix]``, ``oci://host[:port]/namespace`` (``oci+http://`` for
     plain HTTP), a local directory (``file://`` optional), or a bundle file (``enginesmith bundle``: read-only).
@@ -151,6 +155,12 @@ def open_store(url: str, *, s3_endpoint: str | None = None) -> RegistryStore:
         from registry.oci import OciStore
 
         return OciStore(url)
+    typo = _MISSING_SLASHES.match(url)
+    if typo and not Path(url).is_dir():  # a local directory may be named anything; a scheme without // may not
+        scheme, rest = typo.group(1), url[typo.end():]
+        meant = f"{scheme}://{rest if scheme == 'file' else rest.lstrip('/')}"
+        raise UserError(f"{url!r} has no '//' after its scheme {scheme}:", where="--registry",
+                        hint=f"write {meant}, or ./{url} for a local directory of that name")
     if "://" in url and not url.startswith("file://"):
         scheme = url.split("://", 1)[0]
         raise UserError(f"unsupported registry scheme {scheme!r}", where="--registry",

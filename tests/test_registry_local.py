@@ -66,7 +66,8 @@ def test_round_trip_through_the_cli(tmp_path: Path) -> None:
     cached = tmp_path / "cache" / "blobs" / "sha256" / str(weights.sha256)
     assert (dest / "model.safetensors").stat().st_ino == cached.stat().st_ino  # a hard link, not a copy
 
-    assert cli_json("ls", env=env) == [{"model": "tiny-llama", "artefacts": 1, "channels": {"latest": artefact.key}}]
+    assert cli_json("ls", env=env) == [{"model": "tiny-llama", "artefacts": 1, "channels": {"latest": artefact.key},
+                                       "foreign": 0}]
     shown = cli_json("show", f"tiny-llama@{artefact.key[:8]}", env=env)
     assert shown["key"] == artefact.key and shown["artefact"]["files"] == [f.model_dump() for f in artefact.files]
 
@@ -361,3 +362,23 @@ def test_listing_reports_an_unreadable_manifest_and_resolve_skips_it(store: Loca
     assert [m.key for m in listing.manifests] == [good.key]
     assert [u.key for u in listing.unreadable] == ["evil"] and "'..'" in listing.unreadable[0].problem
     assert os.listdir(store.root / "manifests" / "tiny-llama")  # nothing was deleted or rewritten
+
+
+@pytest.mark.parametrize(("url", "meant"), [("oci:127.0.0.1:5000/engines", "oci://127.0.0.1:5000/engines"),
+                                            ("oci+http:/127.0.0.1:5000/engines", "oci+http://127.0.0.1:5000/engines"),
+                                            ("s3:engines/fleet", "s3://engines/fleet"),
+                                            ("file:/srv/registry", "file:///srv/registry")])
+def test_a_registry_url_missing_its_slashes_is_an_error_not_an_empty_local_registry(url: str, meant: str,
+                                                                                     tmp_path: Path,
+                                                                                     monkeypatch) -> None:
+    """#52: `oci:host:port/ns` was read as a local directory and listed nothing with rc 0."""
+    from registry.store import open_store
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError) as refused:
+        open_store(url)
+    assert refused.value.where == "--registry" and meant in refused.value.render()
+    assert not any(tmp_path.iterdir())  # nothing created where the URL would have been a directory
+    named = tmp_path / "oci:a-directory"
+    named.mkdir()
+    assert isinstance(open_store(str(named.relative_to(tmp_path))), LocalStore)  # a directory may be named so

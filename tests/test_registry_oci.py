@@ -147,7 +147,15 @@ def test_oras_pulls_what_we_publish_into_identical_files_and_what_it_pushes_is_r
     shown = run_cli("show", "tiny-llama@oras-pushed", env=env)
     assert shown.returncode == 2 and "not one enginesmith wrote" in shown.stderr
     listing = cli_json("ls", "tiny-llama", env=env)
-    assert [u["key"] for u in listing["unreadable"]] == ["oras-pushed"] and len(listing["manifests"]) == 1
+    # #52: another tool's record is "not ours", not an unreadable artefact: ls does not count it, gc skips it.
+    assert [u["key"] for u in listing["foreign"]] == ["oras-pushed"] and not listing["unreadable"]
+    assert len(listing["manifests"]) == 1
+    [summary] = cli_json("ls", env=env)
+    assert (summary["artefacts"], summary["foreign"]) == (1, 1)
+    swept = cli_json("gc", "--grace", "0", env=env)
+    assert swept["skipped_foreign"] == ["tiny-llama:oras-pushed"] and swept["kept_manifests"] == 1
+    assert "not one enginesmith wrote" in run_cli("show", "tiny-llama@oras-pushed", env=env).stderr  # left alone
+    assert cli_json("show", f"tiny-llama@{key}", env=env)["key"] == key
 
 
 def test_wrong_credentials_are_a_clear_error_that_does_not_show_the_password(
@@ -522,6 +530,29 @@ def test_a_registry_without_the_catalog_api_is_an_error_for_a_listing_not_an_emp
         with pytest.raises(UserError, match="does not offer the _catalog API") as refused:
             store.list_models()
         assert "enginesmith ls MODEL" in (refused.value.hint or "")
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_web_server_that_is_not_a_registry_is_an_error_not_an_empty_registry(tmp_path: Path) -> None:
+    """#52: an HTTP server that is not a registry read as an empty one (rc 0): its /v2/ answers neither 200 with the
+    API's answer nor 401."""
+    from functools import partial
+    from http.server import SimpleHTTPRequestHandler
+
+    (tmp_path / "index.html").write_text("<html>a web site</html>")
+    handler = partial(SimpleHTTPRequestHandler, directory=str(tmp_path))
+    handler.log_message = lambda *args: None  # type: ignore[attr-defined]
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"oci+http://127.0.0.1:{server.server_address[1]}/team"
+    try:
+        with pytest.raises(UserError, match="is not an OCI registry: GET /v2/ answered 404") as refused:
+            OciStore(url).list_manifest_keys("tiny-llama")
+        assert refused.value.where == url
+        listed = run_cli("ls", "tiny-llama", "--registry", url)
+        assert listed.returncode != 0 and "not an OCI registry" in listed.stderr
     finally:
         server.shutdown()
         server.server_close()

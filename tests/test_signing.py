@@ -324,6 +324,21 @@ def test_with_a_signature_over_the_files_only_no_serving_profile_or_other_model_
     assert not (tmp_path / "slo").exists()
 
 
+def test_a_refused_pull_draws_no_progress_bar_and_names_the_artefact_once(keys, tmp_path: Path) -> None:
+    """#52: a refused pull first drew a 'pulling 0.0/96.1 KiB' bar, and its error named the reference twice."""
+    registry = tmp_path / "registry"
+    env = registry_env(str(registry), tmp_path / "cache")
+    published = run_cli("publish", str(write_artefact(tmp_path / "build")), "--sign-key", str(keys["laptop"][0]),
+                        "--json", env=env)
+    key = json.loads(published.stdout)["key"]
+    refused = run_cli("pull", "tiny-llama:latest", "--dest", str(tmp_path / "dest"), "--trust",
+                      str(keys["nightly"][1]), env=env)
+    assert refused.returncode == 2 and "which is not trusted (trusted: nightly)" in refused.stderr
+    assert refused.stderr.count(f"tiny-llama@{key}") == 1, refused.stderr
+    assert "pulling" not in refused.stderr and "KiB" not in refused.stderr
+    assert not (tmp_path / "dest").exists()
+
+
 def test_an_empty_trust_setting_is_an_error_not_verification_switched_off(tmp_path: Path) -> None:
     env = registry_env(str(tmp_path / "registry"), tmp_path / "cache")
     for args, extra, named in [(["--trust", ""], {}, "--trust is empty"),
@@ -346,6 +361,27 @@ def test_a_wrong_passphrase_is_refused_and_nothing_is_published(tmp_path: Path) 
     assert "cannot be decrypted with that passphrase" in result.stderr and str(private) in result.stderr
     assert PASSPHRASE not in result.stderr + result.stdout
     assert not registry.exists() or not any(registry.rglob("*.json"))
+
+
+def test_a_cut_or_damaged_key_file_says_so_and_does_not_blame_the_passphrase(tmp_path: Path) -> None:
+    """#52: a truncated key with --passphrase-env was reported as a wrong passphrase."""
+    private, _ = make_key(tmp_path / "keys", "nightly", passphrase=PASSPHRASE)
+    whole = private.read_text()
+    lines = whole.splitlines(keepends=True)
+    cases = {"cut short (no -----END line)": "".join(lines[: len(lines) // 2]),
+             "cut short or damaged": "".join(lines[:2] + lines[3:]),  # a body line lost, the END line kept
+             "damaged (its body is not base64)": whole.replace(lines[1], "!" * (len(lines[1]) - 1) + "\n")}
+    source = write_artefact(tmp_path / "build")
+    env = registry_env(str(tmp_path / "registry"), tmp_path / "cache", {"SIGNING_PASSPHRASE": PASSPHRASE})
+    for says, text in cases.items():
+        private.write_text(text)
+        result = run_cli("publish", str(source), "--sign-key", str(private), "--passphrase-env",
+                         "SIGNING_PASSPHRASE", env=env)
+        assert result.returncode == 2 and says in result.stderr, (says, result.stderr)
+        assert "passphrase" not in result.stderr.split("hint")[0] and PASSPHRASE not in result.stderr
+    private.write_text(whole)
+    assert run_cli("publish", str(source), "--sign-key", str(private), "--passphrase-env", "SIGNING_PASSPHRASE",
+                   env=env).returncode == 0  # the whole file with its passphrase signs
 
 
 def test_a_private_key_others_can_read_is_refused(tmp_path: Path) -> None:

@@ -166,7 +166,8 @@ def list_artefacts(
             print_json(summaries)
             return
         stdout.print(table(f"Models in {store.location}", ["model", "artefacts", "channels"], [
-            [s.model, str(s.artefacts), ", ".join(f"{c}→{k[:12]}" for c, k in sorted(s.channels.items())) or "-"]
+            [s.model, str(s.artefacts) + (f" (and {s.foreign} not ours)" if s.foreign else ""),
+             ", ".join(f"{c}→{k[:12]}" for c, k in sorted(s.channels.items())) or "-"]
             for s in summaries]))
         return
     listing = list_model(store, check_name(model, "MODEL"))
@@ -184,6 +185,8 @@ def list_artefacts(
     ]
     rows += [[u.key[:12], "-", "-", "-", "-", "-", "-", Text.assemble(styled("unreadable", "red"), f": {u.problem}")]
              for u in listing.unreadable]
+    rows += [[u.key[:12], "-", "-", "-", "-", "-", "-", Text.assemble(styled("not ours", "yellow"), f": {u.problem}")]
+             for u in listing.foreign]
     stdout.print(table(f"{model} in {store.location}",
                        ["key", "kind", "recipe", "target", "tp×pp", "size", "published (UTC)", "channels"], rows))
 
@@ -305,8 +308,8 @@ def pull(
     from registry.cache import BlobCache, default_cache_dir
     from registry.choose import NothingRunsHere, choose
     from registry.names import parse_ref
-    from registry.pull import check_destination, check_free_space, plan_pull, pull_artefact
-    from registry.signing import signature_covers_text
+    from registry.pull import check_destination, check_free_space, check_pull_trust, plan_pull, pull_artefact
+    from registry.signing import read_signature, signature_covers_text
 
     store = _open_store(str(from_bundle) if from_bundle else registry, s3_endpoint)
     ref = parse_ref(what, where="MODEL|REF")
@@ -345,6 +348,9 @@ def pull(
     if not dry_run:
         check_destination(destination)
         check_free_space(plan, cache, destination)  # before the progress bar, which would say it had started
+    if trusted is not None:  # a refused artefact, too, is refused before the bar
+        check_pull_trust(store, manifest, read_signature(store, manifest), trusted, channel=ref.channel,
+                         profile=profile)
     started = time.monotonic()
     with _transfer_progress(enabled=not (json_output or dry_run), verb="pulling",
                             total_bytes=plan.bytes_to_fetch) as progress:
@@ -553,6 +559,8 @@ def gc(
         stdout.print(f"  {verb} {ref}")
     for record in result.deleted_stage_records:
         stdout.print(f"  {verb} stage record {record}")
+    for foreign in result.skipped_foreign:
+        stdout.print(f"  skipped {foreign}: not an enginesmith record (another tool's; gc leaves it alone)")
 
 
 def bundle(
