@@ -535,6 +535,8 @@ class OciStore:
         api = response.headers.get("docker-distribution-api-version", "")
         if response.status_code == 401 or (response.status_code == 200 and (api or kind == "application/json")):
             return
+        if response.status_code == 400:  # e.g. plain HTTP to a TLS server: the status error says which scheme to use
+            raise self._status_error(response, "registry API check")
         raise UserError(f"{self._base} is not an OCI registry: GET /v2/ answered {response.status_code} ({kind})",
                         where=self.location, hint=_URL_HINT)
 
