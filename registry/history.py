@@ -43,6 +43,10 @@ HISTORY_SCHEMA_VERSION = 1
 
 ACTOR_ENV = "ENGINESMITH_ACTOR"
 CHANNEL_ENTRY_PREFIX = "channel-"
+# Signed statements kept beside the history records, created once as they are (registry.channel_statements,
+# registry.withdrawals): not outcomes or moves, so the history reads past them.
+STATEMENT_ENTRY_PREFIX = "statement-"
+WITHDRAWAL_ENTRY_PREFIX = "withdrawal-"
 CELL_HASH_CHARS = 12
 # A task score is a share of examples (0..1) with no spread over rounds: a drop of more than one point
 # (0.01) is flagged. Smaller moves are within what re-running the same examples on another night gives.
@@ -492,7 +496,9 @@ def load_history(store: RegistryStore, model: str, *, recipe: str | None = None,
     that build (``against="channel:<name>"``). A record that cannot be read is listed in ``unreadable``, never
     raised.
     """
-    loaded = _read_records(store, model, store.list_history(model))
+    entries = [entry for entry in store.list_history(model)
+               if not entry.startswith((STATEMENT_ENTRY_PREFIX, WITHDRAWAL_ENTRY_PREFIX))]
+    loaded = _read_records(store, model, entries)
     listing = list_model(store, model)
     outcomes = [record for _, record in loaded if isinstance(record, CellOutcome)]
     moves = sorted((record for _, record in loaded if isinstance(record, ChannelMove)), key=_recorded_order)

@@ -124,9 +124,10 @@ class SignatureRef(BaseModel):
     sha256: str
     size: int
     signer: str  # the signing key's fingerprint as the bundle names it (sha256 of its public PEM); "" if it names none
-    # publication: the files, artefact.json and the publication record (signed by publish); artefact: the files and
+    # publication-dated: the files, artefact.json and the publication record with its time (signed by publish);
+    # publication: the same without the time (publish before it signed the time); artefact: the files and
     # artefact.json (a directory signed with model-signing's CLI before it was published)
-    covers: Literal["publication", "artefact"]
+    covers: Literal["publication-dated", "publication", "artefact"]
 
     @field_validator("sha256")
     @classmethod
@@ -204,6 +205,9 @@ class Manifest(BaseModel):
         return (self.model_dump_json(indent=2, exclude_none=False) + "\n").encode()
 
 
+_COVERS_LABEL = {"publication-dated": "publication and its time", "publication": "publication",
+                 "artefact": "artefact"}
+
 def signer_label(manifest: Manifest) -> str:
     """Who signed an artefact by its manifest's word, as the catalogue and ``show`` print it: the key's fingerprint
     (which a trust list names) and what it covers, or ``unsigned``. Whoever can write the registry can write this
@@ -211,7 +215,7 @@ def signer_label(manifest: Manifest) -> str:
     signature = manifest.signature
     if signature is None:
         return "unsigned"
-    return f"key {signature.signer[:16] or '(not named in the bundle)'} (over the {signature.covers}; not checked)"
+    return f"key {signature.signer[:16] or '(not named in the bundle)'} (over the {_COVERS_LABEL[signature.covers]}; not checked)"
 
 
 def key_problem(key: str, artefact: Artefact, validation: Mapping[str, Any] | None, *,

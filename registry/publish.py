@@ -11,6 +11,7 @@ import hashlib
 import tempfile
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -120,12 +121,15 @@ def publish_artefact(
     progress: TransferProgress | None = None,
     signing_key: SigningKey | None = None,
     signature: Path | None = None,
+    statement_valid_for: timedelta | None = None,
 ) -> PublishResult:
     """Publish ``artefact_dir`` under ``key`` (default: the artefact's own key) and move ``channels`` to it.
 
     Uploads only the blobs the registry lacks, ``jobs`` at a time. With ``signing_key``, signs what a pull lays
     out (``registry.signing``) and stores the bundle as a blob the manifest names; with ``signature``, keeps a
-    bundle made by model-signing's CLI over the directory. Raises ``UserError`` (and its subclasses) for a directory
+    bundle made by model-signing's CLI over the directory. With ``signing_key``, each channel it moves gets a signed
+    statement (``registry.channel_statements``; good for ``statement_valid_for``, default 7 days), and one it leaves
+    where it is keeps its statement current. Raises ``UserError`` (and its subclasses) for a directory
     that does not match its ``artefact.json``, or a signature that is not over it, before anything is uploaded.
     """
     if signing_key is not None and signature is not None:
@@ -178,7 +182,12 @@ def publish_artefact(
     stored = load_manifest(store, model, key)
     if stored.signature is not None:
         result.signer, result.signature_covers = stored.signature.signer, stored.signature.covers
-    result.channels = [advance_channel(store, stored, channel) for channel in channels]
+    signer = None
+    if signing_key is not None:
+        from registry.channel_statements import DEFAULT_VALID_FOR, ChannelSigner
+
+        signer = ChannelSigner(store, signing_key, statement_valid_for or DEFAULT_VALID_FOR)
+    result.channels = [advance_channel(store, stored, channel, signer=signer) for channel in channels]
     return result
 
 
@@ -188,12 +197,12 @@ def _signature(manifest: Manifest, signing_key: SigningKey | None,
     be over this artefact; ``None`` for neither."""
     if signing_key is None and signature is None:
         return None
-    from registry.signing import MAX_SIGNATURE_BYTES, adopt_signature, sign_manifest
+    from registry.signing import MAX_SIGNATURE_BYTES, SIGNED_AT_PUBLISH, adopt_signature, sign_manifest
 
     if signing_key is not None:
         body = sign_manifest(manifest, signing_key)
         return SignatureRef(sha256=hashlib.sha256(body).hexdigest(), size=len(body), signer=signing_key.fingerprint,
-                            covers="publication"), body
+                            covers=SIGNED_AT_PUBLISH), body
     assert signature is not None
     if not signature.is_file() or signature.stat().st_size > MAX_SIGNATURE_BYTES:
         raise UserError(f"{signature} is not a signature bundle file", where="--signature",

@@ -170,12 +170,16 @@ def plan_pull(manifest: Manifest, cache: BlobCache, dest: Path, registry: str) -
 def check_pull_trust(store: RegistryStore, manifest: Manifest, signature_body: bytes | None, trust: Trust, *,
                      channel: str | None = None, profile: ChosenProfile | None = None) -> SignatureCheck:
     """That ``manifest`` may be pulled under ``trust``: its signature holds, its signer may be on ``channel`` (the one
-    it was found through) and covers the report a ``profile`` comes from. Raises ``SignatureError`` otherwise; the
+    it was found through), whose newest signed statement names it (``registry.channel_statements.check_channel``),
+    and covers the report a ``profile`` comes from. Raises ``SignatureError`` otherwise; the
     CLI asks before it draws a progress bar, ``pull_artefact`` again before it fetches."""
     checked = check_signature(manifest, signature_body, trust, where=store.location)  # its message names the ref
     if channel is not None:
         require_channel_signer(checked, manifest, channel, trust, where=f"{store.location}: {manifest.model}:{channel}",
                                hint="do not deploy it; ask who moved the channel")
+        from registry.channel_statements import check_channel
+
+        check_channel(store, manifest.model, channel, manifest.key, trust)
     if profile is not None and checked.covers == "artefact":
         # A profile's flags start the server; from a report no trusted key signed, they are not taken.
         raise SignatureError(f"the serving profile would come from {manifest.ref}'s validation report, which its "

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
@@ -11,6 +13,9 @@ from registry.errors import IntegrityError, NotFoundError, RegistryUnavailableEr
 from registry.manifest import Manifest
 from registry.names import check_name
 from registry.store import RefState, RegistryStore
+
+if TYPE_CHECKING:
+    from registry.channel_statements import ChannelSigner
 
 CAS_ATTEMPTS = 20
 
@@ -21,20 +26,34 @@ class RefChange(BaseModel):
     key: str
     previous: str | None
     moved: bool
+    statement: int | None = None  # the sequence of the statement signed for this move (or to keep it current)
+    future_dated: str | None = None  # the key the channel was on, published in the future: not believed
 
 
-def promote(store: RegistryStore, manifest: Manifest, channel: str) -> RefChange:
-    """Point ``model:channel`` at ``manifest``, whatever it pointed at before."""
+# A publication time further ahead than clocks disagree is not believed: it would hold `latest` against every publish.
+CLOCK_SKEW = timedelta(minutes=5)
+
+
+def promote(store: RegistryStore, manifest: Manifest, channel: str, *, signer: ChannelSigner | None = None
+            ) -> RefChange:
+    """Point ``model:channel`` at ``manifest``, whatever it pointed at before. With ``signer``, the channel's next
+    statement is signed first (also when it is on ``manifest`` already: that renews it); raises ``ChannelRaceError``
+    when another promote signed that sequence first."""
     check_name(channel, "channel")
-    return _swap(store, manifest, channel, keep_current=lambda state: state.key == manifest.key)
+    return _swap(store, manifest, channel, keep_current=lambda state: state.key == manifest.key, signer=signer,
+                 renew_kept=True)
 
 
-def advance_channel(store: RegistryStore, manifest: Manifest, channel: str) -> RefChange:
-    """Point ``model:channel`` at ``manifest`` unless it already points at one published at the same time or later.
+def advance_channel(store: RegistryStore, manifest: Manifest, channel: str, *, signer: ChannelSigner | None = None,
+                    now: datetime | None = None) -> RefChange:
+    """Point ``model:channel`` at ``manifest`` unless it already points at one published at the same time or later
+    (and not in the future). With ``signer``, the move is signed, and a kept channel's statement kept current.
 
     Publishing uses this, so concurrent or repeated publishes leave ``latest`` on the newest artefact.
     """
     check_name(channel, "channel")
+    latest_believable = (now or datetime.now(timezone.utc)) + CLOCK_SKEW
+    future_dated: list[str] = []
 
     def keep_current(state: RefState) -> bool:
         if state.key == manifest.key:
@@ -43,20 +62,44 @@ def advance_channel(store: RegistryStore, manifest: Manifest, channel: str) -> R
             current = load_manifest(store, manifest.model, state.key)
         except (NotFoundError, IntegrityError):
             return False
+        if current.published_at > latest_believable:
+            future_dated.append(state.key)
+            return False
         return current.published_at >= manifest.published_at
 
-    return _swap(store, manifest, channel, keep_current)
+    change = _swap(store, manifest, channel, keep_current, signer=signer, renew_kept=False)
+    return change.model_copy(update={"future_dated": future_dated[-1] if future_dated else None})
 
 
-def _swap(
-    store: RegistryStore, manifest: Manifest, channel: str, keep_current: Callable[[RefState], bool]
-) -> RefChange:
+def _swap(store: RegistryStore, manifest: Manifest, channel: str, keep_current: Callable[[RefState], bool], *,
+          signer: ChannelSigner | None = None, renew_kept: bool = False) -> RefChange:
+    # Signed before the pointer moves, so a pull never meets a pointer newer than its statement; a swap that loses
+    # to another writer signs again before its next try (sequences only grow), so the last to move signed last.
+    from registry.channel_statements import ChannelRaceError
+
+    model = manifest.model
     for _ in range(CAS_ATTEMPTS):
-        state = store.read_ref(manifest.model, channel)
+        state = store.read_ref(model, channel)
         previous = None if state is None else state.key
         if state is not None and keep_current(state):
-            return RefChange(model=manifest.model, channel=channel, key=state.key, previous=previous, moved=False)
-        if store.write_ref(manifest.model, channel, manifest.key, expected=state):
-            return RefChange(model=manifest.model, channel=channel, key=manifest.key, previous=previous, moved=True)
+            renewed = None
+            if signer is not None:
+                renewed = signer.sign(model, channel, state.key) if renew_kept else signer.settle(model, channel,
+                                                                                                   state.key)
+            return RefChange(model=model, channel=channel, key=state.key, previous=previous, moved=False,
+                             statement=renewed.sequence if renewed else None)
+        claim = None
+        if signer is not None:
+            claim = signer.sign(model, channel, manifest.key)
+            if claim is None:
+                if renew_kept:  # promote: two racing, one wins and the other says so
+                    raise ChannelRaceError(
+                        f"another promote of {model}:{channel} signed the channel's next statement at the same "
+                        "moment; this one moved nothing", where=store.location,
+                        hint=f"see where it is now (enginesmith ls {model}) and promote again if still wanted")
+                continue
+        if store.write_ref(model, channel, manifest.key, expected=state):
+            return RefChange(model=model, channel=channel, key=manifest.key, previous=previous, moved=True,
+                             statement=claim.sequence if claim else None)
     raise RegistryUnavailableError(f"{manifest.model}:{channel} kept changing under us ({CAS_ATTEMPTS} attempts)",
                                    where=store.location, hint="run the same command again")

@@ -24,6 +24,7 @@ import stat
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
@@ -34,21 +35,32 @@ from enginesmith.core.artefacts import ARTEFACT_FILE, artefact_record_bytes
 from enginesmith.core.errors import UserError
 from enginesmith.core.secrets import register_secret
 from registry.errors import NotFoundError, SignatureError
-from registry.manifest import PUBLICATION_FILE, PULL_RECORD_FILE, SIGNATURE_FILE, Manifest, SignatureRef
+from registry.manifest import (
+    PUBLICATION_FILE,
+    PULL_RECORD_FILE,
+    SIGNATURE_FILE,
+    Manifest,
+    SignatureRef,
+    parse_timestamp,
+)
 from registry.names import is_name
 from registry.store import RegistryStore
 
 MAX_SIGNATURE_BYTES = 4 * 1024 * 1024  # a bundle lists one digest per file: kilobytes, even for thousands of files
 UNSIGNED_PATHS = (PULL_RECORD_FILE, SIGNATURE_FILE)  # in the pulled directory, outside the signature
 _INSTALL_HINT = "install the signing extra: pip install 'enginesmith[signing]'"
-Covers = Literal["publication", "artefact"]
+Covers = Literal["publication-dated", "publication", "artefact"]
+SIGNED_AT_PUBLISH: Covers = "publication-dated"
 
 
 def publication_record_bytes(manifest: Manifest) -> bytes:
     """The publication record as ``pull`` lays it out (``PUBLICATION_FILE``): canonical JSON of what publishing adds
-    to the artefact and a signature must pin (the registry key and the validation report)."""
-    record = {"model": manifest.model, "key": manifest.key, "artefact_key": manifest.artefact.key,
-              "validation": manifest.validation}
+    to the artefact and a signature must pin (the registry key, the validation report and, for a signature that
+    covers ``publication-dated``, the publication time that ``latest``, the resolver and ``gc`` order by)."""
+    record: dict[str, Any] = {"model": manifest.model, "key": manifest.key, "artefact_key": manifest.artefact.key,
+                              "validation": manifest.validation}
+    if manifest.signature is None or manifest.signature.covers == "publication-dated":
+        record["published"] = manifest.published  # signatures from before it was signed ("publication") lack it
     return (json.dumps(record, sort_keys=True, indent=1, ensure_ascii=False) + "\n").encode()
 
 
@@ -57,7 +69,7 @@ def signed_digests(manifest: Manifest, covers: Covers) -> dict[str, str]:
     them."""
     digests = {entry.path: entry.sha256 or "" for entry in manifest.artefact.files}
     digests[ARTEFACT_FILE] = hashlib.sha256(artefact_record_bytes(manifest.artefact)).hexdigest()
-    if covers == "publication":
+    if covers != "artefact":
         digests[PUBLICATION_FILE] = hashlib.sha256(publication_record_bytes(manifest)).hexdigest()
     return digests
 
@@ -207,11 +219,15 @@ class TrustedKey(BaseModel):
 
 
 class Trust(BaseModel):
-    """Whom a pull believes: named public keys, and per channel the names whose artefacts may be on it (checked when
-    one is promoted there and when one is pulled through it; none listed: any trusted key)."""
+    """Whom a pull believes: named public keys, per channel the names whose artefacts may be on it (checked when
+    one is promoted there and when one is pulled through it; none listed: any trusted key) and how long a statement
+    that the channel points at an artefact stays good, and the keys revoked since a time (what they signed from
+    then on is not believed)."""
 
     keys: list[TrustedKey]
     channel_signers: dict[str, list[str]] = {}
+    channel_expiry_s: dict[str, float] = {}
+    revoked: dict[str, datetime] = {}  # key name → when it was revoked
 
     def named(self, key_fingerprint: str) -> TrustedKey | None:
         return next((key for key in self.keys if key.fingerprint == key_fingerprint), None)
@@ -229,6 +245,8 @@ def load_trust(paths: list[Path], *, where: str = "--trust") -> Trust:
     _require_model_signing()
     keys: list[TrustedKey] = []
     channels: dict[str, list[str]] = {}
+    expiry: dict[str, float] = {}
+    revoked: dict[str, datetime] = {}
     for path in paths:
         if path.is_dir():
             found = sorted(p for p in path.iterdir() if p.suffix in (".pem", ".pub"))
@@ -237,10 +255,12 @@ def load_trust(paths: list[Path], *, where: str = "--trust") -> Trust:
                                 hint="point --trust at a public key file, a directory of them, or a trust YAML")
             keys += [_trusted_key(p.stem, p, where) for p in found]
         elif path.suffix in (".yaml", ".yml"):
-            named, channel_signers = _read_trust_file(path, where)
-            keys += named
-            for channel, signers in channel_signers.items():
+            read = _read_trust_file(path, where)
+            keys += read.keys
+            for channel, signers in read.channel_signers.items():
                 channels.setdefault(channel, []).extend(signers)
+            expiry.update(read.channel_expiry_s)
+            revoked.update(read.revoked)
         else:
             keys.append(_trusted_key(path.stem, path, where))
     seen: dict[str, TrustedKey] = {}
@@ -254,7 +274,11 @@ def load_trust(paths: list[Path], *, where: str = "--trust") -> Trust:
         if unknown:
             raise UserError(f"channel {channel!r} allows {', '.join(unknown)}, which no trusted key is named",
                             where=where, hint=f"trusted keys: {', '.join(sorted(seen)) or 'none'}")
-    return Trust(keys=list(seen.values()), channel_signers=channels)
+    unknown_revoked = sorted(set(revoked) - set(seen))
+    if unknown_revoked:
+        raise UserError(f"revoked: {', '.join(unknown_revoked)} is no trusted key's name", where=where,
+                        hint=f"revoke a key by the name keys: gives it ({', '.join(sorted(seen)) or 'none'})")
+    return Trust(keys=list(seen.values()), channel_signers=channels, channel_expiry_s=expiry, revoked=revoked)
 
 
 def _trusted_key(name: str, path: Path, where: str) -> TrustedKey:
@@ -278,7 +302,7 @@ def _trusted_key(name: str, path: Path, where: str) -> TrustedKey:
     return TrustedKey(name=name, fingerprint=fingerprint(public_key), source=str(path), pem=pem)
 
 
-def _read_trust_file(path: Path, where: str) -> tuple[list[TrustedKey], dict[str, list[str]]]:
+def _read_trust_file(path: Path, where: str) -> Trust:
     try:
         raw = yaml.safe_load(path.read_text())
     except FileNotFoundError:
@@ -288,17 +312,69 @@ def _read_trust_file(path: Path, where: str) -> tuple[list[TrustedKey], dict[str
     if not isinstance(raw, dict) or not isinstance(raw.get("keys"), dict) or not raw["keys"]:
         raise UserError(f"{path} has no keys: mapping", where=f"{where}: {path}",
                         hint="keys: {nightly: keys/nightly.pub}  (and optionally channels: {prod: [nightly]})")
-    unknown_fields = sorted(set(raw) - {"keys", "channels"})
+    unknown_fields = sorted(set(raw) - {"keys", "channels", "revoked"})
     if unknown_fields:
         raise UserError(f"unknown field(s) {', '.join(unknown_fields)}", where=f"{path}",
-                        hint="a trust file has keys: and channels:")
+                        hint="a trust file has keys:, channels: and revoked:")
     keys = [_trusted_key(str(name), (path.parent / str(key_path)), f"{path}: keys.{name}")
             for name, key_path in raw["keys"].items()]
     channels_raw = raw.get("channels") or {}
-    if not isinstance(channels_raw, dict) or not all(isinstance(v, list) for v in channels_raw.values()):
-        raise UserError("channels: must map each channel to a list of key names", where=f"{path}: channels",
-                        hint="channels: {prod: [nightly]}")
-    return keys, {str(channel): [str(n) for n in names] for channel, names in channels_raw.items()}
+    channel_hint = "channels: {prod: [nightly]}, or {prod: {signers: [nightly], expires: 7d}}"
+    if not isinstance(channels_raw, dict):
+        raise UserError("channels: must map each channel to its signers", where=f"{path}: channels", hint=channel_hint)
+    signers: dict[str, list[str]] = {}
+    expiry: dict[str, float] = {}
+    for channel, entry in channels_raw.items():
+        at = f"{path}: channels.{channel}"
+        if isinstance(entry, dict):
+            unknown = sorted(set(entry) - {"signers", "expires"})
+            if unknown:
+                raise UserError(f"unknown field(s) {', '.join(map(str, unknown))}", where=at, hint=channel_hint)
+            if "expires" in entry:
+                expiry[str(channel)] = _trust_duration(entry["expires"], f"{at}.expires")
+            entry = entry.get("signers")
+            if entry is None:
+                continue
+        if not isinstance(entry, list):
+            raise UserError("a channel's signers are a list of key names", where=at, hint=channel_hint)
+        signers[str(channel)] = [str(name) for name in entry]
+    revoked_raw = raw.get("revoked") or {}
+    if not isinstance(revoked_raw, dict):
+        raise UserError("revoked: must map key names to when each was revoked", where=f"{path}: revoked",
+                        hint="revoked: {old-nightly: 2026-11-30T00:00:00Z}")
+    revoked = {str(name): _trust_time(moment, f"{path}: revoked.{name}") for name, moment in revoked_raw.items()}
+    return Trust(keys=keys, channel_signers=signers, channel_expiry_s=expiry, revoked=revoked)
+
+
+def _trust_duration(value: object, where: str) -> float:
+    from registry.gc import parse_duration
+
+    try:
+        seconds = parse_duration(str(value))
+    except ValueError as exc:
+        raise UserError(str(exc), where=where, hint="e.g. expires: 7d") from None
+    if seconds <= 0:
+        raise UserError("a statement must stay good for some time", where=where, hint="e.g. expires: 7d")
+    return seconds
+
+
+def _trust_time(value: object, where: str) -> datetime:
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+    try:
+        return parse_timestamp(str(value))
+    except ValueError:
+        raise UserError(f"{value!r} is not a time", where=where,
+                        hint="write when the key was revoked, e.g. 2026-11-30T00:00:00Z") from None
+
+
+def revoked_since(trust: Trust, signer: str, signed_at: datetime | None) -> datetime | None:
+    """When ``signer`` was revoked, if what it signed at ``signed_at`` (None: at an unknown time) is therefore not
+    believed."""
+    revoked_at = trust.revoked.get(signer)
+    if revoked_at is None or (signed_at is not None and signed_at < revoked_at):
+        return None
+    return revoked_at
 
 
 # --- signing and checking -----------------------------------------------------------------------------------------
@@ -315,7 +391,7 @@ def sign_manifest(manifest: Manifest, key: SigningKey) -> bytes:
     serialization = ms_manifest.SerializationType.from_args(
         {"method": "files", "hash_type": "sha256", "allow_symlinks": False, "ignore_paths": list(UNSIGNED_PATHS)})
     items = [serialization.new_item(path, Digest("sha256", bytes.fromhex(digest)))
-             for path, digest in sorted(signed_digests(manifest, "publication").items())]
+             for path, digest in sorted(signed_digests(manifest, SIGNED_AT_PUBLISH).items())]
     payload = signing.Payload(ms_manifest.Manifest(manifest.model, items, serialization))
 
     class _LoadedKeySigner(sign_ec_key.Signer):  # upstream's signer, with the key we loaded (it reads only files)
@@ -462,6 +538,14 @@ def check_signature(manifest: Manifest, body: bytes | None, trust: Trust, *, whe
     if problem:
         raise SignatureError(f"the signature of {manifest.ref} is over other content: {problem}", where=where,
                              hint="the manifest or its signature was swapped; do not use this artefact")
+    # Only a dated signature says when it was made (the publication time it covers); another is as late as can be.
+    revoked_at = revoked_since(trust, checked.name, manifest.published_at if ref.covers == "publication-dated"
+                               else None)
+    if revoked_at is not None:
+        when = "" if ref.covers == "publication-dated" else " (its signature does not say when it was made)"
+        raise SignatureError(f"{manifest.ref} is signed by {checked.name}, revoked "
+                             f"{revoked_at.isoformat(timespec='seconds')}, at {manifest.published}{when}",
+                             where=where, hint="do not use this artefact; publish it again signed by a current key")
     return SignatureCheck(signer=checked.name, fingerprint=checked.fingerprint, covers=ref.covers)
 
 
@@ -511,6 +595,10 @@ def _require_model_signing() -> None:
 
 
 def signature_covers_text(covers: Covers) -> str:
-    return ("the files, artefact.json and the publication record (key, validation report)" if covers == "publication"
-            else "the files and artefact.json (signed before publishing; the validation report is not signed)")
+    return {"publication-dated": "the files, artefact.json and the publication record (key, validation report, "
+                                 "publication time)",
+            "publication": "the files, artefact.json and the publication record (key, validation report; signed "
+                           "before the publication time was)",
+            "artefact": "the files and artefact.json (signed before publishing; the validation report is not "
+                        "signed)"}[covers]
 

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from registry.signing import SigningKey, Trust, TrustedKey
+from registry.signing import SigningKey, Trust, TrustedKey, revoked_since
 
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -41,8 +41,20 @@ class ChannelClaim(BaseModel):
     expires: datetime
 
 
-Failure = Literal["unreadable", "untrusted-signer", "signer-not-allowed", "other-model-or-channel",
+Failure = Literal["missing", "unreadable", "untrusted-signer", "revoked-signer", "signer-not-allowed", "other-model-or-channel",
                   "not-the-pointer", "expired", "rolled-back"]
+# In the order check_statement runs them, as the refusal's table lists them.
+CHECKS: tuple[tuple[Failure, str], ...] = (
+    ("missing", "the channel has a statement"),
+    ("unreadable", "a DSSE envelope of an in-toto channel statement"),
+    ("untrusted-signer", "signed by a trusted key"),
+    ("revoked-signer", "its signer not revoked when it signed"),
+    ("signer-not-allowed", "a signer the channel allows"),
+    ("other-model-or-channel", "about this model and channel"),
+    ("not-the-pointer", "names the artefact the channel points at"),
+    ("expired", "not expired"),
+    ("rolled-back", "no older than the newest this node has seen"),
+)
 
 
 class StatementCheck(BaseModel):
@@ -64,20 +76,28 @@ def manifest_digest(body: bytes) -> str:
 
 def sign_statement(claim: ChannelClaim, key: SigningKey) -> bytes:
     """The DSSE envelope (JSON) of ``claim`` as an in-toto statement, signed with ``key``."""
+    return sign_envelope(_statement(claim), key)
+
+
+def sign_envelope(statement: dict[str, Any], key: SigningKey) -> bytes:
+    """An in-toto ``statement`` in a DSSE envelope (JSON) signed with ``key``."""
     from securesystemslib.dsse import Envelope
     from securesystemslib.signer import CryptoSigner
 
-    payload = json.dumps(_statement(claim), sort_keys=True, separators=(",", ":")).encode()
+    payload = json.dumps(statement, sort_keys=True, separators=(",", ":")).encode()
     envelope = Envelope(payload=payload, payload_type=PAYLOAD_TYPE, signatures={})
-    signer = CryptoSigner(key.private_key)
-    envelope.sign(signer)
+    envelope.sign(CryptoSigner(key.private_key))
     return json.dumps(envelope.to_dict(), sort_keys=True, indent=1).encode() + b"\n"
 
 
 def _statement(claim: ChannelClaim) -> dict[str, Any]:
-    return {"_type": STATEMENT_TYPE,
-            "subject": [{"name": f"{claim.model}@{claim.key}", "digest": {"sha256": claim.manifest_digest}}],
-            "predicateType": PREDICATE_TYPE, "predicate": claim.model_dump(mode="json")}
+    return in_toto_statement(f"{claim.model}@{claim.key}", claim.manifest_digest, PREDICATE_TYPE,
+                             claim.model_dump(mode="json"))
+
+
+def in_toto_statement(subject: str, sha256: str, predicate_type: str, predicate: dict[str, Any]) -> dict[str, Any]:
+    return {"_type": STATEMENT_TYPE, "subject": [{"name": subject, "digest": {"sha256": sha256}}],
+            "predicateType": predicate_type, "predicate": predicate}
 
 
 def check_statement(body: bytes, trust: Trust, *, model: str, channel: str, pointer_key: str, pointer_digest: str,
@@ -88,10 +108,15 @@ def check_statement(body: bytes, trust: Trust, *, model: str, channel: str, poin
     envelope, claim, problem = _read(body)
     if claim is None or envelope is None:
         return StatementCheck(failed="unreadable", detail=problem)
-    signer = _verified_signer(envelope, trust)
+    signer = verified_signer(envelope, trust)
     if signer is None:
         return StatementCheck(claim=claim, failed="untrusted-signer",
                               detail=f"not signed by a trusted key ({trust.names or 'none'})")
+    revoked_at = revoked_since(trust, signer.name, claim.issued)
+    if revoked_at is not None:
+        return StatementCheck(claim=claim, signer=signer.name, failed="revoked-signer",
+                              detail=f"signed by {signer.name} at {claim.issued.isoformat(timespec='seconds')}, "
+                                     f"revoked {revoked_at.isoformat(timespec='seconds')}")
     allowed = trust.channel_signers.get(channel)
     if allowed and signer.name not in allowed:
         return StatementCheck(claim=claim, signer=signer.name, failed="signer-not-allowed",
@@ -115,6 +140,26 @@ def check_statement(body: bytes, trust: Trust, *, model: str, channel: str, poin
 
 
 def _read(body: bytes) -> tuple[Any, ChannelClaim | None, str]:
+    envelope, statement, problem = open_envelope(body, PREDICATE_TYPE)
+    if statement is None:
+        return None, None, problem
+    try:
+        claim = ChannelClaim.model_validate(statement["predicate"])
+    except (KeyError, ValidationError) as exc:
+        return None, None, f"not a channel statement ({type(exc).__name__})"
+    if statement.get("subject") != _statement(claim)["subject"]:
+        return None, None, "its subject does not match its predicate"
+    return envelope, claim, ""
+
+
+def read_claim(body: bytes) -> ChannelClaim | None:
+    """What a statement says, read without checking who signed it (a promoter finding the sequence to follow)."""
+    return _read(body)[1]
+
+
+def open_envelope(body: bytes, predicate_type: str) -> tuple[Any, dict[str, Any] | None, str]:
+    """The DSSE envelope and the in-toto statement of ``predicate_type`` inside ``body``, unverified; or ``None``
+    and what is wrong with it."""
     from securesystemslib.dsse import Envelope
 
     if len(body) > MAX_STATEMENT_BYTES:
@@ -124,18 +169,15 @@ def _read(body: bytes) -> tuple[Any, ChannelClaim | None, str]:
         if envelope.payload_type != PAYLOAD_TYPE:
             return None, None, f"payload type {envelope.payload_type!r}, not {PAYLOAD_TYPE}"
         statement = json.loads(envelope.payload)
-        if statement.get("_type") != STATEMENT_TYPE or statement.get("predicateType") != PREDICATE_TYPE:
-            return None, None, "not an enginesmith channel statement"
-        claim = ChannelClaim.model_validate(statement["predicate"])
-        subject = statement["subject"]
-        if subject != _statement(claim)["subject"]:
-            return None, None, "its subject does not match its predicate"
-        return envelope, claim, ""
-    except (ValueError, KeyError, TypeError, AttributeError, ValidationError) as exc:  # JSON, DSSE, base64, fields
-        return None, None, f"not a DSSE envelope of a channel statement ({type(exc).__name__})"
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:  # JSON, DSSE, base64
+        return None, None, f"not a DSSE envelope ({type(exc).__name__})"
+    if not isinstance(statement, dict) or statement.get("_type") != STATEMENT_TYPE \
+            or statement.get("predicateType") != predicate_type:
+        return None, None, f"not an in-toto statement of {predicate_type}"
+    return envelope, statement, ""
 
 
-def _verified_signer(envelope: Any, trust: Trust) -> TrustedKey | None:
+def verified_signer(envelope: Any, trust: Trust) -> TrustedKey | None:
     """The trusted key whose signature over the envelope verifies, if any."""
     from cryptography.hazmat.primitives.serialization import load_pem_public_key
     from securesystemslib.exceptions import VerificationError

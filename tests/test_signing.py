@@ -97,7 +97,7 @@ def test_a_signed_pull_says_who_signed_and_model_signing_verifies_the_pulled_dir
     manifest = publish_signed(store, source, private, validation={"key": "v" * 64, "artefact_key":
                                                                   read_artefact(source).key, "note": "measured"})
     assert manifest.schema_version == 3 and manifest.signature is not None
-    assert manifest.signature.covers == "publication"
+    assert manifest.signature.covers == "publication-dated"
 
     dest = tmp_path / "served"
     result = pull(store, manifest, dest, tmp_path / "cache", [public])
@@ -495,7 +495,7 @@ def test_show_says_a_signer_is_unchecked_until_trust_checks_it_and_refuses_one_t
         return run_cli("show", f"tiny-llama@{manifest.key}", *trust, env={**env, "COLUMNS": "300"})
 
     unchecked = show(by_laptop)
-    assert unchecked.returncode == 0 and "(over the publication; not checked)" in unchecked.stdout
+    assert unchecked.returncode == 0 and "(over the publication and its time; not checked)" in unchecked.stdout
     checked = show(by_nightly, "--trust", str(keys["nightly"][1]))
     assert checked.returncode == 0, checked.stderr
     assert "nightly (key" in checked.stdout and "checked against --trust" in checked.stdout
@@ -521,7 +521,7 @@ def test_the_catalogue_and_history_name_each_artefacts_signing_key(
     out = tmp_path / "site"
     write_catalogue(store, out, registry_url=str(store.root))
     model_page = (out / "models" / "tiny-llama.html").read_text()
-    assert f"key {fingerprint[:16]} (over the publication; not checked)" in model_page and "unsigned" in model_page
+    assert f"key {fingerprint[:16]} (over the publication and its time; not checked)" in model_page and "unsigned" in model_page
     assert f"key {fingerprint[:16]}" in (out / "models" / "tiny-llama" / f"{signed.key}.html").read_text()
 
 

@@ -25,7 +25,11 @@ from enginesmith.core.extras import EXTRA_HINT
 from enginesmith.core.state import DEFAULTS, REGISTRY_ENV
 
 if TYPE_CHECKING:  # imported where used, so that `enginesmith --help` stays quick
+    from datetime import timedelta
+
     from rich.progress import Progress, TaskID
+
+    from registry.channel_statements import ChannelStatementError
 
     from registry.history import BuildEntry, CellHistory, ModelHistory
     from registry.manifest import Manifest
@@ -349,8 +353,15 @@ def pull(
         check_destination(destination)
         check_free_space(plan, cache, destination)  # before the progress bar, which would say it had started
     if trusted is not None:  # a refused artefact, too, is refused before the bar
-        check_pull_trust(store, manifest, read_signature(store, manifest), trusted, channel=ref.channel,
-                         profile=profile)
+        from registry.channel_statements import ChannelStatementError
+
+        try:
+            check_pull_trust(store, manifest, read_signature(store, manifest), trusted, channel=ref.channel,
+                             profile=profile)
+        except ChannelStatementError as refused:
+            if not json_output:
+                _print_statement_checks(refused, f"{manifest.model}:{ref.channel}")
+            raise
     started = time.monotonic()
     with _transfer_progress(enabled=not (json_output or dry_run), verb="pulling",
                             total_bytes=plan.bytes_to_fetch) as progress:
@@ -390,6 +401,15 @@ def promote(
     channel_argument: Annotated[str | None, typer.Argument(
         metavar="CHANNEL", help="The channel to move (the older spelling of --channel).", show_default=False)] = None,
     channel: Annotated[str | None, typer.Option("--channel", help="The channel to move, e.g. stable.")] = None,
+    sign_key: Annotated[Path | None, typer.Option(
+        "--sign-key", help="Sign the channel's statement with this private key (PEM, mode 600).")] = None,
+    sign_key_env: Annotated[str | None, typer.Option(
+        "--sign-key-env", help="Sign with the PEM private key held in this environment variable.")] = None,
+    passphrase_env: Annotated[str | None, typer.Option(
+        "--passphrase-env", help="The environment variable holding the signing key's passphrase.")] = None,
+    expires: Annotated[str | None, typer.Option(
+        "--expires", help="How long the signed statement stays good (default: the trust file's expires: for the "
+        "channel, else 7d).")] = None,
     trust: TrustOption = None,
     registry: RegistryOption = DEFAULT_REGISTRY,
     s3_endpoint: S3EndpointOption = None,
@@ -401,6 +421,8 @@ def promote(
 
     The move is recorded as made by ENGINESMITH_ACTOR, else user@host. With --trust, the artefact's signature must
     hold, and where the trust file lists who may move the channel (channels: {prod: [nightly]}), be by one of them.
+    With --sign-key, the channel's next statement (an in-toto statement in DSSE: the model, channel, artefact,
+    sequence and expiry) is signed before the channel moves; promoting to where it is renews that statement.
     """
     from registry.catalog import find_manifest
     from registry.history import ChannelMove, current_actor, now, record_channel_move
@@ -419,7 +441,16 @@ def promote(
         from registry.signing import authorize_channel
 
         authorize_channel(store, manifest, name, trusted)
-    change = promote_ref(store, manifest, name)
+    signing_key = _signing_key(sign_key, sign_key_env, passphrase_env)
+    signer = None
+    if signing_key is not None:
+        from registry.channel_statements import ChannelSigner
+
+        signer = ChannelSigner(store, signing_key, _statement_validity(expires, name, trusted))
+    elif expires is not None:
+        raise UserError("--expires is the signed statement's, and no signing key was given", where="--expires",
+                        hint="add --sign-key KEY (or --sign-key-env NAME)")
+    change = promote_ref(store, manifest, name, signer=signer)
     if change.moved:
         move = ChannelMove(model=change.model, channel=change.channel, key=change.key, previous=change.previous,
                            actor=current_actor(), recorded=now())
@@ -433,7 +464,46 @@ def promote(
         return
     before = f" (was {change.previous[:12]})" if change.previous else " (new channel)"
     verb = "→" if change.moved else "already on"
-    stdout.print(f"{change.model}:{change.channel} {verb} {change.key[:12]}{before if change.moved else ''}")
+    signed = f"; signed statement {change.statement}" if change.statement is not None else ""
+    stdout.print(f"{change.model}:{change.channel} {verb} {change.key[:12]}{before if change.moved else ''}{signed}")
+
+
+def _statement_validity(expires: str | None, channel: str, trusted: Trust | None) -> timedelta:
+    from datetime import timedelta
+
+    from registry.channel_statements import DEFAULT_VALID_FOR
+    from registry.gc import parse_duration
+
+    if expires is not None:
+        try:
+            seconds = parse_duration(expires)
+        except ValueError as exc:
+            raise UserError(str(exc), where="--expires", hint="e.g. --expires 7d") from None
+        if seconds <= 0:
+            raise UserError("a statement must stay good for some time", where="--expires", hint="e.g. --expires 7d")
+        return timedelta(seconds=seconds)
+    configured = trusted.channel_expiry_s.get(channel) if trusted is not None else None
+    return timedelta(seconds=configured) if configured else DEFAULT_VALID_FOR
+
+
+def _print_statement_checks(refused: ChannelStatementError, channel: str) -> None:
+    """The table a refused channel prints: each check of its statement, in order, and which one failed."""
+    from registry.statements import CHECKS
+
+    claim, failed = refused.check.claim, refused.check.failed
+    reached = True
+    rows: list[list[Cell]] = []
+    for name, what in CHECKS:
+        if name == failed:
+            rows.append([what, styled(f"FAILED: {refused.check.detail}", "red")])
+            reached = False
+        else:
+            rows.append([what, styled("holds", "green") if reached else "not checked"])
+    about = (f"statement {claim.sequence} ({claim.model}:{claim.channel} → {claim.key[:12]}, signed by "
+             f"{refused.check.signer or 'no trusted key'})" if claim is not None else "no statement")
+    stderr.print(table(f"{channel}: {about}", ["check", "result"], rows))
+    for line in refused.skipped:
+        stderr.print(f"[yellow]note:[/] read past {escape(line)}", markup=True)
 
 
 def history(
