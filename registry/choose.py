@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 from registry.catalog import UnreadableManifest, find_manifest, list_model
-from registry.errors import NotFoundError
+from registry.errors import NotFoundError, SignatureError, WithdrawnError
 from registry.manifest import Manifest
 from registry.names import Ref
 from registry.resolve import Candidate, Constraints, Machine, Resolution, assess, resolve
@@ -16,6 +16,7 @@ from registry.store import RegistryStore
 class ModelResolution(BaseModel):
     resolution: Resolution
     unreadable: list[UnreadableManifest]  # manifests that could not be assessed (and why)
+    ignored_withdrawals: list[str] = []  # withdrawals that do not count under the trust list, and why
 
 
 class NothingRunsHere(NotFoundError):
@@ -26,20 +27,36 @@ class NothingRunsHere(NotFoundError):
         self.resolution = resolution
 
 
+class PassedOver(BaseModel):
+    """An artefact the resolver would have chosen but for its signature: who would have won, and why it lost."""
+
+    key: str
+    reason: str
+
+
+class FallbackRefused(SignatureError):
+    """A bare ``--trust`` pull whose best artefact's signature does not hold: taking the next one would hide that."""
+
+
 class Choice(BaseModel):
     manifest: Manifest
     candidate: Candidate  # its status on the machine: a named artefact may be pulled even when not runnable
+    passed_over: PassedOver | None = None  # with trust and allow_fallback: the better artefact that failed its check
+    ignored_withdrawals: list[str] = []
 
 
 def resolve_model(store: RegistryStore, model: str, machine: Machine, constraints: Constraints,
                   trust: Trust | None = None) -> ModelResolution:
     """Every published artefact of ``model`` assessed on ``machine``, best first; with ``trust``, each signature
     checked (an artefact whose signature does not hold is ``untrusted``)."""
+    from registry.withdrawals import read_withdrawals
+
     listing = list_model(store, model, with_channels=False)
     signers, untrusted = check_signatures(store, listing.manifests, trust)
+    withdrawals = read_withdrawals(store, model, trust)
     return ModelResolution(resolution=resolve(model, listing.manifests, machine, constraints, signers=signers,
-                                              untrusted=untrusted),
-                           unreadable=listing.unreadable)
+                                              untrusted=untrusted, withdrawn=withdrawals.reasons()),
+                           unreadable=listing.unreadable, ignored_withdrawals=withdrawals.ignored)
 
 
 def check_signatures(store: RegistryStore, manifests: list[Manifest],
@@ -60,18 +77,33 @@ def check_signatures(store: RegistryStore, manifests: list[Manifest],
 
 
 def choose(store: RegistryStore, ref: Ref, machine: Machine, constraints: Constraints,
-           trust: Trust | None = None) -> Choice:
+           trust: Trust | None = None, *, allow_fallback: bool = False, allow_withdrawn: bool = False) -> Choice:
     """The manifest ``ref`` names (``MODEL@KEY``, ``MODEL:CHANNEL``), or for a bare ``MODEL`` the best runnable one
     (with ``trust``: among those whose signature holds; a named one is checked when it is pulled).
 
-    Raises ``NothingRunsHere`` when a bare model has nothing that can run on ``machine``, with the reasons.
+    Raises ``NothingRunsHere`` when a bare model has nothing that can run on ``machine``, with the reasons, and
+    ``FallbackRefused`` when the one it would choose but for its signature is not the one chosen (unless
+    ``allow_fallback``: then ``Choice.passed_over`` names it). A withdrawn artefact is never chosen, and one named
+    raises ``WithdrawnError`` (by key, unless ``allow_withdrawn``; through a channel, always).
     """
+    from registry.withdrawals import read_withdrawals
+
+    withdrawals = read_withdrawals(store, ref.model, trust)
+    withdrawn = withdrawals.reasons()
     if ref.names_one_manifest:
         manifest = find_manifest(store, ref)
-        return Choice(manifest=manifest, candidate=assess(manifest, machine, constraints))
+        if manifest.key in withdrawn and (ref.channel is not None or not allow_withdrawn):
+            through = f" (through {ref.model}:{ref.channel})" if ref.channel else ""
+            raise WithdrawnError(f"{manifest.ref}{through} is {withdrawn[manifest.key]}", where=store.location,
+                                 hint="pull another build" + (f", or name this one as {manifest.ref} with "
+                                                              "--allow-withdrawn" if ref.channel else
+                                                              ", or add --allow-withdrawn to pull it anyway"))
+        return Choice(manifest=manifest, candidate=assess(manifest, machine, constraints),
+                      ignored_withdrawals=withdrawals.ignored)
     listing = list_model(store, ref.model, with_channels=False)
     signers, untrusted = check_signatures(store, listing.manifests, trust)
-    resolution = resolve(ref.model, listing.manifests, machine, constraints, signers=signers, untrusted=untrusted)
+    resolution = resolve(ref.model, listing.manifests, machine, constraints, signers=signers, untrusted=untrusted,
+                         withdrawn=withdrawn)
     if resolution.chosen is None:
         why = "; ".join(f"{c.key[:12]}: {c.status} ({'; '.join(c.reasons)})" for c in resolution.candidates[:3])
         raise NothingRunsHere(
@@ -83,4 +115,16 @@ def choose(store: RegistryStore, ref: Ref, machine: Machine, constraints: Constr
         )
     chosen_key = resolution.chosen.key
     manifest = next(m for m in listing.manifests if m.key == chosen_key)
-    return Choice(manifest=manifest, candidate=resolution.chosen)
+    passed_over = None
+    best_unchecked = resolve(ref.model, listing.manifests, machine, constraints, withdrawn=withdrawn).chosen
+    if best_unchecked is not None and best_unchecked.key in untrusted:
+        passed_over = PassedOver(key=best_unchecked.key, reason=untrusted[best_unchecked.key])
+        if not allow_fallback:
+            raise FallbackRefused(
+                f"the artefact the resolver ranks first, {ref.model}@{best_unchecked.key[:12]}, fails its signature "
+                f"check ({passed_over.reason}); the next one, {chosen_key[:12]}, was not taken in its place",
+                where=f"{store.location}: {ref.model}",
+                hint="tell whoever publishes this model (the registry may have been tampered with); "
+                     "--allow-fallback takes the best trusted one and says which it passed over")
+    return Choice(manifest=manifest, candidate=resolution.chosen, passed_over=passed_over,
+                  ignored_withdrawals=withdrawals.ignored)

@@ -26,6 +26,10 @@ class ForeignRecordError(IntegrityError):
     repository): named where it is met, skipped by listings and gc, never read as one of ours."""
 
 
+class WithdrawnError(UserError):
+    """An artefact whose withdrawal counts (``registry.withdrawals``), asked for by key or through a channel."""
+
+
 class ReadOnlyStoreError(UserError):
     """A write to a store that cannot be written (a bundle)."""
 

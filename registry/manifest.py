@@ -215,7 +215,8 @@ def signer_label(manifest: Manifest) -> str:
     signature = manifest.signature
     if signature is None:
         return "unsigned"
-    return f"key {signature.signer[:16] or '(not named in the bundle)'} (over the {_COVERS_LABEL[signature.covers]}; not checked)"
+    covers = _COVERS_LABEL[signature.covers]
+    return f"key {signature.signer[:16] or '(not named in the bundle)'} (over the {covers}; not checked)"
 
 
 def key_problem(key: str, artefact: Artefact, validation: Mapping[str, Any] | None, *,

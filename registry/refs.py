@@ -75,8 +75,6 @@ def _swap(store: RegistryStore, manifest: Manifest, channel: str, keep_current: 
           signer: ChannelSigner | None = None, renew_kept: bool = False) -> RefChange:
     # Signed before the pointer moves, so a pull never meets a pointer newer than its statement; a swap that loses
     # to another writer signs again before its next try (sequences only grow), so the last to move signed last.
-    from registry.channel_statements import ChannelRaceError
-
     model = manifest.model
     for _ in range(CAS_ATTEMPTS):
         state = store.read_ref(model, channel)
@@ -86,6 +84,8 @@ def _swap(store: RegistryStore, manifest: Manifest, channel: str, keep_current: 
             if signer is not None:
                 renewed = signer.sign(model, channel, state.key) if renew_kept else signer.settle(model, channel,
                                                                                                    state.key)
+                if renewed is None and renew_kept:
+                    raise _race(store, model, channel)
             return RefChange(model=model, channel=channel, key=state.key, previous=previous, moved=False,
                              statement=renewed.sequence if renewed else None)
         claim = None
@@ -93,13 +93,18 @@ def _swap(store: RegistryStore, manifest: Manifest, channel: str, keep_current: 
             claim = signer.sign(model, channel, manifest.key)
             if claim is None:
                 if renew_kept:  # promote: two racing, one wins and the other says so
-                    raise ChannelRaceError(
-                        f"another promote of {model}:{channel} signed the channel's next statement at the same "
-                        "moment; this one moved nothing", where=store.location,
-                        hint=f"see where it is now (enginesmith ls {model}) and promote again if still wanted")
+                    raise _race(store, model, channel)
                 continue
         if store.write_ref(model, channel, manifest.key, expected=state):
             return RefChange(model=model, channel=channel, key=manifest.key, previous=previous, moved=True,
                              statement=claim.sequence if claim else None)
     raise RegistryUnavailableError(f"{manifest.model}:{channel} kept changing under us ({CAS_ATTEMPTS} attempts)",
                                    where=store.location, hint="run the same command again")
+
+
+def _race(store: RegistryStore, model: str, channel: str) -> Exception:
+    from registry.channel_statements import ChannelRaceError
+
+    return ChannelRaceError(f"another promote of {model}:{channel} signed the channel's next statement at the same "
+                            "moment; this one moved nothing", where=store.location,
+                            hint=f"see where it is now (enginesmith ls {model}) and promote again if still wanted")

@@ -401,15 +401,20 @@ class _SiteWriter:
 
     def write_model(self, store: RegistryStore, listing: ModelListing) -> ModelPage:
         from registry.history import load_history
+        from registry.withdrawals import read_withdrawals
 
         model_dir = self.root / "models" / safe_file_name(listing.model)
         channels_of = channels_by_key(listing.channels)
         reports: dict[str, ReportView] = {}
         signers: dict[str, str] = {}
+        withdrawn = read_withdrawals(store, listing.model, self.trust).reasons()
         for manifest in listing.manifests:
             parsed = parse_report(manifest.validation)
             reports[manifest.key] = view = report_view(parsed)
-            signers[manifest.key] = signer = signature_label(store, manifest, self.trust)
+            signer = signature_label(store, manifest, self.trust)
+            if manifest.key in withdrawn:
+                signer = f"WITHDRAWN, {withdrawn[manifest.key]}; {signer}"
+            signers[manifest.key] = signer
             self.write_artefact(manifest, parsed, view, channels_of.get(manifest.key, []), signer, model_dir)
         history: ModelHistory | None = None
         history_problem = ""

@@ -41,8 +41,8 @@ class ChannelClaim(BaseModel):
     expires: datetime
 
 
-Failure = Literal["missing", "unreadable", "untrusted-signer", "revoked-signer", "signer-not-allowed", "other-model-or-channel",
-                  "not-the-pointer", "expired", "rolled-back"]
+Failure = Literal["missing", "unreadable", "untrusted-signer", "revoked-signer", "signer-not-allowed",
+                  "other-model-or-channel", "not-the-pointer", "expired", "rolled-back"]
 # In the order check_statement runs them, as the refusal's table lists them.
 CHECKS: tuple[tuple[Failure, str], ...] = (
     ("missing", "the channel has a statement"),

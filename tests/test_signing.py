@@ -174,6 +174,9 @@ def test_the_readme_signing_commands_run_as_written(tmp_path: Path) -> None:
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "signed by nightly" in result.stdout and "tiny-llama:prod" in result.stdout
+    assert "signed statement 1" in result.stdout and (tmp_path / "prod" / "config.json").is_file()
+    assert "wrong tokenizer" in result.stderr and "refused: withdrawn" in result.stdout
+    assert not (tmp_path / "again").exists()
 
 
 # --- bad input: each refused with its reason, nothing written ---------------------------------------------------

@@ -30,7 +30,6 @@ if TYPE_CHECKING:  # imported where used, so that `enginesmith --help` stays qui
     from rich.progress import Progress, TaskID
 
     from registry.channel_statements import ChannelStatementError
-
     from registry.history import BuildEntry, CellHistory, ModelHistory
     from registry.manifest import Manifest
     from registry.pull import ChosenProfile
@@ -88,6 +87,7 @@ def add_registry_commands(app: typer.Typer) -> None:
     app.command("resolve")(resolve)
     app.command("pull")(pull)
     app.command("promote")(promote)
+    app.command("withdraw")(withdraw)
     app.command("history")(history)
     app.command("gc")(gc)
     app.command("bundle")(bundle)
@@ -275,6 +275,8 @@ def resolve(
         for unreadable in result.unreadable:
             stderr.print(f"[yellow]skipped[/] {escape(model)}@{unreadable.key[:12]}: {escape(unreadable.problem)}",
                          markup=True)
+        for ignored in result.ignored_withdrawals:
+            stderr.print(f"[yellow]ignored:[/] {escape(ignored)}", markup=True)
         if not result.resolution.candidates and not result.unreadable:
             stdout.print(f"No artefacts of {model} in {store.location}.")
     if result.resolution.chosen is None:
@@ -298,6 +300,11 @@ def pull(
     concurrency: ConcurrencyOption = None,
     runtime_version: RuntimeVersionOption = None,
     trust: TrustOption = None,
+    allow_fallback: Annotated[bool, typer.Option(
+        "--allow-fallback", help="With --trust: when the best artefact's signature fails, take the best trusted one "
+        "(and say which it passed over) instead of refusing.")] = False,
+    allow_withdrawn: Annotated[bool, typer.Option(
+        "--allow-withdrawn", help="Pull an artefact named by key even though it was withdrawn.")] = False,
     cache_dir: Annotated[Path | None, typer.Option(
         "--cache-dir", envvar="ENGINESMITH_CACHE_DIR", help="The blob cache shared by pulls.")] = None,
     jobs: JobsOption = 8,
@@ -322,7 +329,8 @@ def pull(
     machine, constraints = _machine_and_constraints(recipe, target, tp, allow_same_sm, objective, runtime_version,
                                                     slo, concurrency)
     try:
-        choice = choose(store, ref, machine, constraints, trusted)
+        choice = choose(store, ref, machine, constraints, trusted, allow_fallback=allow_fallback,
+                        allow_withdrawn=allow_withdrawn)
     except NothingRunsHere as nothing:
         if not nothing.resolution.candidates:
             raise  # nothing published: the error says so
@@ -337,6 +345,11 @@ def pull(
                          "with MODEL@KEY to pull it anyway)", markup=True)
         raise typer.Exit(1) from None
     manifest, candidate = choice.manifest, choice.candidate
+    for ignored in choice.ignored_withdrawals if not json_output else []:
+        stderr.print(f"[yellow]ignored:[/] {escape(ignored)}", markup=True)
+    if choice.passed_over is not None:
+        stderr.print(f"[yellow]warning:[/] passed over {escape(ref.model)}@{choice.passed_over.key[:12]}, which the "
+                     f"resolver ranks first: {escape(choice.passed_over.reason)}", markup=True)
     for note in machine.notes if not json_output else []:
         stderr.print(f"[yellow]note:[/] {escape(note)}", markup=True)
     if not candidate.eligible and not json_output:
@@ -504,6 +517,51 @@ def _print_statement_checks(refused: ChannelStatementError, channel: str) -> Non
     stderr.print(table(f"{channel}: {about}", ["check", "result"], rows))
     for line in refused.skipped:
         stderr.print(f"[yellow]note:[/] read past {escape(line)}", markup=True)
+
+
+def withdraw(
+    ref: Annotated[str, typer.Argument(help="MODEL@KEY (or MODEL:CHANNEL, the build it is on): the build no node may "
+                                            "pull any more.")],
+    reason: Annotated[str, typer.Option("--reason", help="Why, as resolve and pull will say it.")],
+    sign_key: Annotated[Path | None, typer.Option(
+        "--sign-key", help="Sign the withdrawal with this private key (PEM, mode 600).")] = None,
+    sign_key_env: Annotated[str | None, typer.Option(
+        "--sign-key-env", help="Sign with the PEM private key held in this environment variable.")] = None,
+    passphrase_env: Annotated[str | None, typer.Option(
+        "--passphrase-env", help="The environment variable holding the signing key's passphrase.")] = None,
+    registry: RegistryOption = DEFAULT_REGISTRY,
+    s3_endpoint: S3EndpointOption = None,
+    json_output: JsonOption = False,
+) -> None:
+    """Withdraw a build: publish a signed withdrawal, after which resolve and pull never choose it (and say why),
+    and pulling it by key needs --allow-withdrawn. Nothing is deleted.
+
+    Example: enginesmith withdraw tiny-llama@3f2a9c --reason "wrong tokenizer" --sign-key keys/nightly.key
+    """
+    from registry.names import parse_ref
+    from registry.withdrawals import withdraw as withdraw_build
+
+    parsed = parse_ref(ref, where="MODEL@KEY")
+    if not parsed.names_one_manifest:
+        raise UserError(f"{ref!r} does not name one build", where="MODEL@KEY",
+                        hint="withdraw a build by its key, e.g. tiny-llama@3f2a9c (enginesmith ls MODEL lists them), "
+                             "or by the channel on it, e.g. tiny-llama:prod")
+    if not reason.strip():
+        raise UserError("a withdrawal needs its reason", where="--reason", hint='e.g. --reason "wrong tokenizer"')
+    signing_key = _signing_key(sign_key, sign_key_env, passphrase_env)
+    if signing_key is None:
+        raise UserError("a withdrawal is signed, and no signing key was given", where="--sign-key",
+                        hint="--sign-key KEY (or --sign-key-env NAME): a key the pulling nodes' trust file lists")
+    store = _open_store(registry, s3_endpoint)
+    from registry.catalog import find_manifest
+
+    manifest = find_manifest(store, parsed)
+    withdrawal = withdraw_build(store, manifest.model, manifest.key, reason.strip(), signing_key)
+    if json_output:
+        print_json(withdrawal)
+        return
+    stdout.print(f"withdrew {manifest.model}@{manifest.key[:12]} ({escape(withdrawal.reason)}), signed by key "
+                 f"{signing_key.fingerprint[:16]}: resolve and pull will not choose it")
 
 
 def history(
@@ -765,7 +823,7 @@ def _machine_and_constraints(recipe: str | None, target: str, tp: int | None, al
 
 def _print_resolution(resolution: Resolution) -> None:
     colour = {"runnable": "green", "same-sm-not-tuned": "yellow", "misses-slo": "yellow", "low-memory": "yellow",
-              "incompatible": "red", "untrusted": "red"}
+              "incompatible": "red", "untrusted": "red", "withdrawn": "red"}
     slo = resolution.constraints.slo
     metric_name = "tok/s" if resolution.constraints.objective == "throughput" else "TPOT ms"
     rows: list[list[Cell]] = []

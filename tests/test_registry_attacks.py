@@ -1,0 +1,448 @@
+"""Signed channel statements (#52): what an attacker with write access to the registry's storage does to a channel,
+and how a ``--trust`` pull refuses it, with nothing written to the destination.
+
+The attacker acts through the storage itself (the store's own calls, or deleting a record as one would with the
+bucket's or registry's API): it can move pointers, delete and rewrite records, and copy statements, but it holds no
+trusted private key. Each attack runs on a local registry (fast) and on S3 (SeaweedFS) and OCI (docker-registry),
+slow tier.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from enginesmith.core.errors import UserError
+from registry.cache import BlobCache
+from registry.catalog import find_manifest, load_manifest
+from registry.channel_statements import (
+    ChannelRaceError,
+    ChannelSigner,
+    ChannelStatementError,
+    statement_entry,
+    statement_sequences,
+)
+from registry.errors import SignatureError
+from registry.gc import collect_garbage
+from registry.history import load_history
+from registry.manifest import Manifest
+from registry.names import parse_ref
+from registry.publish import publish_artefact
+from registry.pull import pull_artefact
+from registry.refs import promote
+from registry.signing import SigningKey, Trust, load_signing_key, load_trust
+from registry.store import RegistryStore, open_store
+from tests.conftest import run_cli, write_key_pair
+from tests.registry_helpers import registry_env, tiny_files, write_artefact
+
+pytest.importorskip("model_signing", reason="needs the signing extra: pip install 'enginesmith[signing]'")
+
+
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.slow),
+                        pytest.param("oci", marks=pytest.mark.slow)])
+def store(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[RegistryStore]:
+    if request.param == "local":
+        yield open_store(str(tmp_path / "registry"))
+    elif request.param == "s3":
+        server = request.getfixturevalue("seaweedfs")
+        request.getfixturevalue("s3_env")
+        yield open_store(server.registry_url(f"statements-{os.urandom(5).hex()}"))
+    else:
+        server = request.getfixturevalue("oci_registry")
+        for name, value in server.env.items():
+            monkeypatch.setenv(name, value)
+        yield open_store(server.registry_url(f"statements-{os.urandom(5).hex()}"))
+
+
+@pytest.fixture(scope="module")
+def key_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("keys")
+    for name in ("nightly", "laptop"):
+        write_key_pair(directory, name)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def signing(key_dir: Path) -> dict[str, SigningKey]:
+    return {name: load_signing_key(key_file=key_dir / f"{name}.key") for name in ("nightly", "laptop")}
+
+
+def trust_file(key_dir: Path, tmp_path: Path, extra: str = "") -> Trust:
+    path = tmp_path / "trust.yaml"
+    path.write_text(f"keys: {{nightly: {key_dir}/nightly.pub, laptop: {key_dir}/laptop.pub}}\n"
+                    "channels: {prod: {signers: [nightly], expires: 7d}}\n" + extra)
+    return load_trust([path])
+
+
+def two_builds(store: RegistryStore, tmp_path: Path, key: SigningKey, model: str = "tiny-llama"
+               ) -> tuple[Manifest, Manifest]:
+    """An older and a newer build of ``model``, both genuinely signed."""
+    built = []
+    for name, seed in (("old", 1), ("new", 2)):
+        source = write_artefact(tmp_path / f"{model}-{name}", model=model, files=tiny_files(seed=seed))
+        result = publish_artefact(store, source, signing_key=key)
+        built.append(load_manifest(store, result.model, result.key))
+    return built[0], built[1]
+
+
+def pull_channel(store: RegistryStore, channel: str, trust: Trust, dest: Path, model: str = "tiny-llama"):
+    manifest = find_manifest(store, parse_ref(f"{model}:{channel}"))
+    return pull_artefact(store, manifest, dest=dest, cache=BlobCache(dest.parent / "cache"), trust=trust,
+                         channel=channel)
+
+
+def refused(store: RegistryStore, channel: str, trust: Trust, dest: Path) -> ChannelStatementError:
+    with pytest.raises(ChannelStatementError) as caught:
+        pull_channel(store, channel, trust, dest)
+    assert not dest.exists()
+    return caught.value
+
+
+def delete_record(store: RegistryStore, model: str, entry: str) -> None:
+    """The attacker deletes a history record through the storage's own API (no enginesmith call deletes one)."""
+    from registry.local import LocalStore
+    from registry.names import history_path
+    from registry.oci import OciStore
+    from registry.s3 import S3Store
+
+    if isinstance(store, LocalStore):
+        (store.root / history_path(model, entry)).unlink()
+    elif isinstance(store, S3Store):
+        store._client.delete_object(Bucket=store.bucket, Key=store._key(history_path(model, entry)))
+    else:
+        assert isinstance(store, OciStore)
+        store._delete_tagged(store._repo("history", model), entry)
+
+
+def point(store: RegistryStore, model: str, channel: str, key: str) -> None:
+    """The attacker moves a pointer by hand (no statement: it holds no trusted key)."""
+    assert store.write_ref(model, channel, key, expected=store.read_ref(model, channel))
+
+
+# --- the attacks ---------------------------------------------------------------------------------------------------
+
+
+def test_a_channel_moved_back_by_hand_is_refused_and_so_is_one_rolled_back_with_its_statements(
+    store: RegistryStore, signing: dict[str, SigningKey], key_dir: Path, tmp_path: Path
+) -> None:
+    old, new = two_builds(store, tmp_path, signing["nightly"])
+    trust = trust_file(key_dir, tmp_path)
+    nightly = ChannelSigner(store, signing["nightly"])
+    assert promote(store, old, "prod", signer=nightly).statement == 1
+    assert promote(store, new, "prod", signer=nightly).statement == 2
+    pulled = pull_channel(store, "prod", trust, tmp_path / "genuine")  # this node has now seen statement 2
+    assert Path(pulled.dest).is_dir()
+
+    point(store, "tiny-llama", "prod", old.key)  # the pointer alone, to an older genuinely signed build
+    moved = refused(store, "prod", trust, tmp_path / "moved")
+    assert moved.check.failed == "not-the-pointer" and moved.check.claim is not None
+    assert moved.check.claim.sequence == 2 and old.key[:12] in str(moved.check.detail)
+
+    delete_record(store, "tiny-llama", statement_entry("prod", 2))  # and the statement that named the newer one
+    rolled = refused(store, "prod", trust, tmp_path / "rolled")
+    assert rolled.check.failed == "rolled-back" and "seen 2" in rolled.check.detail
+
+
+def test_a_future_publication_time_holds_neither_latest_nor_a_trusted_pull(
+    store: RegistryStore, signing: dict[str, SigningKey], key_dir: Path, tmp_path: Path
+) -> None:
+    source = write_artefact(tmp_path / "first", files=tiny_files(seed=1))
+    first = load_manifest(store, "tiny-llama", publish_artefact(store, source, signing_key=signing["nightly"]).key)
+    forged = first.model_copy(update={"published": "2099-01-01T00:00:00+00:00"})
+    store.delete_manifest("tiny-llama", first.key)  # the attacker rewrites the record's unsigned-looking field
+    assert store.create_manifest("tiny-llama", first.key, forged.to_bytes())
+    if store.read_ref("tiny-llama", "latest") is None:  # OCI deletes a manifest's tags with it: point latest again
+        assert store.write_ref("tiny-llama", "latest", first.key, expected=None)
+
+    later = publish_artefact(store, write_artefact(tmp_path / "later", files=tiny_files(seed=2)),
+                             signing_key=signing["nightly"])
+    (latest,) = later.channels
+    assert latest.moved and latest.key == later.key and latest.future_dated == first.key
+    with pytest.raises(SignatureError, match=r"over other content: \.enginesmith-publication\.json differs"):
+        pull_artefact(store, load_manifest(store, "tiny-llama", first.key), dest=tmp_path / "dest",
+                      cache=BlobCache(tmp_path / "cache"), trust=trust_file(key_dir, tmp_path))
+    assert not (tmp_path / "dest").exists()
+
+
+def test_an_expired_statement_is_refused_as_a_frozen_channel(
+    store: RegistryStore, signing: dict[str, SigningKey], key_dir: Path, tmp_path: Path
+) -> None:
+    _, new = two_builds(store, tmp_path, signing["nightly"])
+    eight_days_ago = datetime.now(timezone.utc) - timedelta(days=8)
+    stale = ChannelSigner(store, signing["nightly"], timedelta(days=7), clock=lambda: eight_days_ago)
+    promote(store, new, "prod", signer=stale)
+    frozen = refused(store, "prod", trust_file(key_dir, tmp_path), tmp_path / "dest")
+    assert frozen.check.failed == "expired" and "frozen" in frozen.check.detail
+    promote(store, new, "prod", signer=ChannelSigner(store, signing["nightly"]))  # the promoter renews it
+    assert Path(pull_channel(store, "prod", trust_file(key_dir, tmp_path), tmp_path / "dest").dest).is_dir()
+
+
+def test_a_statement_replayed_from_another_model_or_channel_is_refused(
+    store: RegistryStore, signing: dict[str, SigningKey], key_dir: Path, tmp_path: Path
+) -> None:
+    nightly = ChannelSigner(store, signing["nightly"])
+    _, ours = two_builds(store, tmp_path, signing["nightly"])
+    _, theirs = two_builds(store, tmp_path, signing["nightly"], model="other-llama")
+    promote(store, ours, "prod", signer=nightly)
+    promote(store, theirs, "prod", signer=nightly)
+    promote(store, ours, "canary", signer=nightly)
+    trust = trust_file(key_dir, tmp_path)
+
+    replayed = store.read_history("other-llama", statement_entry("prod", 1))
+    assert replayed is not None and store.create_history("tiny-llama", statement_entry("prod", 2), replayed)
+    mixed = refused(store, "prod", trust, tmp_path / "mixed")
+    assert mixed.check.failed == "other-model-or-channel" and "other-llama:prod" in mixed.check.detail
+
+    from_canary = store.read_history("tiny-llama", statement_entry("canary", 1))
+    assert from_canary is not None and store.create_history("tiny-llama", statement_entry("prod", 3), from_canary)
+    crossed = refused(store, "prod", trust, tmp_path / "crossed")
+    assert crossed.check.failed == "other-model-or-channel" and "tiny-llama:canary" in crossed.check.detail
+
+
+def test_a_statement_by_a_key_the_channel_does_not_allow_or_a_revoked_one_is_refused(
+    store: RegistryStore, signing: dict[str, SigningKey], key_dir: Path, tmp_path: Path
+) -> None:
+    _, new = two_builds(store, tmp_path, signing["nightly"])
+    promote(store, new, "prod", signer=ChannelSigner(store, signing["laptop"]))  # trusted, but not for prod
+    not_allowed = refused(store, "prod", trust_file(key_dir, tmp_path), tmp_path / "laptop")
+    assert not_allowed.check.failed == "signer-not-allowed" and "allows nightly" in not_allowed.check.detail
+
+    promote(store, new, "prod", signer=ChannelSigner(store, signing["nightly"]))
+    revoked_at = new.published_at + timedelta(seconds=1)  # after the build was signed, before this statement
+    later = ChannelSigner(store, signing["nightly"], clock=lambda: revoked_at + timedelta(minutes=1))
+    promote(store, new, "prod", signer=later)
+    trust = trust_file(key_dir, tmp_path, f"revoked: {{nightly: '{revoked_at.isoformat()}'}}\n")
+    revoked = refused(store, "prod", trust, tmp_path / "revoked")
+    assert revoked.check.failed == "revoked-signer" and "revoked" in revoked.check.detail
+    with pytest.raises(SignatureError, match="revoked"):  # and the build, signed after it, by key
+        pull_artefact(store, new, dest=tmp_path / "by-key", cache=BlobCache(tmp_path / "cache"),
+                      trust=trust_file(key_dir, tmp_path, f"revoked: {{nightly: '{new.published}'}}\n"))
+    assert not (tmp_path / "by-key").exists()
+
+
+def test_an_unsigned_or_garbage_statement_is_read_past_and_a_channel_without_one_is_refused(
+    store: RegistryStore, signing: dict[str, SigningKey], key_dir: Path, tmp_path: Path
+) -> None:
+    _, new = two_builds(store, tmp_path, signing["nightly"])
+    trust = trust_file(key_dir, tmp_path)
+    promote(store, new, "prod")  # moved without a signing key
+    missing = refused(store, "prod", trust, tmp_path / "none")
+    assert missing.check.failed == "missing" and "sign-key" in (missing.hint or "")
+    promote(store, new, "prod", signer=ChannelSigner(store, signing["nightly"]))
+    assert store.create_history("tiny-llama", statement_entry("prod", 99), b'{"payload": "forged"}')
+    pulled = pull_channel(store, "prod", trust, tmp_path / "dest")
+    assert Path(pulled.dest).is_dir()  # statement 99 is no one's word; statement 1 is
+
+
+# --- the promoters, the state, the store --------------------------------------------------------------------------
+
+
+def test_two_promotes_racing_one_wins_the_other_fails_clearly_and_no_sequence_repeats(
+    signing: dict[str, SigningKey], tmp_path: Path
+) -> None:
+    store = open_store(str(tmp_path / "registry"))
+    old, new = two_builds(store, tmp_path, signing["nightly"])
+    signed: list[int] = []
+    lost: list[str] = []
+    for _ in range(12):
+        barrier = threading.Barrier(2)
+
+        def race(manifest: Manifest, barrier: threading.Barrier = barrier) -> None:
+            signer = ChannelSigner(open_store(str(tmp_path / "registry")), signing["nightly"])
+            barrier.wait()
+            try:
+                change = promote(store, manifest, "prod", signer=signer)
+            except ChannelRaceError as refused:
+                lost.append(refused.message)
+                return
+            assert change.statement is not None
+            signed.append(change.statement)
+
+        threads = [threading.Thread(target=race, args=(m,)) for m in (old, new)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    sequences = statement_sequences(store, "tiny-llama", "prod")
+    assert sorted(signed) == sequences == list(range(1, len(sequences) + 1))  # each once, none skipped or repeated
+    assert len(signed) + len(lost) == 24 and all("moved nothing" in message for message in lost)
+    newest = store.read_history("tiny-llama", statement_entry("prod", sequences[-1]))
+    from registry.statements import read_claim
+
+    assert newest is not None and (claim := read_claim(newest)) is not None
+    ref = store.read_ref("tiny-llama", "prod")
+    assert ref is not None and claim.key == ref.key  # whoever moved last signed last
+
+
+def test_a_promoter_that_read_the_sequence_before_another_wrote_it_fails_and_moves_nothing(
+    signing: dict[str, SigningKey], tmp_path: Path
+) -> None:
+    """The race above, at its worst moment on purpose: B listed the statements before A wrote the next one."""
+    store = open_store(str(tmp_path / "registry"))
+    old, new = two_builds(store, tmp_path, signing["nightly"])
+
+    class ListedBeforeA:  # B's view of the store: its listing of the history is from before A's statement
+        def __init__(self, inner: RegistryStore) -> None:
+            self.inner, self.listing = inner, inner.list_history("tiny-llama")
+
+        def list_history(self, model: str) -> list[str]:
+            return self.listing
+
+        def __getattr__(self, name: str):
+            return getattr(self.inner, name)
+
+    b_view = ListedBeforeA(store)
+    assert promote(store, old, "prod", signer=ChannelSigner(store, signing["nightly"])).statement == 1
+    with pytest.raises(ChannelRaceError, match="moved nothing"):
+        promote(b_view, new, "prod", signer=ChannelSigner(b_view, signing["nightly"]))  # type: ignore[arg-type]
+    ref = store.read_ref("tiny-llama", "prod")
+    assert ref is not None and ref.key == old.key and statement_sequences(store, "tiny-llama", "prod") == [1]
+
+
+def test_a_corrupt_or_unwritable_trust_state_is_an_error_naming_it_never_a_check_skipped(
+    signing: dict[str, SigningKey], key_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = open_store(str(tmp_path / "registry"))
+    _, new = two_builds(store, tmp_path, signing["nightly"])
+    promote(store, new, "prod", signer=ChannelSigner(store, signing["nightly"]))
+    state = tmp_path / "state" / "trust-state.json"
+    monkeypatch.setenv("ENGINESMITH_TRUST_STATE", str(state))
+    state.parent.mkdir()
+    state.write_text("{not json")
+    with pytest.raises(UserError, match="the trust state is corrupt") as corrupt:
+        pull_channel(store, "prod", trust_file(key_dir, tmp_path), tmp_path / "dest")
+    assert corrupt.value.where == str(state) and not (tmp_path / "dest").exists()
+    state.unlink()
+    state.parent.chmod(0o500)
+    try:
+        if os.access(state.parent, os.W_OK):
+            pytest.skip("running as a user whom file modes do not stop (root)")
+        with pytest.raises(UserError, match="cannot be written") as unwritable:
+            pull_channel(store, "prod", trust_file(key_dir, tmp_path), tmp_path / "dest")
+        assert str(state) in unwritable.value.render() and not (tmp_path / "dest").exists()
+    finally:
+        state.parent.chmod(0o700)
+
+
+def test_statements_survive_gc_and_are_no_history_record(
+    store: RegistryStore, signing: dict[str, SigningKey], key_dir: Path, tmp_path: Path
+) -> None:
+    old, new = two_builds(store, tmp_path, signing["nightly"])
+    nightly = ChannelSigner(store, signing["nightly"])
+    promote(store, old, "prod", signer=nightly)
+    promote(store, new, "prod", signer=nightly)
+    collect_garbage(store, keep_last=1)
+    assert statement_sequences(store, "tiny-llama", "prod") == [1, 2]
+    history = load_history(store, "tiny-llama")
+    assert not history.unreadable
+    assert Path(pull_channel(store, "prod", trust_file(key_dir, tmp_path), tmp_path / "dest").dest).is_dir()
+
+
+def test_a_refused_rollback_prints_the_table_of_checks_and_writes_nothing(key_dir: Path, tmp_path: Path) -> None:
+    registry = str(tmp_path / "registry")
+    env = {**registry_env(registry, tmp_path / "cache"),
+           "ENGINESMITH_TRUST_STATE": str(tmp_path / "state.json"), "COLUMNS": "200"}
+    store = open_store(registry)
+    old, new = two_builds(store, tmp_path, load_signing_key(key_file=key_dir / "nightly.key"))
+    (tmp_path / "trust.yaml").write_text(f"keys: {{nightly: {key_dir}/nightly.pub}}\n"
+                                         "channels: {prod: {signers: [nightly], expires: 7d}}\n")
+    trust = ["--trust", str(tmp_path / "trust.yaml")]
+    for manifest in (old, new):
+        promoted = run_cli("promote", f"tiny-llama@{manifest.key}", "--channel", "prod", "--sign-key",
+                           str(key_dir / "nightly.key"), *trust, env=env)
+        assert promoted.returncode == 0, promoted.stderr
+    assert "signed statement 2" in promoted.stdout
+    good = run_cli("pull", "tiny-llama:prod", "--dest", str(tmp_path / "good"), *trust, env=env)
+    assert good.returncode == 0, good.stderr
+
+    point(store, "tiny-llama", "prod", old.key)
+    bad = run_cli("pull", "tiny-llama:prod", "--dest", str(tmp_path / "bad"), *trust, env=env)
+    assert bad.returncode == 2 and not (tmp_path / "bad").exists()
+    assert "statement 2 (tiny-llama:prod →" in bad.stderr and "FAILED: the statement names" in bad.stderr
+    assert "not checked" in bad.stderr and "holds" in bad.stderr and "pulling" not in bad.stderr
+    print(bad.stderr)  # the note quotes it
+
+
+# --- nothing unsigned decides, and withdrawn builds ----------------------------------------------------------------
+
+
+def bare_choice(store: RegistryStore, trust: Trust | None, **kwargs):
+    from registry.choose import choose
+    from registry.machine import describe_machine
+    from registry.resolve import Constraints
+
+    return choose(store, parse_ref("tiny-llama"), describe_machine("cpu"), Constraints(), trust, **kwargs)
+
+
+def rewrite(store: RegistryStore, manifest: Manifest, **changes) -> None:
+    """The attacker rewrites a manifest in place (delete and create again: what a writer of the storage can do)."""
+    store.delete_manifest(manifest.model, manifest.key)
+    assert store.create_manifest(manifest.model, manifest.key, manifest.model_copy(update=changes).to_bytes())
+
+
+def test_a_trusted_pull_does_not_fall_back_silently_past_the_best_artefact_whose_signature_fails(
+    store: RegistryStore, signing: dict[str, SigningKey], key_dir: Path, tmp_path: Path
+) -> None:
+    from registry.choose import FallbackRefused
+
+    old, new = two_builds(store, tmp_path, signing["nightly"])
+    trust = trust_file(key_dir, tmp_path)
+    assert bare_choice(store, trust).manifest.key == new.key
+    rewrite(store, new, validation={"key": new.key, "note": "edited after signing"})
+    with pytest.raises(FallbackRefused) as refused_choice:
+        bare_choice(store, trust)
+    message = refused_choice.value.message
+    assert f"tiny-llama@{new.key[:12]}" in message and "over other content" in message and old.key[:12] in message
+    allowed = bare_choice(store, trust, allow_fallback=True)
+    assert allowed.manifest.key == old.key and allowed.passed_over is not None
+    assert allowed.passed_over.key == new.key
+
+
+def test_a_withdrawn_build_is_never_chosen_and_by_key_needs_allow_withdrawn(
+    store: RegistryStore, signing: dict[str, SigningKey], key_dir: Path, tmp_path: Path
+) -> None:
+    from registry.choose import choose, resolve_model
+    from registry.errors import WithdrawnError
+    from registry.machine import describe_machine
+    from registry.resolve import Constraints
+    from registry.withdrawals import withdraw
+
+    old, new = two_builds(store, tmp_path, signing["nightly"])
+    promote(store, new, "prod", signer=ChannelSigner(store, signing["nightly"]))
+    trust = trust_file(key_dir, tmp_path)
+    withdraw(store, "tiny-llama", new.key, "wrong tokenizer", signing["nightly"])
+    for trusted in (trust, None):  # without a trust list the registry's word is taken, as for everything else
+        assert bare_choice(store, trusted).manifest.key == old.key
+    ranked = resolve_model(store, "tiny-llama", describe_machine("cpu"), Constraints(), trust).resolution.candidates
+    assert [(c.key, c.status) for c in ranked] == [(old.key, "runnable"), (new.key, "withdrawn")]
+    assert "wrong tokenizer" in ranked[1].reasons[0] and "by nightly" in ranked[1].reasons[0]
+    for ref in (f"tiny-llama@{new.key}", "tiny-llama:prod"):
+        with pytest.raises(WithdrawnError, match="wrong tokenizer"):
+            choose(store, parse_ref(ref), describe_machine("cpu"), Constraints(), trust)
+    named = choose(store, parse_ref(f"tiny-llama@{new.key}"), describe_machine("cpu"), Constraints(), trust,
+                   allow_withdrawn=True)
+    assert named.manifest.key == new.key
+    with pytest.raises(WithdrawnError):  # a channel is never the way round it
+        choose(store, parse_ref("tiny-llama:prod"), describe_machine("cpu"), Constraints(), trust,
+               allow_withdrawn=True)
+
+
+def test_a_withdrawal_by_an_untrusted_key_is_ignored_and_said_so(
+    store: RegistryStore, signing: dict[str, SigningKey], key_dir: Path, tmp_path: Path
+) -> None:
+    from registry.withdrawals import withdraw
+
+    _, new = two_builds(store, tmp_path, signing["nightly"])
+    withdraw(store, "tiny-llama", new.key, "a prank", signing["laptop"])
+    only_nightly = tmp_path / "only-nightly.yaml"
+    only_nightly.write_text(f"keys: {{nightly: {key_dir}/nightly.pub}}\n")
+    choice = bare_choice(store, load_trust([only_nightly]))
+    assert choice.manifest.key == new.key
+    assert any("a prank" in line and "not signed by a trusted key" in line for line in choice.ignored_withdrawals)
+    revoked = trust_file(key_dir, tmp_path, "revoked: {laptop: '2020-01-01T00:00:00Z'}\n")
+    assert bare_choice(store, revoked).manifest.key == new.key  # laptop is trusted, but revoked before it withdrew
