@@ -2,7 +2,8 @@
 
 A bundle is an uncompressed tar (engines barely compress) holding the registry layout itself:
 ``enginesmith-bundle.json`` (an index: which artefacts, which channels), ``manifests/<model>/<key>.json``
-byte for byte as stored, and ``blobs/sha256/<hex>`` once each. ``BundleStore`` reads it in place (no
+byte for byte as stored, ``blobs/sha256/<hex>`` once each, and the signed records of each model's channels and
+builds (``history/<model>/statement-…`` and ``withdrawal-…``: an air-gapped node checks them as a registry's). ``BundleStore`` reads it in place (no
 extraction: member names are only looked up, never used as paths), so ``pull --from-bundle`` is the same
 verified pull as from a registry.
 """
@@ -24,11 +25,13 @@ from pydantic import BaseModel, ValidationError
 from enginesmith.core.errors import UserError
 from registry.errors import IntegrityError, NotFoundError, ReadOnlyStoreError
 from registry.manifest import Manifest, utc_timestamp
-from registry.names import MANIFEST_SUFFIX, blob_path, is_digest, is_name, manifest_path
+from registry.history import STATEMENT_ENTRY_PREFIX, WITHDRAWAL_ENTRY_PREFIX
+from registry.names import MANIFEST_SUFFIX, blob_path, history_dir, history_path, is_digest, is_name, manifest_path
 from registry.store import BlobInfo, RefState, RegistryStore, StageFile
 from registry.transfer import LOCAL_CHUNK_BYTES, RateLimiter, TransferProgress, owned_chunks
 
 INDEX_MEMBER = "enginesmith-bundle.json"
+SIGNED_RECORD_PREFIXES = (STATEMENT_ENTRY_PREFIX, WITHDRAWAL_ENTRY_PREFIX)
 BUNDLE_SCHEMA_VERSION = 1
 
 
@@ -50,6 +53,7 @@ class BundleResult(BaseModel):
     refs: dict[str, str]
     blobs: int
     bytes: int
+    signed_records: int = 0  # channel statements and withdrawals carried
 
 
 def write_bundle(
@@ -83,6 +87,13 @@ def write_bundle(
                 body = store.read_manifest(manifest.model, manifest.key)
                 assert body is not None  # it was just loaded
                 _add_bytes(tar, manifest_path(manifest.model, manifest.key), body)
+            signed_records = 0
+            for model in sorted({m.model for m in unique.values()}):
+                for entry in store.list_history(model):
+                    record = store.read_history(model, entry) if entry.startswith(SIGNED_RECORD_PREFIXES) else None
+                    if record is not None:
+                        _add_bytes(tar, history_path(model, entry), record)
+                        signed_records += 1
             for digest, (size, path) in blobs.items():
                 if progress is not None:
                     progress.started(path, size, 0)
@@ -105,7 +116,7 @@ def write_bundle(
     finally:
         temp.unlink(missing_ok=True)
     return BundleResult(out=str(out), artefacts=list(unique), refs=index.refs, blobs=len(blobs),
-                        bytes=sum(size for size, _ in blobs.values()))
+                        bytes=sum(size for size, _ in blobs.values()), signed_records=signed_records)
 
 
 class BundleStore:
@@ -206,16 +217,21 @@ class BundleStore:
     def delete_stage(self, stage: str, key: str) -> None:
         raise ReadOnlyStoreError("a bundle cannot be changed", where=self.location)
 
-    # Nor the build history of the registry it came from: a bundle is read, never recorded in.
+    # Of the build history of the registry it came from, only the signed records: a bundle is never recorded in.
     def create_history(self, model: str, entry: str, body: bytes) -> bool:
         raise ReadOnlyStoreError("a bundle cannot be changed", where=self.location,
                                  hint="record history in the registry the artefact was published to")
 
     def read_history(self, model: str, entry: str) -> bytes | None:
-        return None
+        try:
+            return self._read_member(history_path(model, entry))
+        except KeyError:
+            return None
 
     def list_history(self, model: str) -> list[str]:
-        return []
+        prefix = f"{history_dir(model)}/"
+        return sorted(name[len(prefix):].removesuffix(MANIFEST_SUFFIX) for name in self._members
+                      if name.startswith(prefix) and name.endswith(MANIFEST_SUFFIX))
 
     def _read_member(self, name: str) -> bytes:
         data_offset, size, _ = self._members[name]

@@ -48,7 +48,8 @@ from registry.store import RegistryStore
 
 MAX_SIGNATURE_BYTES = 4 * 1024 * 1024  # a bundle lists one digest per file: kilobytes, even for thousands of files
 UNSIGNED_PATHS = (PULL_RECORD_FILE, SIGNATURE_FILE)  # in the pulled directory, outside the signature
-_INSTALL_HINT = "install the signing extra: pip install 'enginesmith[signing]'"
+_INSTALL_HINT = ("model-signing is part of enginesmith's base install, and this environment lacks it: reinstall "
+                 "enginesmith (pip install --force-reinstall enginesmith)")
 Covers = Literal["publication-dated", "publication", "artefact"]
 SIGNED_AT_PUBLISH: Covers = "publication-dated"
 

@@ -94,11 +94,23 @@ def test_a_deployment_node_with_the_base_install_resolves_pulls_reports_and_serv
     from registry.local import LocalStore
     from registry.publish import publish_artefact
 
+    from registry.catalog import load_manifest
+    from registry.channel_statements import ChannelSigner
+    from registry.refs import promote
+    from registry.signing import load_signing_key
+    from tests.conftest import write_key_pair
+
     registry = tmp_path / "registry"
     source = served_artefact(tmp_path / "build")
     artefact = read_artefact(source)
-    publish_artefact(LocalStore(registry), source, key="v" * 64,
+    nightly = load_signing_key(key_file=write_key_pair(tmp_path / "keys", "nightly"))
+    store = LocalStore(registry)
+    publish_artefact(store, source, key="v" * 64, signing_key=nightly,
                      validation=llm_report([1.0, 1.01, 0.99], artefact_key=artefact.key, key="v" * 64))
+    promote(store, load_manifest(store, "tiny-llama", "v" * 64), "prod", signer=ChannelSigner(store, nightly))
+    (tmp_path / "srv").mkdir()
+    (tmp_path / "srv" / "trust.yaml").write_text(f"keys: {{nightly: {tmp_path}/keys/nightly.pub}}\n"
+                                                  "channels: {prod: {signers: [nightly]}}\n")
     cli = node_cli(base_install, tmp_path, {"ENGINESMITH_REGISTRY": str(registry)})
 
     assert cli("--version").stdout.strip()
@@ -125,6 +137,7 @@ def test_a_deployment_node_with_the_base_install_resolves_pulls_reports_and_serv
         assert words[0] == "enginesmith", line
         assert cli(*words[1:]).stdout.strip(), line
     assert (tmp_path / "srv" / "models" / "tiny-llama" / "artefact.json").is_file()
+    assert (tmp_path / "srv" / "models" / "tiny-llama-prod" / ".enginesmith-model.sig").is_file()
 
 
 def deployment_node_block() -> list[str]:

@@ -40,7 +40,7 @@ from registry.store import RegistryStore, open_store
 from tests.conftest import run_cli, write_key_pair
 from tests.registry_helpers import registry_env, tiny_files, write_artefact
 
-pytest.importorskip("model_signing", reason="needs the signing extra: pip install 'enginesmith[signing]'")
+pytest.importorskip("model_signing", reason="needs model-signing (part of the base install)")
 
 
 @pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.slow),
@@ -446,3 +446,30 @@ def test_a_withdrawal_by_an_untrusted_key_is_ignored_and_said_so(
     assert any("a prank" in line and "not signed by a trusted key" in line for line in choice.ignored_withdrawals)
     revoked = trust_file(key_dir, tmp_path, "revoked: {laptop: '2020-01-01T00:00:00Z'}\n")
     assert bare_choice(store, revoked).manifest.key == new.key  # laptop is trusted, but revoked before it withdrew
+
+
+def test_a_bundle_carries_the_channel_statements_and_withdrawals_and_an_air_gapped_pull_checks_them(
+    signing: dict[str, SigningKey], key_dir: Path, tmp_path: Path
+) -> None:
+    from registry.bundle import bundle_manifests, write_bundle
+    from registry.withdrawals import withdraw
+
+    store = open_store(str(tmp_path / "registry"))
+    old, new = two_builds(store, tmp_path, signing["nightly"])
+    promote(store, new, "prod", signer=ChannelSigner(store, signing["nightly"]))
+    withdraw(store, "tiny-llama", old.key, "wrong tokenizer", signing["nightly"])
+    manifests, refs = bundle_manifests(store, ["tiny-llama"])
+    written = write_bundle(store, manifests, tmp_path / "bundle.tar", refs=refs)
+    assert written.signed_records == 4  # latest (each signed publish moved it), prod, the withdrawal
+
+    bundle = open_store(str(tmp_path / "bundle.tar"))
+    trust = trust_file(key_dir, tmp_path)
+    assert Path(pull_channel(bundle, "prod", trust, tmp_path / "from-bundle").dest).is_dir()
+    assert bare_choice(bundle, trust).manifest.key == new.key
+    from registry.choose import resolve_model
+    from registry.machine import describe_machine
+    from registry.resolve import Constraints
+
+    statuses = {c.key: c.status for c in resolve_model(bundle, "tiny-llama", describe_machine("cpu"), Constraints(),
+                                                         trust).resolution.candidates}
+    assert statuses == {new.key: "runnable", old.key: "withdrawn"}

@@ -31,7 +31,7 @@ from registry.store import RegistryStore, open_store
 from tests.conftest import run_cli, write_key_pair
 from tests.registry_helpers import file_digests, read_artefact, registry_env, tiny_files, write_artefact
 
-pytest.importorskip("model_signing", reason="needs the signing extra: pip install 'enginesmith[signing]'")
+pytest.importorskip("model_signing", reason="needs model-signing (part of the base install)")
 
 MODEL_SIGNING_CLI = [sys.executable, "-m", "model_signing"]
 PASSPHRASE = "correct horse battery staple 4711"
@@ -415,15 +415,15 @@ def test_no_key_material_or_passphrase_reaches_output_manifest_or_pulled_files(t
     assert not [s for s in secrets for text in written if s in text]
 
 
-def test_without_the_signing_extra_trust_is_a_clear_error(tmp_path: Path) -> None:
+def test_without_model_signing_trust_is_a_clear_error(tmp_path: Path) -> None:
     _, public = make_key(tmp_path / "keys", "nightly")
-    code = ("import sys; sys.modules['model_signing'] = None\n"  # as if the extra were not installed
+    code = ("import sys; sys.modules['model_signing'] = None\n"  # as if an install had lost it
             "from pathlib import Path\nfrom enginesmith.core.errors import UserError\n"
             "from registry.signing import load_trust\n"
             f"try:\n    load_trust([Path({str(public)!r})])\nexcept UserError as error:\n    print(error.render())")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert "need model-signing, which is not installed" in result.stdout
-    assert "pip install 'enginesmith[signing]'" in result.stdout
+    assert "reinstall enginesmith" in result.stdout
 
 
 def test_a_loaded_key_and_its_passphrase_are_scrubbed_from_logs(
