@@ -3,9 +3,9 @@
 A bundle is an uncompressed tar (engines barely compress) holding the registry layout itself:
 ``enginesmith-bundle.json`` (an index: which artefacts, which channels), ``manifests/<model>/<key>.json``
 byte for byte as stored, ``blobs/sha256/<hex>`` once each, and the signed records of each model's channels and
-builds (``history/<model>/statement-…`` and ``withdrawal-…``: an air-gapped node checks them as a registry's). ``BundleStore`` reads it in place (no
-extraction: member names are only looked up, never used as paths), so ``pull --from-bundle`` is the same
-verified pull as from a registry.
+builds (``history/<model>/statement-…`` and ``withdrawal-…``: an air-gapped node checks them as a registry's).
+``BundleStore`` reads it in place (no extraction: member names are only looked up, never used as paths), so
+``pull --from-bundle`` is the same verified pull as from a registry.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from pydantic import BaseModel, ValidationError
 
 from enginesmith.core.errors import UserError
 from registry.errors import IntegrityError, NotFoundError, ReadOnlyStoreError
-from registry.manifest import Manifest, utc_timestamp
 from registry.history import STATEMENT_ENTRY_PREFIX, WITHDRAWAL_ENTRY_PREFIX
+from registry.manifest import Manifest, utc_timestamp
 from registry.names import MANIFEST_SUFFIX, blob_path, history_dir, history_path, is_digest, is_name, manifest_path
 from registry.store import BlobInfo, RefState, RegistryStore, StageFile
 from registry.transfer import LOCAL_CHUNK_BYTES, RateLimiter, TransferProgress, owned_chunks

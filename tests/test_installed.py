@@ -91,11 +91,10 @@ def served_artefact(root: Path) -> Path:
 @pytest.mark.slow
 def test_a_deployment_node_with_the_base_install_resolves_pulls_reports_and_serves(base_install: Path,
                                                                                   tmp_path: Path):
-    from registry.local import LocalStore
-    from registry.publish import publish_artefact
-
     from registry.catalog import load_manifest
     from registry.channel_statements import ChannelSigner
+    from registry.local import LocalStore
+    from registry.publish import publish_artefact
     from registry.refs import promote
     from registry.signing import load_signing_key
     from tests.conftest import write_key_pair
