@@ -18,6 +18,7 @@ import contextlib
 import hashlib
 import io
 import json
+import os
 import re
 import threading
 import time
@@ -60,6 +61,27 @@ _CREDENTIALS_HINT = ("check the AWS credentials: AWS_ACCESS_KEY_ID and AWS_SECRE
                      "or ~/.aws/credentials")
 
 
+PART_SIZE_ENV = "ENGINESMITH_S3_PART_MIB"
+MIN_PART_BYTES = 5 * 1024 * 1024  # S3's smallest part (but the last)
+
+
+def _part_bytes_setting() -> int:
+    """The multipart part size ``ENGINESMITH_S3_PART_MIB`` sets (as the AWS CLI's multipart_chunksize), else the
+    default. A kill mid-upload loses at most the parts in flight (``UPLOAD_THREADS_PER_BLOB`` of them): smaller parts
+    lose less and cost more requests."""
+    text = os.environ.get(PART_SIZE_ENV, "").strip()
+    if not text:
+        return MULTIPART_PART_BYTES
+    try:
+        part_bytes = int(text) * 1024 * 1024
+    except ValueError:
+        part_bytes = 0
+    if part_bytes < MIN_PART_BYTES:
+        raise UserError(f"{PART_SIZE_ENV}={text!r} is not a part size S3 accepts", where=PART_SIZE_ENV,
+                        hint="a whole number of MiB, at least 5 (default 16)")
+    return part_bytes
+
+
 class S3Store:
     """A registry under ``s3://bucket/prefix`` on AWS S3 or any S3-compatible server (``endpoint_url``)."""
 
@@ -82,7 +104,7 @@ class S3Store:
         if not _BUCKET.match(bucket):
             raise UserError(f"{bucket!r} is not an S3 bucket name", where="--registry",
                             hint="write s3://BUCKET/PREFIX, e.g. s3://engines/prod")
-        return cls(bucket, prefix, endpoint_url=endpoint_url)
+        return cls(bucket, prefix, endpoint_url=endpoint_url, multipart_part_bytes=_part_bytes_setting())
 
     @property
     def location(self) -> str:

@@ -186,3 +186,21 @@ def exports(seed: int = 0) -> dict[str, bytes]:
     # The TensorRT-LLM export's weights are the HF export's bytes here: one blob for two files.
     hf = {"hf/" + path: body for path, body in files.items()}
     return hf | {"trtllm/rank0.safetensors": files["model.safetensors"]}
+
+
+def artefact_with_weights(root: Path, size: int) -> Path:
+    """An artefact with a weights file of ``size`` bytes (whole MiB) written without holding it in memory: a random
+    MiB repeated, each copy numbered so that no two MiB are alike."""
+    source = write_artefact(root, files={"weights.safetensors": b"", **tiny_files()})
+    block = bytearray(random.Random(5).randbytes(MIB))
+    digest = hashlib.sha256()
+    with (source / "weights.safetensors").open("wb") as handle:
+        for index in range(size // MIB):
+            block[:8] = index.to_bytes(8, "little")
+            digest.update(block)
+            handle.write(block)
+    artefact = read_artefact(source)
+    weights = CheckpointFile(path="weights.safetensors", size=size, sha256=digest.hexdigest())
+    files = [weights if f.path == weights.path else f for f in artefact.files]
+    (source / ARTEFACT_FILE).write_text(artefact.model_copy(update={"files": files}).model_dump_json(indent=2))
+    return source

@@ -1,21 +1,19 @@
 """Resumable uploads and request ids on S3, against a real SeaweedFS server on loopback.
 
-The kill test runs the real CLI in a subprocess, slowed with ``--limit-rate``, and SIGKILLs it at a moment it has
-seen (parts stored, not all of them); the next publish must send only the parts that are missing.
+The bookkeeping test runs the real CLI in a subprocess, slowed with ``--limit-rate``, and SIGKILLs it at a moment it
+has seen (parts stored, not all of them); the next publish must send only the parts that are missing, part by part.
+Kills at random bytes, unslowed and many times, are ``tests/test_registry_kill_resume.py``.
 """
 
 from __future__ import annotations
 
 import hashlib
-import random
 import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from enginesmith.core.artefacts import ARTEFACT_FILE
-from enginesmith.core.checkpoints.models import CheckpointFile
 from enginesmith.core.errors import UserError
 from registry.cache import BlobCache
 from registry.catalog import find_manifest
@@ -27,19 +25,18 @@ from registry.pull import pull_artefact
 from registry.s3 import MULTIPART_PART_BYTES, S3Store
 from tests.registry_helpers import (
     MIB,
+    artefact_with_weights,
     deterministic_bytes,
     read_artefact,
     registry_env,
     start_cli,
-    tiny_files,
-    write_artefact,
 )
 from tests.seaweedfs import BUCKET, SeaweedServer, requires_weed, s3_client
 from tests.waiting import kill_when, wait_for
 
 pytestmark = [requires_weed, pytest.mark.slow]
 
-GIB = 1024 * MIB
+WEIGHTS_BYTES = 256 * MIB  # 16 parts: enough to kill between some stored and all
 KILL_WAIT_S = 300  # a safety net: the kill waits for what it observes, however slow the machine
 
 
@@ -51,14 +48,14 @@ def client(seaweedfs: SeaweedServer) -> Any:
 def test_a_publish_killed_half_way_resumes_its_multipart_upload(
     seaweedfs: SeaweedServer, s3_env: dict[str, str], client: Any, prefix: str, tmp_path: Path
 ) -> None:
-    source = _artefact_with_weights(tmp_path / "build", GIB)
+    source = artefact_with_weights(tmp_path / "build", WEIGHTS_BYTES)
     weights = next(f for f in read_artefact(source).files if f.path == "weights.safetensors")
     key = f"{prefix}/blobs/sha256/{weights.sha256}"
-    part_count = GIB // MULTIPART_PART_BYTES
+    part_count = WEIGHTS_BYTES // MULTIPART_PART_BYTES
     local_md5 = _part_md5s(source / weights.path, MULTIPART_PART_BYTES)
     env = registry_env(seaweedfs.registry_url(prefix), tmp_path / "cache", s3_env)
     log = tmp_path / "publish.log"
-    publisher = start_cli("publish", str(source), "--limit-rate", "64M", env=env, log=log)
+    publisher = start_cli("publish", str(source), "--limit-rate", "32M", env=env, log=log)
 
     def some_parts_not_all() -> bool:
         return part_count // 2 <= len({p["PartNumber"] for p in _stored_parts(client, key)}) < part_count
@@ -89,7 +86,7 @@ def test_a_publish_killed_half_way_resumes_its_multipart_upload(
     found_by_resume = _verified(listed_by_resume, local_md5)
     assert left_by_kill.keys() <= found_by_resume.keys()  # a part may still land after the kill, never vanish
     assert sorted(sent_parts) == sorted(set(range(1, part_count + 1)) - found_by_resume.keys())
-    assert sum(sent_parts.values()) < GIB - sum(left_by_kill.values()) + MULTIPART_PART_BYTES
+    assert sum(sent_parts.values()) < WEIGHTS_BYTES - sum(left_by_kill.values()) + MULTIPART_PART_BYTES
     assert resumed.created
     assert resumed.resumed_bytes == sum(found_by_resume.values())
     assert resumed.uploaded_bytes == sum(sent_parts.values()) + small_bytes_to_send
@@ -244,24 +241,6 @@ class _RecordedProgress:
 
     def finished(self, name: str) -> None:
         self.finishes.append(name)
-
-
-def _artefact_with_weights(root: Path, size: int) -> Path:
-    """An artefact with a weights file of ``size`` bytes (whole MiB) written without holding it in memory: a random
-    MiB repeated, each copy numbered so that no two MiB are alike."""
-    source = write_artefact(root, files={"weights.safetensors": b"", **tiny_files()})
-    block = bytearray(random.Random(5).randbytes(MIB))
-    digest = hashlib.sha256()
-    with (source / "weights.safetensors").open("wb") as handle:
-        for index in range(size // MIB):
-            block[:8] = index.to_bytes(8, "little")
-            digest.update(block)
-            handle.write(block)
-    artefact = read_artefact(source)
-    weights = CheckpointFile(path="weights.safetensors", size=size, sha256=digest.hexdigest())
-    files = [weights if f.path == weights.path else f for f in artefact.files]
-    (source / ARTEFACT_FILE).write_text(artefact.model_copy(update={"files": files}).model_dump_json(indent=2))
-    return source
 
 
 def _part_md5s(path: Path, part_bytes: int) -> dict[int, tuple[str, int]]:
