@@ -26,9 +26,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.kill_resume import KillReport, kill_and_resume  # noqa: E402
-from tests.killing_proxy import KillingProxy  # noqa: E402
-from tests.registry_helpers import MIB, artefact_with_weights, read_artefact, registry_env  # noqa: E402
+from tests.kill_resume import KillReport, kill_and_resume
+from tests.killing_proxy import KillingProxy
+from tests.registry_helpers import MIB, artefact_with_weights, read_artefact, registry_env
 
 
 def run_store(store: str, source: Path, work: Path, kills: int, part_mib: int, rng: random.Random
@@ -43,7 +43,8 @@ def run_store(store: str, source: Path, work: Path, kills: int, part_mib: int, r
             server = stack.enter_context(running_seaweedfs(work / "seaweedfs"))
             proxy = KillingProxy(server.ports["s3"])
             url = f"s3://{BUCKET}/kill-resume"
-            extra = {**server.env, "AWS_ENDPOINT_URL": f"http://{proxy.address}", "ENGINESMITH_S3_PART_MIB": str(part_mib)}
+            extra = {**server.env, "AWS_ENDPOINT_URL": f"http://{proxy.address}",
+                     "ENGINESMITH_S3_PART_MIB": str(part_mib)}
         else:
             from tests.oci_registry import running_oci_registry
 

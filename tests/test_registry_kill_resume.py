@@ -25,7 +25,7 @@ from tests.kill_resume import KillReport, kill_and_resume
 from tests.killing_proxy import RELAY_BYTES, KillingProxy
 from tests.oci_registry import OciRegistry
 from tests.registry_helpers import MIB, artefact_with_weights, read_artefact, registry_env
-from tests.seaweedfs import BUCKET, SeaweedServer, requires_weed
+from tests.seaweedfs import SeaweedServer, requires_weed
 
 pytestmark = [requires_weed, pytest.mark.slow]
 
