@@ -91,6 +91,7 @@ def add_registry_commands(app: typer.Typer) -> None:
     app.command("history")(history)
     app.command("gc")(gc)
     app.command("bundle")(bundle)
+    app.command("copy")(copy)
     app.command("catalogue")(catalogue)
     app.command("report")(report)
     app.command("support")(support)
@@ -711,6 +712,50 @@ def bundle(
         print_json(result)
         return
     stdout.print(f"wrote {out}: {len(result.artefacts)} artefact(s), {result.blobs} blobs, {size_label(result.bytes)}")
+
+
+def copy(
+    source: Annotated[str, typer.Argument(help="The registry to copy from (a directory, s3://, oci://, a bundle).")],
+    destination: Annotated[str, typer.Argument(help="The registry to copy into.")],
+    refs: Annotated[list[str] | None, typer.Argument(
+        metavar="[REFS]...", help="MODEL@KEY, MODEL:CHANNEL, or MODEL (all of its artefacts); none: everything.")
+    ] = None,
+    cache_dir: Annotated[Path | None, typer.Option(
+        "--cache-dir", envvar="ENGINESMITH_CACHE_DIR", help="The blob cache the copy passes through.")] = None,
+    jobs: JobsOption = 4,
+    s3_endpoint: S3EndpointOption = None,
+    json_output: JsonOption = False,
+) -> None:
+    """Copy artefacts between registries as they are: blobs once, manifests byte for byte, signatures, channel
+    statements, withdrawals and the history, then the channels. Run it again to continue one that was interrupted.
+
+    Example: enginesmith copy s3://staging/registry s3://prod/registry tiny-llama:prod
+    """
+    from enginesmith.core.state import CACHE_ENV, writable_dir
+    from registry.cache import BlobCache, default_cache_dir
+    from registry.copy import copy_artefacts, copy_selection
+
+    from_store = _open_store(source, s3_endpoint)
+    to_store = _open_store(destination, s3_endpoint)
+    if from_store.location == to_store.location:
+        raise UserError("the source and the destination are the same registry", where="DESTINATION",
+                        hint="copy into another registry")
+    manifests, channels = copy_selection(from_store, refs or [])
+    cache = BlobCache(writable_dir(cache_dir or default_cache_dir(), what="cache",
+                                   variable="--cache-dir" if cache_dir else CACHE_ENV, create=False))
+    result = copy_artefacts(from_store, to_store, manifests, channels, cache, jobs=jobs)
+    if json_output:
+        print_json(result)
+        return
+    stdout.print(f"copied {len(result.artefacts)} artefact(s) to {to_store.location} ({len(result.present)} there "
+                 f"already): {result.blobs_copied} blobs, {size_label(result.bytes_copied)}; "
+                 f"{result.history_records} history records")
+    for moved in result.channels:
+        if moved.moved:
+            stdout.print(f"  {moved.model}:{moved.channel} → {moved.key[:12]}")
+        else:
+            stderr.print(f"[yellow]note:[/] {escape(moved.model)}:{escape(moved.channel)} not moved: "
+                         f"{escape(moved.why_not)}", markup=True)
 
 
 def catalogue(

@@ -1,0 +1,134 @@
+"""Copying artefacts between registries as they are (as ``crane copy`` and ``oras copy`` copy images): a staging
+registry promotes into production, a mirror behind an air gap verifies with the same trust file.
+
+What is copied, in this order so that a reader of the destination never meets a record whose parts are missing:
+the blobs each manifest names (files and signature; fetched through the blob cache, resumed and verified against
+their sha256, then put, resumed as a publish is), the manifests byte for byte (dates, signatures and reports
+unchanged), every history record of the model (cell outcomes, channel moves, channel statements, withdrawals), and
+last the channels, each set to the key it has in the source. What the destination holds already is left as it is,
+so a copy killed anywhere is continued by running it again. A channel whose statements in the destination are not
+the source's (it was promoted there on its own) is not moved, and said so.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from enginesmith.core.checkpoints.models import CheckpointFile
+from registry.cache import BlobCache
+from registry.catalog import list_model
+from registry.errors import IntegrityError
+from registry.history import STATEMENT_ENTRY_PREFIX
+from registry.manifest import Manifest
+from registry.pull import fetch_files
+from registry.store import RegistryStore
+
+
+class CopiedChannel(BaseModel):
+    model: str
+    channel: str
+    key: str
+    moved: bool
+    why_not: str = ""
+
+
+class CopyResult(BaseModel):
+    source: str
+    destination: str
+    artefacts: list[str] = []  # model@key created in the destination
+    present: list[str] = []  # model@key the destination had already
+    blobs_copied: int = 0
+    bytes_copied: int = 0
+    history_records: int = 0
+    channels: list[CopiedChannel] = []
+
+
+def copy_artefacts(source: RegistryStore, destination: RegistryStore, manifests: list[Manifest],
+                   channels: dict[str, str], cache: BlobCache, *, jobs: int = 4) -> CopyResult:
+    """Copy ``manifests`` (and their models' history) from ``source`` to ``destination``, then point each of
+    ``channels`` (``{"model:channel": key}``, as the source has them) at the same key. Raises ``IntegrityError`` for
+    a destination that holds another manifest under one of the keys."""
+    result = CopyResult(source=source.location, destination=destination.location)
+    unique = {m.ref: m for m in manifests}
+    for manifest in unique.values():
+        _copy_blobs(source, destination, manifest, cache, jobs, result)
+        body = source.read_manifest(manifest.model, manifest.key)
+        assert body is not None  # it was just listed
+        if destination.create_manifest(manifest.model, manifest.key, body):
+            result.artefacts.append(manifest.ref)
+        elif destination.read_manifest(manifest.model, manifest.key) != body:
+            raise IntegrityError(f"{destination.location} holds another manifest under {manifest.ref}",
+                                 where=destination.location,
+                                 hint="the two registries published different artefacts under one key; copy "
+                                      "into another registry, or remove that manifest there first")
+        else:
+            result.present.append(manifest.ref)
+    for model in sorted({m.model for m in unique.values()}):
+        result.history_records += _copy_history(source, destination, model)
+    for name, key in sorted(channels.items()):
+        model, channel = name.split(":", 1)
+        result.channels.append(_copy_channel(source, destination, model, channel, key))
+    return result
+
+
+def _copy_blobs(source: RegistryStore, destination: RegistryStore, manifest: Manifest, cache: BlobCache, jobs: int,
+                result: CopyResult) -> None:
+    wanted = [CheckpointFile(path=entries[0].path, size=entries[0].size, sha256=digest)
+              for digest, entries in manifest.files_by_digest().items()]
+    if manifest.signature is not None:
+        wanted.append(CheckpointFile(path="signature", size=manifest.signature.size, sha256=manifest.signature.sha256))
+    missing = [f for f in wanted if destination.blob_size(f.sha256 or "") != f.size]
+    fetch_files(source, missing, cache, what=f"copying {manifest.ref}", jobs=jobs)
+    for entry in missing:
+        assert entry.sha256 is not None
+        destination.put_blob(entry.sha256, cache.blob(entry.sha256), name=entry.path)
+        if destination.blob_size(entry.sha256) != entry.size:  # verified on arrival, as the destination holds it
+            raise IntegrityError(f"{entry.path} ({entry.sha256[:12]}) did not arrive whole", where=destination.location,
+                                 hint="run the same copy again")
+        result.blobs_copied += 1
+        result.bytes_copied += entry.size
+
+
+def _copy_history(source: RegistryStore, destination: RegistryStore, model: str) -> int:
+    present = set(destination.list_history(model))
+    copied = 0
+    for entry in source.list_history(model):
+        if entry in present:
+            continue
+        body = source.read_history(model, entry)
+        if body is not None and destination.create_history(model, entry, body):
+            copied += 1
+    return copied
+
+
+def _copy_channel(source: RegistryStore, destination: RegistryStore, model: str, channel: str,
+                  key: str) -> CopiedChannel:
+    prefix = f"{STATEMENT_ENTRY_PREFIX}{channel}-"
+    for entry in (e for e in destination.list_history(model) if e.startswith(prefix)):
+        if destination.read_history(model, entry) != source.read_history(model, entry):
+            return CopiedChannel(model=model, channel=channel, key=key, moved=False,
+                                 why_not=f"the destination's {entry} is not the source's: the channel was promoted "
+                                         "there on its own")
+    current = destination.read_ref(model, channel)
+    if current is not None and current.key == key:
+        return CopiedChannel(model=model, channel=channel, key=key, moved=False, why_not="already there")
+    if not destination.write_ref(model, channel, key, expected=current):
+        return CopiedChannel(model=model, channel=channel, key=key, moved=False,
+                             why_not="it moved in the destination while this copy ran")
+    return CopiedChannel(model=model, channel=channel, key=key, moved=True)
+
+
+def copy_selection(source: RegistryStore, refs: list[str]) -> tuple[list[Manifest], dict[str, str]]:
+    """What ``refs`` name in ``source`` (``registry.bundle.bundle_manifests``), or every model's artefacts and
+    channels when none is given."""
+    from registry.bundle import bundle_manifests
+
+    if refs:
+        return bundle_manifests(source, refs)
+    manifests: list[Manifest] = []
+    channels: dict[str, str] = {}
+    for model in source.list_models():
+        listing = list_model(source, model)
+        manifests += listing.manifests
+        channels |= {f"{model}:{c}": k for c, k in listing.channels.items()}
+    return manifests, channels

@@ -1,0 +1,108 @@
+"""#52: ``enginesmith copy`` carries artefacts between registries as they are, so a staging registry promotes into
+production and a mirror verifies with the same trust file: local → local (fast), local → S3 and local → OCI (slow)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from registry.cache import BlobCache
+from registry.catalog import list_model, load_manifest
+from registry.channel_statements import ChannelSigner
+from registry.copy import copy_artefacts, copy_selection
+from registry.publish import publish_artefact
+from registry.refs import promote
+from registry.signing import load_signing_key, load_trust
+from registry.store import RegistryStore, open_store
+from registry.withdrawals import withdraw
+from tests.conftest import run_cli, write_key_pair
+from tests.registry_helpers import registry_env, tiny_files, write_artefact
+
+
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.slow),
+                        pytest.param("oci", marks=pytest.mark.slow)])
+def destination(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                ) -> Iterator[RegistryStore]:
+    if request.param == "local":
+        yield open_store(str(tmp_path / "production"))
+    elif request.param == "s3":
+        server = request.getfixturevalue("seaweedfs")
+        request.getfixturevalue("s3_env")
+        yield open_store(server.registry_url(f"copy-{os.urandom(5).hex()}"))
+    else:
+        server = request.getfixturevalue("oci_registry")
+        for name, value in server.env.items():
+            monkeypatch.setenv(name, value)
+        yield open_store(server.registry_url(f"copy-{os.urandom(5).hex()}"))
+
+
+def test_a_copy_carries_blobs_manifests_statements_withdrawals_and_history_and_a_pull_verifies_there(
+    destination: RegistryStore, tmp_path: Path
+) -> None:
+    nightly = load_signing_key(key_file=write_key_pair(tmp_path / "keys", "nightly"))
+    staging = open_store(str(tmp_path / "staging"))
+    built = [publish_artefact(staging, write_artefact(tmp_path / name, files=tiny_files(seed=seed)),
+                              signing_key=nightly) for name, seed in (("old", 1), ("new", 2))]
+    old, new = (load_manifest(staging, "tiny-llama", b.key) for b in built)
+    promote(staging, new, "prod", signer=ChannelSigner(staging, nightly))
+    withdraw(staging, "tiny-llama", old.key, "wrong tokenizer", nightly)
+
+    manifests, channels = copy_selection(staging, ["tiny-llama"])
+    copied = copy_artefacts(staging, destination, manifests, channels, BlobCache(tmp_path / "cache"))
+    assert sorted(copied.artefacts) == sorted([old.ref, new.ref]) and copied.blobs_copied == 8
+    assert {(c.channel, c.moved) for c in copied.channels} == {("latest", True), ("prod", True)}
+    for manifest in (old, new):  # byte for byte: dates, signatures, reports
+        assert destination.read_manifest("tiny-llama", manifest.key) == staging.read_manifest("tiny-llama",
+                                                                                                manifest.key)
+    assert destination.list_history("tiny-llama") == staging.list_history("tiny-llama")
+    assert list_model(destination, "tiny-llama").channels == list_model(staging, "tiny-llama").channels
+
+    again = copy_artefacts(staging, destination, manifests, channels, BlobCache(tmp_path / "cache"))
+    assert (again.artefacts, again.blobs_copied, again.history_records) == ([], 0, 0)
+    assert sorted(again.present) == sorted([old.ref, new.ref])
+
+    from registry.choose import choose
+    from registry.machine import describe_machine
+    from registry.names import parse_ref
+    from registry.pull import pull_artefact
+    from registry.resolve import Constraints
+
+    trust_path = tmp_path / "trust.yaml"
+    trust_path.write_text(f"keys: {{nightly: {tmp_path}/keys/nightly.pub}}\nchannels: {{prod: [nightly]}}\n")
+    trust = load_trust([trust_path])
+    pulled = pull_artefact(destination, load_manifest(destination, "tiny-llama", new.key), dest=tmp_path / "served",
+                           cache=BlobCache(tmp_path / "pull-cache"), trust=trust, channel="prod")
+    assert pulled.signature is not None and pulled.signature.signer == "nightly"
+    bare = choose(destination, parse_ref("tiny-llama"), describe_machine("cpu"), Constraints(), trust)
+    assert bare.manifest.key == new.key  # the withdrawal came along
+
+
+def test_a_channel_promoted_in_the_destination_on_its_own_is_not_moved_by_a_copy(tmp_path: Path) -> None:
+    nightly = load_signing_key(key_file=write_key_pair(tmp_path / "keys", "nightly"))
+    staging, production = open_store(str(tmp_path / "staging")), open_store(str(tmp_path / "production"))
+    built = [publish_artefact(staging, write_artefact(tmp_path / name, files=tiny_files(seed=seed)),
+                              signing_key=nightly) for name, seed in (("old", 1), ("new", 2))]
+    old, new = (load_manifest(staging, "tiny-llama", b.key) for b in built)
+    copy_artefacts(staging, production, [old], {}, BlobCache(tmp_path / "cache"))
+    promote(production, load_manifest(production, "tiny-llama", old.key), "prod",
+            signer=ChannelSigner(production, nightly))
+    promote(staging, new, "prod", signer=ChannelSigner(staging, nightly))
+    copied = copy_artefacts(staging, production, [new], {"tiny-llama:prod": new.key}, BlobCache(tmp_path / "cache"))
+    (prod,) = copied.channels
+    assert not prod.moved and "promoted there on its own" in prod.why_not
+    ref = production.read_ref("tiny-llama", "prod")
+    assert ref is not None and ref.key == old.key
+
+
+def test_the_copy_command_names_what_it_copied_and_refuses_a_registry_onto_itself(tmp_path: Path) -> None:
+    staging = open_store(str(tmp_path / "staging"))
+    publish_artefact(staging, write_artefact(tmp_path / "build"))
+    env = registry_env(str(tmp_path / "staging"), tmp_path / "cache")
+    done = run_cli("copy", str(tmp_path / "staging"), str(tmp_path / "production"), "tiny-llama:latest", env=env)
+    assert done.returncode == 0, done.stderr
+    assert "copied 1 artefact(s)" in done.stdout and "tiny-llama:latest →" in done.stdout
+    same = run_cli("copy", str(tmp_path / "staging"), str(tmp_path / "staging"), env=env)
+    assert same.returncode == 2 and "the same registry" in same.stderr
