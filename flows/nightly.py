@@ -113,6 +113,9 @@ def nightly(config: str = "configs/nightly.yaml", dispatch: Literal["deployments
                                          pool_of=lambda kind, cell: pool_of(kind, cell, pools),
                                          timeout_s=cell_timeout_s, last_night=last_night)
         summaries += [outcome_of(cell.id, future) for (_, (_, cell)), future in zip(to_pools, futures, strict=True)]
+    for renewed in steps.renew_latest_statements(pipeline, [cell.model.id for _, cell in planned
+                                                             if cell.status != "invalid"]):
+        logger.info("renewed the signed statement of %s", renewed)
     order = {cell.id: index for index, (_, cell) in enumerate(planned)}
     summaries.sort(key=lambda s: order.get(s.cell, len(order)))
     versus = {s.cell: versus_last_night(pipeline, built_tonight[s.cell], s, last_night.get(s.cell))

@@ -473,3 +473,25 @@ def test_a_bundle_carries_the_channel_statements_and_withdrawals_and_an_air_gapp
     statuses = {c.key: c.status for c in resolve_model(bundle, "tiny-llama", describe_machine("cpu"), Constraints(),
                                                          trust).resolution.candidates}
     assert statuses == {new.key: "runnable", old.key: "withdrawn"}
+
+
+def test_the_nightly_renews_latest_s_statement_when_half_its_time_is_gone_and_not_before(
+    tiny_config: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from enginesmith.core.config import load_pipeline_config
+    from pipeline.common.steps import renew_latest_statements
+
+    registry = tmp_path / "registry"
+    monkeypatch.setenv("ENGINESMITH_REGISTRY", str(registry))
+    pipeline = load_pipeline_config(tiny_config, check_tasks=False)
+    key = load_signing_key(key_file=tiny_config.parent / "keys" / "nightly.key")
+    store = open_store(str(registry))
+    source = write_artefact(tmp_path / "build", files=tiny_files(seed=4))
+    published = publish_artefact(store, source, signing_key=key)
+    assert published.channels[0].statement == 1
+    assert renew_latest_statements(pipeline, ["tiny-llama"]) == []  # fresh: nothing to do
+    four_days_ago = datetime.now(timezone.utc) - timedelta(days=4)
+    promote(store, load_manifest(store, "tiny-llama", published.key), "latest",
+            signer=ChannelSigner(store, key, clock=lambda: four_days_ago))  # statement 2, 3 of its 7 days left
+    assert renew_latest_statements(pipeline, ["tiny-llama"]) == ["tiny-llama:latest → statement 3"]
+    assert statement_sequences(store, "tiny-llama", "latest") == [1, 2, 3]

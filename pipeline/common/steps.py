@@ -16,6 +16,7 @@ from pipeline.common.plan_sources import model_source
 
 if TYPE_CHECKING:
     from registry.publish import PublishResult
+    from registry.signing import SigningKey
 
 QUANTIZED_DIR, ARTEFACTS_DIR, REPORTS_DIR, REFERENCE_DIR = "quantized", "artefacts", "reports", "reference"
 
@@ -83,17 +84,40 @@ def published(config: PipelineConfig, model_id: str, key: str) -> bool:
     return open_store(registry_url(config)).read_manifest(model_id, key) is not None
 
 
+def _signing_key(config: PipelineConfig) -> SigningKey | None:
+    signing = config.registry.signing
+    if signing is None:
+        return None
+    from registry.signing import load_signing_key
+
+    return load_signing_key(key_file=Path(signing.key_file) if signing.key_file else None, key_env=signing.key_env,
+                            passphrase_env=signing.passphrase_env, where="registry.signing")
+
+
 def publish(key: str, artefact_dir: Path, report_json: dict[str, object], config: PipelineConfig) -> PublishResult:
     from registry.publish import publish_artefact
     from registry.store import open_store
 
-    signing = config.registry.signing
-    signing_key = None
-    if signing is not None:
-        from registry.signing import load_signing_key
-
-        signing_key = load_signing_key(key_file=Path(signing.key_file) if signing.key_file else None,
-                                       key_env=signing.key_env, passphrase_env=signing.passphrase_env,
-                                       where="registry.signing")
     return publish_artefact(open_store(registry_url(config)), artefact_dir, key=key, validation=report_json,
-                            signing_key=signing_key)
+                            signing_key=_signing_key(config))
+
+
+def renew_latest_statements(config: PipelineConfig, models: list[str]) -> list[str]:
+    """With a signing key configured, keep each model's ``latest`` vouched for on a night that moved nothing: sign
+    its statement again where the newest does not name where ``latest`` points or has less than half its time left
+    (``registry.channel_statements.ChannelSigner.settle``). Returns ``model:latest → sequence`` for each renewed."""
+    signing_key = _signing_key(config)
+    if signing_key is None:
+        return []
+    from registry.channel_statements import ChannelSigner
+    from registry.store import open_store
+
+    store = open_store(registry_url(config))
+    signer = ChannelSigner(store, signing_key)
+    renewed = []
+    for model in sorted(set(models)):
+        ref = store.read_ref(model, "latest")
+        claim = signer.settle(model, "latest", ref.key) if ref is not None else None
+        if claim is not None:
+            renewed.append(f"{model}:latest → statement {claim.sequence}")
+    return renewed
