@@ -202,11 +202,14 @@ def pull_artefact(
     profile: ChosenProfile | None = None,
     trust: Trust | None = None,
     channel: str | None = None,
+    checked_signature: tuple[bytes | None, SignatureCheck] | None = None,
 ) -> PullResult:
     """Fetch what the cache lacks (``jobs`` blobs at a time) and lay the artefact out at ``dest``. With ``trust``,
     the manifest's signature is checked first: an unsigned, untrusted or invalid one raises ``SignatureError`` before
     anything is fetched or written, as does a signer the trust list does not allow on ``channel`` (the channel the
     manifest was found through), and a ``profile`` from a validation report the signature does not cover.
+    ``checked_signature`` (the signature's bytes and what ``check_pull_trust`` found of them, for this ``trust``)
+    saves checking again what the caller checked.
 
     Raises ``IntegrityError`` naming the file whose bytes failed their sha256 twice, ``NotFoundError`` for a
     blob the registry lacks, ``RegistryUnavailableError`` when the storage stops answering (a later pull
@@ -217,10 +220,13 @@ def pull_artefact(
         if reason:  # Manifest refuses these already; a manifest built in code must not bypass that
             raise UnsafePathError(f"path {entry.path!r} {reason}", where=manifest.ref)
     check_destination(dest)
-    signature_body = read_signature(store, manifest)
     checked = None
-    if trust is not None:
-        checked = check_pull_trust(store, manifest, signature_body, trust, channel=channel, profile=profile)
+    if trust is not None and checked_signature is not None:
+        signature_body, checked = checked_signature
+    else:
+        signature_body = read_signature(store, manifest)
+        if trust is not None:
+            checked = check_pull_trust(store, manifest, signature_body, trust, channel=channel, profile=profile)
     plan = plan_pull(manifest, cache, dest, store.location)
     result = PullResult(
         model=manifest.model, key=manifest.key, registry=store.location, dest=str(dest), dry_run=dry_run,

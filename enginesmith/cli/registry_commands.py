@@ -366,12 +366,14 @@ def pull(
     if not dry_run:
         check_destination(destination)
         check_free_space(plan, cache, destination)  # before the progress bar, which would say it had started
+    checked_signature = None
     if trusted is not None:  # a refused artefact, too, is refused before the bar
         from registry.channel_statements import ChannelStatementError
 
+        signature_body = read_signature(store, manifest)
         try:
-            check_pull_trust(store, manifest, read_signature(store, manifest), trusted, channel=ref.channel,
-                             profile=profile)
+            checked_signature = signature_body, check_pull_trust(store, manifest, signature_body, trusted,
+                                                                 channel=ref.channel, profile=profile)
         except ChannelStatementError as refused:
             if not json_output:
                 _print_statement_checks(refused, f"{manifest.model}:{ref.channel}")
@@ -381,7 +383,7 @@ def pull(
                             total_bytes=plan.bytes_to_fetch) as progress:
         result = pull_artefact(store, manifest, dest=destination, cache=cache, jobs=jobs, limiter=limiter,
                                progress=progress, dry_run=dry_run, profile=profile, trust=trusted,
-                               channel=ref.channel)
+                               channel=ref.channel, checked_signature=checked_signature)
     if json_output:
         print_json(result)
         return
