@@ -145,6 +145,10 @@ class BundleStore:
     def location(self) -> str:
         return f"bundle {self.path}"
 
+    @property
+    def shares_namespace(self) -> bool:
+        return False
+
     def blob_size(self, digest: str) -> int | None:
         member = self._members.get(blob_path(digest))
         return None if member is None else member[1]

@@ -83,12 +83,10 @@ def list_model(store: RegistryStore, model: str, *, with_channels: bool = True) 
 def list_models(store: RegistryStore) -> list[ModelSummary]:
     """Each model with its artefacts counted; on a store where another tool may write beside us (OCI), every
     manifest is read, so a foreign record is not counted as an artefact."""
-    from registry.oci import OciStore
-
     summaries = []
     for model in store.list_models():
         channels = channel_keys(store, model)
-        if isinstance(store, OciStore):
+        if store.shares_namespace:
             listing = list_model(store, model, with_channels=False)
             artefacts, foreign = len(listing.manifests) + len(listing.unreadable), len(listing.foreign)
         else:

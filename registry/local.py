@@ -51,6 +51,10 @@ class LocalStore:
     def location(self) -> str:
         return str(self.root)
 
+    @property
+    def shares_namespace(self) -> bool:
+        return False
+
     def __repr__(self) -> str:
         return f"LocalStore({str(self.root)!r})"
 

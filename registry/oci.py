@@ -115,6 +115,10 @@ class OciStore:
     def location(self) -> str:
         return f"oci{'+http' if self.scheme == 'http' else ''}://{self.host}/{self.namespace}"
 
+    @property
+    def shares_namespace(self) -> bool:
+        return True
+
     def __repr__(self) -> str:
         return f"OciStore({self.location!r})"
 

@@ -111,6 +111,10 @@ class S3Store:
         where = f"s3://{self.bucket}/{self.prefix}".rstrip("/")
         return f"{where} at {self.endpoint_url}" if self.endpoint_url else where
 
+    @property
+    def shares_namespace(self) -> bool:
+        return False
+
     def __repr__(self) -> str:
         return f"S3Store({self.location!r})"
 

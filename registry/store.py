@@ -50,6 +50,12 @@ class RegistryStore(Protocol):
         """Where the registry is, for messages (never with credentials)."""
         ...
 
+    @property
+    def shares_namespace(self) -> bool:
+        """Whether other tools write records where this store keeps its manifests (an OCI registry's repositories),
+        so that a listing counts only what reads as ours."""
+        ...
+
     def blob_size(self, digest: str) -> int | None:
         """The stored size of a blob, or ``None`` if it is absent."""
         ...
