@@ -125,7 +125,8 @@ def check_channel(store: RegistryStore, model: str, channel: str, pointer_key: s
             state.saw(store.location, model, channel, checked.claim.sequence)
     if not checked.holds:
         raise ChannelStatementError(
-            f"{model}:{channel} is not vouched for: {checked.detail}", check=checked, skipped=skipped, where=where,
+            f"{model}:{channel} is not vouched for: {checked.detail}", check=checked, skipped=skipped,
+            where=store.location,
             hint="do not deploy from this channel; ask whoever promotes it" if checked.failed != "missing"
             else "promote it with a signing key (enginesmith promote REF --channel NAME --sign-key KEY)")
     return checked

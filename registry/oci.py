@@ -217,11 +217,14 @@ class OciStore:
             except (UserError, ValueError, KeyError, TypeError):
                 status = None  # unreadable, unknown to the server, or behind it (killed between a chunk and this file)
             reported = re.fullmatch(r"0-(\d+)", status.headers.get("range", "")) if status is not None else None
-            # "0-0" is how distribution reports both no byte and one byte: an offset this file never recorded is 0
-            stored = int(reported.group(1)) + 1 if reported and (kept.get("offset") or int(reported.group(1))) else 0
-            if reported and stored == kept.get("offset"):
-                return str(kept["location"]), stored
-            state.unlink(missing_ok=True)  # the server holds another length than the file says: start again
+            if status is not None and reported:
+                # "0-0" is how distribution reports both no byte and one byte: an offset this file never recorded is 0
+                stored = int(reported.group(1)) + 1 if kept.get("offset") or int(reported.group(1)) else 0
+                # The server's word, not this file's: a kill mid-chunk may have left it ahead of the last offset kept
+                # (a registry that allows that answers with where to go on; distribution cancels the session instead).
+                location = self._upload_location(status, repo) if status.headers.get("location") else kept["location"]
+                return str(location), stored
+            state.unlink(missing_ok=True)  # the server does not know the session any more: start again
         opened = self._request("POST", repo, "blobs/uploads/", what="blob upload", expect=(202,))
         assert opened is not None
         location = self._upload_location(opened, repo)

@@ -126,7 +126,7 @@ def check_statement(body: bytes, trust: Trust, *, model: str, channel: str, poin
                               detail=f"the statement is about {claim.model}:{claim.channel}, not {model}:{channel}")
     if (claim.key, claim.manifest_digest) != (pointer_key, pointer_digest):
         return StatementCheck(claim=claim, signer=signer.name, failed="not-the-pointer",
-                              detail=f"the statement names {claim.key}, the channel points at {pointer_key}"
+                              detail=f"the statement names {claim.key[:12]}, the channel points at {pointer_key[:12]}"
                               if claim.key != pointer_key else "the manifest changed after the statement was signed")
     if now >= claim.expires:
         return StatementCheck(claim=claim, signer=signer.name, failed="expired",

@@ -204,3 +204,24 @@ def artefact_with_weights(root: Path, size: int) -> Path:
     files = [weights if f.path == weights.path else f for f in artefact.files]
     (source / ARTEFACT_FILE).write_text(artefact.model_copy(update={"files": files}).model_dump_json(indent=2))
     return source
+
+
+def open_store_of_kind(request, kind: str, tmp_path: Path, label: str):  # -> registry.store.RegistryStore
+    """A registry of ``kind`` for one test: a local directory, a prefix of its own on the session's SeaweedFS server
+    (``s3``) or a namespace of its own on the session's docker-registry (``oci``, its credentials set in this
+    process's environment for the rest of the test)."""
+    from registry.store import open_store
+
+    if kind == "local":
+        return open_store(str(tmp_path / label))
+    name = f"{label}-{os.urandom(5).hex()}"
+    if kind == "s3":
+        server = request.getfixturevalue("seaweedfs")
+        request.getfixturevalue("s3_env")
+        return open_store(server.registry_url(name))
+    server = request.getfixturevalue("oci_registry")
+    monkeypatch = request.getfixturevalue("monkeypatch")
+    for variable, value in server.env.items():
+        monkeypatch.setenv(variable, value)
+    return open_store(server.registry_url(name))
+

@@ -9,9 +9,7 @@ slow tier.
 
 from __future__ import annotations
 
-import os
 import threading
-from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -38,25 +36,15 @@ from registry.refs import promote
 from registry.signing import SigningKey, Trust, load_signing_key, load_trust
 from registry.store import RegistryStore, open_store
 from tests.conftest import run_cli, write_key_pair
-from tests.registry_helpers import registry_env, tiny_files, write_artefact
+from tests.registry_helpers import open_store_of_kind, registry_env, tiny_files, write_artefact
 
 pytest.importorskip("model_signing", reason="needs model-signing (part of the base install)")
 
 
 @pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.slow),
                         pytest.param("oci", marks=pytest.mark.slow)])
-def store(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[RegistryStore]:
-    if request.param == "local":
-        yield open_store(str(tmp_path / "registry"))
-    elif request.param == "s3":
-        server = request.getfixturevalue("seaweedfs")
-        request.getfixturevalue("s3_env")
-        yield open_store(server.registry_url(f"statements-{os.urandom(5).hex()}"))
-    else:
-        server = request.getfixturevalue("oci_registry")
-        for name, value in server.env.items():
-            monkeypatch.setenv(name, value)
-        yield open_store(server.registry_url(f"statements-{os.urandom(5).hex()}"))
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> RegistryStore:
+    return open_store_of_kind(request, request.param, tmp_path, "statements")
 
 
 @pytest.fixture(scope="module")
@@ -317,16 +305,12 @@ def test_a_corrupt_or_unwritable_trust_state_is_an_error_naming_it_never_a_check
     with pytest.raises(UserError, match="the trust state is corrupt") as corrupt:
         pull_channel(store, "prod", trust_file(key_dir, tmp_path), tmp_path / "dest")
     assert corrupt.value.where == str(state) and not (tmp_path / "dest").exists()
-    state.unlink()
-    state.parent.chmod(0o500)
-    try:
-        if os.access(state.parent, os.W_OK):
-            pytest.skip("running as a user whom file modes do not stop (root)")
-        with pytest.raises(UserError, match="cannot be written") as unwritable:
-            pull_channel(store, "prod", trust_file(key_dir, tmp_path), tmp_path / "dest")
-        assert str(state) in unwritable.value.render() and not (tmp_path / "dest").exists()
-    finally:
-        state.parent.chmod(0o700)
+    blocked = tmp_path / "not-a-directory"
+    blocked.write_text("a file where the state's directory should be")
+    monkeypatch.setenv("ENGINESMITH_TRUST_STATE", str(blocked / "trust-state.json"))
+    with pytest.raises(UserError, match="cannot be written") as unwritable:
+        pull_channel(store, "prod", trust_file(key_dir, tmp_path), tmp_path / "dest")
+    assert unwritable.value.where == str(blocked / "trust-state.json") and not (tmp_path / "dest").exists()
 
 
 def test_statements_survive_gc_and_are_no_history_record(

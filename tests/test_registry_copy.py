@@ -3,8 +3,6 @@ production and a mirror verifies with the same trust file: local → local (fast
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,24 +17,13 @@ from registry.signing import load_signing_key, load_trust
 from registry.store import RegistryStore, open_store
 from registry.withdrawals import withdraw
 from tests.conftest import run_cli, write_key_pair
-from tests.registry_helpers import registry_env, tiny_files, write_artefact
+from tests.registry_helpers import open_store_of_kind, registry_env, tiny_files, write_artefact
 
 
 @pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.slow),
                         pytest.param("oci", marks=pytest.mark.slow)])
-def destination(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-                ) -> Iterator[RegistryStore]:
-    if request.param == "local":
-        yield open_store(str(tmp_path / "production"))
-    elif request.param == "s3":
-        server = request.getfixturevalue("seaweedfs")
-        request.getfixturevalue("s3_env")
-        yield open_store(server.registry_url(f"copy-{os.urandom(5).hex()}"))
-    else:
-        server = request.getfixturevalue("oci_registry")
-        for name, value in server.env.items():
-            monkeypatch.setenv(name, value)
-        yield open_store(server.registry_url(f"copy-{os.urandom(5).hex()}"))
+def destination(request: pytest.FixtureRequest, tmp_path: Path) -> RegistryStore:
+    return open_store_of_kind(request, request.param, tmp_path, "production")
 
 
 def test_a_copy_carries_blobs_manifests_statements_withdrawals_and_history_and_a_pull_verifies_there(

@@ -68,6 +68,12 @@ SloOption = Annotated[str | None, typer.Option(
 ConcurrencyOption = Annotated[int | None, typer.Option(
     "--concurrency", min=1, help="With --slo: judge the profiles at this many requests in flight only.",
 )]
+SignKeyOption = Annotated[Path | None, typer.Option(
+    "--sign-key", help="Sign with this elliptic-curve private key (PEM, mode 600).")]
+SignKeyEnvOption = Annotated[str | None, typer.Option(
+    "--sign-key-env", help="Sign with the PEM private key held in this environment variable.")]
+PassphraseEnvOption = Annotated[str | None, typer.Option(
+    "--passphrase-env", help="The environment variable holding the signing key's passphrase.")]
 TrustOption = Annotated[list[str] | None, typer.Option(
     "--trust", envvar="ENGINESMITH_TRUST", help="Accept only artefacts signed by these keys: a PEM public key, a "
     "directory of them, or a trust YAML (keys: {name: path}, channels: {prod: [name]}); repeatable.",
@@ -104,12 +110,9 @@ def publish(
         "--validation", help="The validation report (JSON) to keep in the manifest.")] = None,
     channel: Annotated[list[str] | None, typer.Option(
         "--channel", help="Channels to move to this artefact if it is newer (repeatable; default: latest).")] = None,
-    sign_key: Annotated[Path | None, typer.Option(
-        "--sign-key", help="Sign with this elliptic-curve private key (PEM, mode 600).")] = None,
-    sign_key_env: Annotated[str | None, typer.Option(
-        "--sign-key-env", help="Sign with the PEM private key held in this environment variable.")] = None,
-    passphrase_env: Annotated[str | None, typer.Option(
-        "--passphrase-env", help="The environment variable holding the signing key's passphrase.")] = None,
+    sign_key: SignKeyOption = None,
+    sign_key_env: SignKeyEnvOption = None,
+    passphrase_env: PassphraseEnvOption = None,
     signature: Annotated[Path | None, typer.Option(
         "--signature", help="Keep this model-signing bundle, made over the directory before publishing.")] = None,
     jobs: JobsOption = 4,
@@ -417,12 +420,9 @@ def promote(
     channel_argument: Annotated[str | None, typer.Argument(
         metavar="CHANNEL", help="The channel to move (the older spelling of --channel).", show_default=False)] = None,
     channel: Annotated[str | None, typer.Option("--channel", help="The channel to move, e.g. stable.")] = None,
-    sign_key: Annotated[Path | None, typer.Option(
-        "--sign-key", help="Sign the channel's statement with this private key (PEM, mode 600).")] = None,
-    sign_key_env: Annotated[str | None, typer.Option(
-        "--sign-key-env", help="Sign with the PEM private key held in this environment variable.")] = None,
-    passphrase_env: Annotated[str | None, typer.Option(
-        "--passphrase-env", help="The environment variable holding the signing key's passphrase.")] = None,
+    sign_key: SignKeyOption = None,
+    sign_key_env: SignKeyEnvOption = None,
+    passphrase_env: PassphraseEnvOption = None,
     expires: Annotated[str | None, typer.Option(
         "--expires", help="How long the signed statement stays good (default: the trust file's expires: for the "
         "channel, else 7d).")] = None,
@@ -526,12 +526,9 @@ def withdraw(
     ref: Annotated[str, typer.Argument(help="MODEL@KEY (or MODEL:CHANNEL, the build it is on): the build no node may "
                                             "pull any more.")],
     reason: Annotated[str, typer.Option("--reason", help="Why, as resolve and pull will say it.")],
-    sign_key: Annotated[Path | None, typer.Option(
-        "--sign-key", help="Sign the withdrawal with this private key (PEM, mode 600).")] = None,
-    sign_key_env: Annotated[str | None, typer.Option(
-        "--sign-key-env", help="Sign with the PEM private key held in this environment variable.")] = None,
-    passphrase_env: Annotated[str | None, typer.Option(
-        "--passphrase-env", help="The environment variable holding the signing key's passphrase.")] = None,
+    sign_key: SignKeyOption = None,
+    sign_key_env: SignKeyEnvOption = None,
+    passphrase_env: PassphraseEnvOption = None,
     registry: RegistryOption = DEFAULT_REGISTRY,
     s3_endpoint: S3EndpointOption = None,
     json_output: JsonOption = False,
