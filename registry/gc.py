@@ -23,7 +23,7 @@ from pydantic import BaseModel
 
 from registry.catalog import channel_keys, list_model
 from registry.errors import IntegrityError
-from registry.manifest import Manifest, parse_timestamp
+from registry.manifest import Manifest, believable_time, parse_timestamp
 from registry.store import RegistryStore
 
 DEFAULT_KEEP_LAST = 3
@@ -55,7 +55,7 @@ def manifests_to_delete(manifests: Iterable[Manifest], pinned: set[tuple[str, st
         by_cell[manifest.cell].append(manifest)
     doomed = []
     for cell_manifests in by_cell.values():
-        newest_first = sorted(cell_manifests, key=lambda m: (m.published_at, m.key), reverse=True)
+        newest_first = sorted(cell_manifests, key=lambda m: (believable_time(m.published), m.key), reverse=True)
         doomed += [m for m in newest_first[keep_last:] if (m.model, m.key) not in pinned]
     return doomed
 

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
 from registry.catalog import load_manifest
 from registry.errors import IntegrityError, NotFoundError, RegistryUnavailableError
-from registry.manifest import Manifest
+from registry.manifest import CLOCK_SKEW, Manifest
 from registry.names import check_name
 from registry.store import RefState, RegistryStore
 
@@ -28,10 +28,6 @@ class RefChange(BaseModel):
     moved: bool
     statement: int | None = None  # the sequence of the statement signed for this move (or to keep it current)
     future_dated: str | None = None  # the key the channel was on, published in the future: not believed
-
-
-# A publication time further ahead than clocks disagree is not believed: it would hold `latest` against every publish.
-CLOCK_SKEW = timedelta(minutes=5)
 
 
 def promote(store: RegistryStore, manifest: Manifest, channel: str, *, signer: ChannelSigner | None = None
@@ -52,7 +48,7 @@ def advance_channel(store: RegistryStore, manifest: Manifest, channel: str, *, s
     Publishing uses this, so concurrent or repeated publishes leave ``latest`` on the newest artefact.
     """
     check_name(channel, "channel")
-    latest_believable = (now or datetime.now(timezone.utc)) + CLOCK_SKEW
+    latest_believable = (now or datetime.now(timezone.utc)) + CLOCK_SKEW  # as registry.manifest.believable_time
     future_dated: list[str] = []
 
     def keep_current(state: RefState) -> bool:

@@ -157,6 +157,18 @@ def test_a_future_publication_time_holds_neither_latest_nor_a_trusted_pull(
     assert not (tmp_path / "dest").exists()
 
 
+def test_a_future_publication_time_does_not_make_gc_keep_an_old_build_over_newer_ones(
+    signing: dict[str, SigningKey], tmp_path: Path
+) -> None:
+    store = open_store(str(tmp_path / "registry"))
+    built = [load_manifest(store, "tiny-llama", publish_artefact(
+        store, write_artefact(tmp_path / f"b{seed}", files=tiny_files(seed=seed)), signing_key=signing["nightly"]).key)
+        for seed in (1, 2, 3)]
+    rewrite(store, built[0], published="2099-01-01T00:00:00+00:00")
+    swept = collect_garbage(store, keep_last=2, dry_run=True)
+    assert swept.deleted_manifests == [built[0].ref]  # the forged one is the oldest, not the newest
+
+
 def test_an_expired_statement_is_refused_as_a_frozen_channel(
     store: RegistryStore, signing: dict[str, SigningKey], key_dir: Path, tmp_path: Path
 ) -> None:
