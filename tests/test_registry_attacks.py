@@ -355,6 +355,9 @@ def test_a_refused_rollback_prints_the_table_of_checks_and_writes_nothing(key_di
     assert "signed statement 2" in promoted.stdout
     good = run_cli("pull", "tiny-llama:prod", "--dest", str(tmp_path / "good"), *trust, env=env)
     assert good.returncode == 0, good.stderr
+    shown = run_cli("show", "tiny-llama:prod", *trust, env=env)
+    assert shown.returncode == 0 and "prod vouched for by" in shown.stdout and "statement 2, signed by nightly" \
+        in shown.stdout, shown.stderr
 
     point(store, "tiny-llama", "prod", old.key)
     bad = run_cli("pull", "tiny-llama:prod", "--dest", str(tmp_path / "bad"), *trust, env=env)

@@ -207,7 +207,8 @@ def show(
     json_output: JsonOption = False,
 ) -> None:
     """Show one artefact's manifest: lineage, target, versions, validation and files. Who signed it is what the
-    manifest says until --trust checks the signature (and refuses one that does not hold)."""
+    manifest says until --trust checks the signature (and refuses one that does not hold); for MODEL:CHANNEL, --trust
+    also checks the channel's signed statement and says who vouched for it until when."""
     from registry.catalog import find_manifest
     from registry.manifest import signer_label
     from registry.names import parse_ref
@@ -215,12 +216,27 @@ def show(
 
     trusted = _trust(trust)
     store = _open_store(registry, s3_endpoint)
-    manifest = find_manifest(store, parse_ref(ref))
+    parsed = parse_ref(ref)
+    manifest = find_manifest(store, parsed)
     signed_by = signer_label(manifest)
+    vouched = None
     if trusted is not None:
         checked = verify_stored(store, manifest, trusted)
         signed_by = (f"{checked.signer} (key {checked.fingerprint[:16]}), checked against --trust; it covers "
                      f"{signature_covers_text(checked.covers)}")
+        if parsed.channel is not None:
+            from registry.channel_statements import ChannelStatementError, check_channel
+
+            try:
+                statement = check_channel(store, manifest.model, parsed.channel, manifest.key, trusted)
+            except ChannelStatementError as refused:
+                if not json_output:
+                    _print_statement_checks(refused, f"{manifest.model}:{parsed.channel}")
+                raise
+            assert statement.claim is not None
+            vouched = (f"statement {statement.claim.sequence}, signed by {statement.signer} at "
+                       f"{statement.claim.issued.isoformat(timespec='seconds')}, good until "
+                       f"{statement.claim.expires.isoformat(timespec='seconds')}")
     if json_output:
         print_json(manifest)
         return
@@ -239,6 +255,8 @@ def show(
         ["validation", "none" if manifest.validation is None else ", ".join(sorted(manifest.validation))],
         ["signed by", signed_by],
     ]
+    if vouched is not None:
+        rows.append([f"{parsed.channel} vouched for by", vouched])
     stdout.print(table(manifest.ref, ["field", "value"], rows))
     files = [[f.path, f"{f.size:,}", (f.sha256 or "-")[:16]] for f in artefact.files]
     stdout.print(table(f"{len(files)} files, {size_label(manifest.total_bytes)}", ["path", "bytes", "sha256"], files))
