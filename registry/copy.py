@@ -51,12 +51,14 @@ def copy_artefacts(source: RegistryStore, destination: RegistryStore, manifests:
     result = CopyResult(source=source.location, destination=destination.location)
     unique = {m.ref: m for m in manifests}
     for manifest in unique.values():
-        _copy_blobs(source, destination, manifest, cache, jobs, result)
         body = source.read_manifest(manifest.model, manifest.key)
         assert body is not None  # it was just listed
-        if destination.create_manifest(manifest.model, manifest.key, body):
+        there = destination.read_manifest(manifest.model, manifest.key)
+        if there is None:  # a manifest goes in after its blobs, so one that is there has them
+            _copy_blobs(source, destination, manifest, cache, jobs, result)
+        if there is None and destination.create_manifest(manifest.model, manifest.key, body):
             result.artefacts.append(manifest.ref)
-        elif destination.read_manifest(manifest.model, manifest.key) != body:
+        elif (there or destination.read_manifest(manifest.model, manifest.key)) != body:
             raise IntegrityError(f"{destination.location} holds another manifest under {manifest.ref}",
                                  where=destination.location,
                                  hint="the two registries published different artefacts under one key; copy "

@@ -494,3 +494,33 @@ def test_the_nightly_renews_latest_s_statement_when_half_its_time_is_gone_and_no
             signer=ChannelSigner(store, key, clock=lambda: four_days_ago))  # statement 2, 3 of its 7 days left
     assert renew_latest_statements(pipeline, ["tiny-llama"]) == ["tiny-llama:latest → statement 3"]
     assert statement_sequences(store, "tiny-llama", "latest") == [1, 2, 3]
+
+
+def test_withdraw_and_promote_name_what_is_missing_and_a_pull_says_which_withdrawal_it_ignored(
+    key_dir: Path, tmp_path: Path
+) -> None:
+    registry = str(tmp_path / "registry")
+    env = {**registry_env(registry, tmp_path / "cache"), "COLUMNS": "200"}
+    store = open_store(registry)
+    _, new = two_builds(store, tmp_path, load_signing_key(key_file=key_dir / "nightly.key"))
+    laptop = ["--sign-key", str(key_dir / "laptop.key")]
+    refusals = [
+        (run_cli("withdraw", "tiny-llama", "--reason", "bad", *laptop, env=env), "does not name one build"),
+        (run_cli("withdraw", f"tiny-llama@{new.key}", "--reason", " ", *laptop, env=env), "needs its reason"),
+        (run_cli("withdraw", f"tiny-llama@{new.key}", "--reason", "bad", env=env), "no signing key was given"),
+        (run_cli("promote", f"tiny-llama@{new.key}", "--channel", "prod", "--expires", "7d", env=env),
+         "--expires is the signed statement's"),
+        (run_cli("promote", f"tiny-llama@{new.key}", "--channel", "prod", "--expires", "0", *laptop, env=env),
+         "must stay good for some time"),
+    ]
+    for result, message in refusals:
+        assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert statement_sequences(store, "tiny-llama", "prod") == []
+
+    withdrawn = run_cli("withdraw", f"tiny-llama@{new.key[:12]}", "--reason", "a prank", *laptop, env=env)
+    assert withdrawn.returncode == 0 and "withdrew tiny-llama@" in withdrawn.stdout, withdrawn.stderr
+    (tmp_path / "only-nightly.yaml").write_text(f"keys: {{nightly: {key_dir}/nightly.pub}}\n")
+    pulled = run_cli("pull", "tiny-llama", "--target", "cpu", "--trust", str(tmp_path / "only-nightly.yaml"),
+                     "--dest", str(tmp_path / "dest"), env=env)
+    assert pulled.returncode == 0 and f"tiny-llama@{new.key[:12]}" in pulled.stdout, pulled.stderr
+    assert "ignored:" in pulled.stderr and "'a prank'" in pulled.stderr

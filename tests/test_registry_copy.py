@@ -93,3 +93,17 @@ def test_the_copy_command_names_what_it_copied_and_refuses_a_registry_onto_itsel
     assert "copied 1 artefact(s)" in done.stdout and "tiny-llama:latest →" in done.stdout
     same = run_cli("copy", str(tmp_path / "staging"), str(tmp_path / "staging"), env=env)
     assert same.returncode == 2 and "the same registry" in same.stderr
+
+
+def test_a_destination_holding_another_manifest_under_the_same_key_is_an_error(tmp_path: Path) -> None:
+    from registry.errors import IntegrityError
+
+    staging, production = open_store(str(tmp_path / "staging")), open_store(str(tmp_path / "production"))
+    published = publish_artefact(staging, write_artefact(tmp_path / "build"))
+    manifest = load_manifest(staging, "tiny-llama", published.key)
+    other = manifest.model_copy(update={"published": "2026-01-01T00:00:00+00:00"})
+    assert production.create_manifest("tiny-llama", manifest.key, other.to_bytes())
+    with pytest.raises(IntegrityError, match="holds another manifest under tiny-llama@"):
+        copy_artefacts(staging, production, [manifest], {}, BlobCache(tmp_path / "cache"))
+    assert production.read_manifest("tiny-llama", manifest.key) == other.to_bytes()  # left as it was
+    assert list(production.list_blobs()) == []  # refused before a blob was copied
