@@ -524,3 +524,20 @@ def test_withdraw_and_promote_name_what_is_missing_and_a_pull_says_which_withdra
                      "--dest", str(tmp_path / "dest"), env=env)
     assert pulled.returncode == 0 and f"tiny-llama@{new.key[:12]}" in pulled.stdout, pulled.stderr
     assert "ignored:" in pulled.stderr and "'a prank'" in pulled.stderr
+
+
+@pytest.mark.parametrize(("extra", "where", "message"), [
+    ("channels: {prod: {signers: [nightly], expire: 7d}}\n", "channels.prod", "unknown field(s) expire"),
+    ("channels: {prod: {expires: soon}}\n", "channels.prod.expires", "is not a duration"),
+    ("channels: {prod: {expires: 0}}\n", "channels.prod.expires", "must stay good for some time"),
+    ("revoked: {nightly: yesterday}\n", "revoked.nightly", "is not a time"),
+    ("revoked: {someone: '2026-01-01T00:00:00Z'}\n", "--trust", "is no trusted key's name"),
+])
+def test_a_trust_file_s_channel_and_revocation_fields_are_checked_with_the_field_named(
+    key_dir: Path, tmp_path: Path, extra: str, where: str, message: str
+) -> None:
+    path = tmp_path / "trust.yaml"
+    path.write_text(f"keys: {{nightly: {key_dir}/nightly.pub}}\n" + extra)
+    with pytest.raises(UserError) as refused:
+        load_trust([path])
+    assert message in refused.value.message and where in (refused.value.where or ""), refused.value.render()

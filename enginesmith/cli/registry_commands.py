@@ -76,7 +76,8 @@ PassphraseEnvOption = Annotated[str | None, typer.Option(
     "--passphrase-env", help="The environment variable holding the signing key's passphrase.")]
 TrustOption = Annotated[list[str] | None, typer.Option(
     "--trust", envvar="ENGINESMITH_TRUST", help="Accept only artefacts signed by these keys: a PEM public key, a "
-    "directory of them, or a trust YAML (keys: {name: path}, channels: {prod: [name]}); repeatable.",
+    "directory of them, or a trust YAML (keys: {name: path}, channels: {prod: {signers: [name], expires: 7d}}, "
+    "revoked: {name: time}); repeatable.",
 )]
 RuntimeVersionOption = Annotated[str | None, typer.Option(
     "--runtime-version", help="The TensorRT-LLM version the engine will run on (default: the installed one).",
