@@ -98,10 +98,12 @@ class ChannelSigner:
 
 
 def check_channel(store: RegistryStore, model: str, channel: str, pointer_key: str, trust: Trust, *,
-                  state_path: Path | None = None, now: datetime | None = None) -> StatementCheck:
+                  state_path: Path | None = None, now: datetime | None = None,
+                  remember: bool = True) -> StatementCheck:
     """That the newest statement of ``model:channel`` a trusted key signed holds for the pointer's ``pointer_key``
     (``registry.statements.check_statement``), against the highest sequence this node has seen; records its sequence
-    as seen when it holds. Raises ``ChannelStatementError`` naming the check that failed."""
+    as seen when it holds (unless not ``remember``: a page that only reports). Raises ``ChannelStatementError``
+    naming the check that failed."""
     where = f"{store.location}: {model}:{channel}"
     manifest_body = store.read_manifest(model, pointer_key)
     if manifest_body is None:
@@ -120,7 +122,7 @@ def check_channel(store: RegistryStore, model: str, channel: str, pointer_key: s
                 continue
             checked = candidate
             break
-        if checked.holds:
+        if checked.holds and remember:
             assert checked.claim is not None
             state.saw(store.location, model, channel, checked.claim.sequence)
     if not checked.holds:

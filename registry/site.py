@@ -117,6 +117,7 @@ class CellView(BaseModel):
 class ModelPage(BaseModel):
     model: str
     channels: dict[str, str]
+    vouched: dict[str, str] = {}  # channel → who vouched for it until when (checked with a trust list), or why not
     artefacts: list[ArtefactRow]
     unreadable: list[UnreadableRow]
     cells: list[CellView]
@@ -399,6 +400,37 @@ class _SiteWriter:
         self.render("support.html.j2", self.root / SUPPORT_PAGE, depth=0, config=matrix.config, recipes=recipes,
                     rows=shown, reasons=reasons(matrix), title=f"support matrix: {matrix.config}")
 
+    def channel_statements(self, store: RegistryStore, listing: ModelListing) -> dict[str, str]:
+        """Each channel's signed statement as the page says it: with a trust list, checked (without remembering its
+        sequence: a page only reports); without one, its sequence and signer's key, not checked."""
+        from registry.channel_statements import (
+            ChannelStatementError,
+            check_channel,
+            statement_entry,
+            statement_sequences,
+        )
+        from registry.statements import read_claim
+
+        said: dict[str, str] = {}
+        for channel, key in sorted(listing.channels.items()):
+            if self.trust is not None:
+                try:
+                    checked = check_channel(store, listing.model, channel, key, self.trust, remember=False)
+                except ChannelStatementError as refused:
+                    said[channel] = f"not vouched for: {refused.check.detail}"
+                    continue
+                assert checked.claim is not None
+                said[channel] = (f"statement {checked.claim.sequence} by {checked.signer}, until "
+                                 f"{display_timestamp(checked.claim.expires.isoformat())}")
+                continue
+            sequences = statement_sequences(store, listing.model, channel)
+            body = store.read_history(listing.model, statement_entry(channel, sequences[-1])) if sequences else None
+            claim = read_claim(body) if body is not None else None
+            if claim is not None:
+                said[channel] = f"statement {claim.sequence}, until {display_timestamp(claim.expires.isoformat())} " \
+                                "(not checked)"
+        return said
+
     def write_model(self, store: RegistryStore, listing: ModelListing) -> ModelPage:
         from registry.history import load_history
         from registry.withdrawals import read_withdrawals
@@ -421,11 +453,13 @@ class _SiteWriter:
         try:
             history = load_history(store, listing.model)
             page = model_page(listing, history, reports, signers)
+            page.vouched = self.channel_statements(store, listing)
         # Whatever stops the history (the storage, a record no check foresaw) costs the history section, not the
         # model page nor the rest of the site.
         except Exception as exc:
             history, history_problem = None, _problem(exc)
             page = model_page(listing, None, reports, signers, history_problem=history_problem)
+            page.vouched = self.channel_statements(store, listing)
         if history is not None:
             for cell, cell_page in zip(history.cells, page.cells, strict=True):
                 cell_page.plots, cell_page.plot_problem = self.write_history_plots(

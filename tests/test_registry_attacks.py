@@ -541,3 +541,23 @@ def test_a_trust_file_s_channel_and_revocation_fields_are_checked_with_the_field
     with pytest.raises(UserError) as refused:
         load_trust([path])
     assert message in refused.value.message and where in (refused.value.where or ""), refused.value.render()
+
+
+def test_the_catalogue_says_who_vouched_for_each_channel_and_which_one_is_not(
+    signing: dict[str, SigningKey], key_dir: Path, tmp_path: Path
+) -> None:
+    from registry.site import write_catalogue
+    from registry.trust_state import trust_state
+
+    store = open_store(str(tmp_path / "registry"))
+    old, new = two_builds(store, tmp_path, signing["nightly"])
+    promote(store, new, "prod", signer=ChannelSigner(store, signing["nightly"]))
+    point(store, "tiny-llama", "latest", old.key)  # latest, moved by hand
+    trust = trust_file(key_dir, tmp_path)
+    write_catalogue(store, tmp_path / "site", registry_url=str(store.root), trust=trust)  # type: ignore[attr-defined]
+    page = (tmp_path / "site" / "models" / "tiny-llama.html").read_text()
+    assert "statement 1 by nightly, until" in page and "not vouched for: the statement names" in page
+    with trust_state() as state:
+        assert state.highest(store.location, "tiny-llama", "prod") is None  # a page reports; it does not remember
+    write_catalogue(store, tmp_path / "unchecked", registry_url=str(store.root))  # type: ignore[attr-defined]
+    assert "(not checked)" in (tmp_path / "unchecked" / "models" / "tiny-llama.html").read_text()
