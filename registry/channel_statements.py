@@ -45,6 +45,14 @@ def statement_sequences(store: RegistryStore, model: str, channel: str) -> list[
     return sorted(int(match.group(1)) for match in found if match)
 
 
+def newest_claim(store: RegistryStore, model: str, channel: str) -> ChannelClaim | None:
+    """What the channel's newest statement says, read without checking who signed it (a promoter keeping it current,
+    a page that reports it unchecked)."""
+    sequences = statement_sequences(store, model, channel)
+    body = store.read_history(model, statement_entry(channel, sequences[-1])) if sequences else None
+    return read_claim(body) if body is not None else None
+
+
 class ChannelRaceError(SignatureError):
     """Another promote signed the channel's next statement first: this one moved nothing."""
 
@@ -87,11 +95,7 @@ class ChannelSigner:
     def settle(self, model: str, channel: str, key: str) -> ChannelClaim | None:
         """Sign the channel's statement again where the newest does not name ``key`` (what the pointer names) or has
         less than half its time left: a publish that leaves ``latest`` where it is keeps its statement current."""
-        sequences = statement_sequences(self.store, model, channel)
-        newest = None
-        if sequences:
-            body = self.store.read_history(model, statement_entry(channel, sequences[-1]))
-            newest = read_claim(body) if body is not None else None
+        newest = newest_claim(self.store, model, channel)
         if newest is not None and newest.key == key and self.clock() < newest.expires - self.valid_for / 2:
             return None
         return self.sign(model, channel, key)

@@ -116,7 +116,8 @@ def choose(store: RegistryStore, ref: Ref, machine: Machine, constraints: Constr
     chosen_key = resolution.chosen.key
     manifest = next(m for m in listing.manifests if m.key == chosen_key)
     passed_over = None
-    best_unchecked = resolve(ref.model, listing.manifests, machine, constraints, withdrawn=withdrawn).chosen
+    best_unchecked = resolve(ref.model, listing.manifests, machine, constraints, withdrawn=withdrawn).chosen \
+        if untrusted else None  # ranked again without the signatures only where one failed
     if best_unchecked is not None and best_unchecked.key in untrusted:
         passed_over = PassedOver(key=best_unchecked.key, reason=untrusted[best_unchecked.key])
         if not allow_fallback:

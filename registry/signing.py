@@ -332,7 +332,7 @@ def _read_trust_file(path: Path, where: str) -> Trust:
             if unknown:
                 raise UserError(f"unknown field(s) {', '.join(map(str, unknown))}", where=at, hint=channel_hint)
             if "expires" in entry:
-                expiry[str(channel)] = _trust_duration(entry["expires"], f"{at}.expires")
+                expiry[str(channel)] = statement_validity_s(entry["expires"], f"{at}.expires", "e.g. expires: 7d")
             entry = entry.get("signers")
             if entry is None:
                 continue
@@ -347,15 +347,17 @@ def _read_trust_file(path: Path, where: str) -> Trust:
     return Trust(keys=keys, channel_signers=signers, channel_expiry_s=expiry, revoked=revoked)
 
 
-def _trust_duration(value: object, where: str) -> float:
+def statement_validity_s(value: object, where: str, hint: str) -> float:
+    """How long a channel statement stays good, in seconds, from ``7d``, ``12h``, …; raises ``UserError`` naming
+    ``where`` for text that is no duration or none at all."""
     from registry.gc import parse_duration
 
     try:
         seconds = parse_duration(str(value))
     except ValueError as exc:
-        raise UserError(str(exc), where=where, hint="e.g. expires: 7d") from None
+        raise UserError(str(exc), where=where, hint=hint) from None
     if seconds <= 0:
-        raise UserError("a statement must stay good for some time", where=where, hint="e.g. expires: 7d")
+        raise UserError("a statement must stay good for some time", where=where, hint=hint)
     return seconds
 
 

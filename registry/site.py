@@ -403,13 +403,7 @@ class _SiteWriter:
     def channel_statements(self, store: RegistryStore, listing: ModelListing) -> dict[str, str]:
         """Each channel's signed statement as the page says it: with a trust list, checked (without remembering its
         sequence: a page only reports); without one, its sequence and signer's key, not checked."""
-        from registry.channel_statements import (
-            ChannelStatementError,
-            check_channel,
-            statement_entry,
-            statement_sequences,
-        )
-        from registry.statements import read_claim
+        from registry.channel_statements import ChannelStatementError, check_channel, newest_claim
 
         said: dict[str, str] = {}
         for channel, key in sorted(listing.channels.items()):
@@ -423,9 +417,7 @@ class _SiteWriter:
                 said[channel] = (f"statement {checked.claim.sequence} by {checked.signer}, until "
                                  f"{display_timestamp(checked.claim.expires.isoformat())}")
                 continue
-            sequences = statement_sequences(store, listing.model, channel)
-            body = store.read_history(listing.model, statement_entry(channel, sequences[-1])) if sequences else None
-            claim = read_claim(body) if body is not None else None
+            claim = newest_claim(store, listing.model, channel)
             if claim is not None:
                 said[channel] = f"statement {claim.sequence}, until {display_timestamp(claim.expires.isoformat())} " \
                                 "(not checked)"

@@ -507,16 +507,10 @@ def _statement_validity(expires: str | None, channel: str, trusted: Trust | None
     from datetime import timedelta
 
     from registry.channel_statements import DEFAULT_VALID_FOR
-    from registry.gc import parse_duration
+    from registry.signing import statement_validity_s
 
     if expires is not None:
-        try:
-            seconds = parse_duration(expires)
-        except ValueError as exc:
-            raise UserError(str(exc), where="--expires", hint="e.g. --expires 7d") from None
-        if seconds <= 0:
-            raise UserError("a statement must stay good for some time", where="--expires", hint="e.g. --expires 7d")
-        return timedelta(seconds=seconds)
+        return timedelta(seconds=statement_validity_s(expires, "--expires", "e.g. --expires 7d"))
     configured = trusted.channel_expiry_s.get(channel) if trusted is not None else None
     return timedelta(seconds=configured) if configured else DEFAULT_VALID_FOR
 
