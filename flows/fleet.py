@@ -4,8 +4,9 @@ concurrency limits while it runs.
 A fleet file (``enginesmith.core.fleet``) names the nodes of each SKU; node ``<sku>-<i>`` is a work queue of that
 name in each of its SKU's work pools (its workers poll it: ``prefect worker start --pool gpu-l40s --work-queue
 l40s-1``) and a global concurrency limit ``gpus-<sku>-<i>`` with one slot per GPU. The dispatcher starts the
-waiting runs in the policy's order (``enginesmith.core.fleet.place``: longest first, a changed model's cells
-ahead, a reserved node for the first run that does not fit), each as a task that takes its GPUs' slots on its node
+waiting runs in the order the cost model's simulation found best (``enginesmith.core.fleet.rank_cells``: longest
+first, then searched; a changed model's cells ahead) and as ``place`` says (a reserved node for the first run that
+does not fit), each as a task that takes its GPUs' slots on its node
 (leased: a dispatcher that dies frees them when its lease lapses) and runs the cell's deployment on that node's
 queue. A crashed run (its node died) is placed again, once, on a node whose workers still poll.
 """
@@ -25,7 +26,7 @@ from prefect.settings import get_current_settings
 from pydantic import BaseModel
 
 from enginesmith.core.config import Catalogue
-from enginesmith.core.fleet import Fleet, Job, dispatch_order, load_fleet, place
+from enginesmith.core.fleet import Fleet, Job, dispatch_order, load_fleet, place, rank_cells
 from enginesmith.core.specs import PipelineConfig
 from flows.dispatch import CRASH_RETRIES, CellRunCrashed, run_and_judge
 from pipeline.common.params import CellSummary
@@ -178,7 +179,7 @@ def dispatch_on_fleet(night: FleetNight, fleet: Fleet, *, timeout_s: float, firs
     names, capacity = fleet.node_names(), fleet.pools()
     free = {sku: list(nodes) for sku, nodes in capacity.items()}
     runs = {run.job.id: run for run in night.runs}
-    waiting = dispatch_order([run.job for run in night.runs], night.costs, first=first)
+    waiting = dispatch_order([run.job for run in night.runs], rank_cells(night.costs, fleet, first=first))
     order = {job.id: index for index, job in enumerate(waiting)}
     running: dict[PrefectFuture[CellSummary], tuple[Job, int]] = {}
     attempts: Counter[str] = Counter()
