@@ -335,17 +335,20 @@ def gantt(runs: list[Any], jobs: dict[str, Any], fleet: Fleet, out: Path) -> Pat
     capacity = dict(zip(names, [gpus for nodes in fleet.pools().values() for gpus in nodes], strict=True))
     rows = {node: index for index, node in enumerate(names)}
     figure, axes = plt.subplots(figsize=(14, 0.6 * len(names) + 1.5))
-    stacked: dict[str, list[tuple[float, float, float]]] = {}
+    held: dict[str, list[tuple[float, float, range]]] = {}  # per node: (start, end, the GPUs a run held)
     for run in sorted(timed, key=lambda r: r.start_time):
         job, node = jobs[run.name], run.work_queue_name
         start = (run.start_time - first).total_seconds()
         end = (run.end_time - first).total_seconds()
-        busy = sum(g for s, e, g in stacked.setdefault(node, []) if s <= start < e)
-        base = rows[node] + busy / capacity[node] * 0.9
-        axes.broken_barh([(start, end - start)], (base, job.gpus / capacity[node] * 0.9),
+        busy = {gpu for s, e, gpus in held.setdefault(node, []) if s <= start < e for gpu in gpus}
+        lowest = next((lo for lo in range(capacity[node] - job.gpus + 1)
+                       if busy.isdisjoint(range(lo, lo + job.gpus))), 0)  # the lowest free block of its width
+        gpus = range(lowest, lowest + job.gpus)
+        axes.broken_barh([(start, end - start)], (rows[node] + lowest / capacity[node] * 0.9,
+                                                  job.gpus / capacity[node] * 0.9),
                          facecolors="tab:orange" if job.phase == "quantize" else "tab:blue", edgecolor="white",
                          linewidth=0.3)
-        stacked[node].append((start, end, job.gpus))
+        held[node].append((start, end, gpus))
     axes.set_yticks([index + 0.45 for index in rows.values()], list(rows))
     axes.set_xlabel("seconds since the first run was scheduled (blue: a cell's run, orange: its quantise run)")
     axes.set_title("The night on the fleet: each node's GPUs over time")
@@ -402,7 +405,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
                       str(row.get("bound_model_s", "-")), str(row.get("ratio", "-")),
                       str(row.get("simulated_ratio", "-")),
                       f"{row.get('dispatch_p50_s', '-')}/{row.get('dispatch_p95_s', '-')}")
-    Console().print(table)
+    Console(width=max(Console().width, 180)).print(table)  # a log is no terminal: do not squeeze
 
 
 def main() -> None:
