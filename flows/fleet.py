@@ -87,6 +87,28 @@ def run_on_node(dispatch: Dispatch, job_id: str, cell_id: str, work_pool: str, n
                              run_name=job_id, job_variables={"gpus": gpus} if gpus_variable else None)
 
 
+def slots_taken(nodes: list[str]) -> dict[str, int]:
+    """Each node's GPU slots Prefect counts as taken now (its ``gpus-<node>`` limit's active slots)."""
+    from prefect.client.orchestration import get_client
+
+    wanted = {slot_limit(node): node for node in nodes}
+    with get_client(sync_client=True) as client:
+        return {wanted[limit.name]: int(limit.active_slots)
+                for limit in client.read_global_concurrency_limits(limit=len(wanted) + 100) if limit.name in wanted}
+
+
+def slots_not_ours(taken: Mapping[str, int], held: Mapping[str, int]) -> dict[str, int]:
+    """Per node, the slots Prefect counts as taken beyond the GPUs this night has placed runs on (never fewer:
+    a run is placed before it takes its slots and gives them back before its place is freed)."""
+    return {node: count - held.get(node, 0) for node, count in taken.items() if count > held.get(node, 0)}
+
+
+FOREIGN_SLOTS_WHY = ("Prefect counts {count} of its GPU slots taken that this night does not hold: another night on "
+                     "this fleet, or a Prefect server that lost its concurrency leases when it restarted (it keeps "
+                     "them in memory unless PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE="
+                     "prefect.server.concurrency.lease_storage.filesystem); runs placed there wait for them")
+
+
 def pools_with_gpus_variable(work_pools: set[str]) -> set[str]:
     """The work pools whose base job template takes a ``gpus`` job variable."""
     from prefect.client.orchestration import get_client
@@ -190,6 +212,7 @@ def dispatch_on_fleet(night: FleetNight, fleet: Fleet, *, timeout_s: float, firs
     ended: queue.Queue[PrefectFuture[CellSummary]] = queue.Queue()
     abandoned: set[str] = set()  # jobs whose run was cancelled because their node went silent
     notes: dict[str, list[str]] = {}  # what was placed again, and why, per cell
+    foreign: set[str] = set()  # nodes whose slots something other than this night holds (warned once each time)
     checked = liveness_checked = time.monotonic()
     while waiting or running:
         if time.monotonic() - checked > RECHECK_S:
@@ -211,6 +234,13 @@ def dispatch_on_fleet(night: FleetNight, fleet: Fleet, *, timeout_s: float, firs
                 stuck = end_stuck_runs(in_flight, heartbeat_s)
             for job_id, why in {**stuck.cancelled, **stuck.crashed}.items():
                 logger.warning("%s: %s", job_id, why)
+            held = {names[sku][node]: capacity[sku][node] - gpus for sku, nodes in free.items()
+                    for node, gpus in enumerate(nodes)}
+            not_ours = slots_not_ours(slots_taken(list(held)), held)
+            for node_name, count in not_ours.items():
+                if node_name not in foreign:
+                    logger.warning("node %s: %s", node_name, FOREIGN_SLOTS_WHY.format(count=count))
+            foreign = set(not_ours)
             abandoned |= set(stuck.cancelled)
         for (sku, node), (run, since) in list(suspect.items()):
             if last_polled(run.work_pool, names[sku][node]) > since:

@@ -101,7 +101,7 @@ def test_a_small_fleet_runs_each_cell_on_its_node_within_the_nodes_gpus(prefect_
 
     from bench.fleet import cell_runs, night, night_checks, node_env, offline_config, start_fleet, stop_fleet
     from flows.deploy import deploy_all
-    from flows.fleet import slot_limit
+    from flows.fleet import slot_limit, slots_not_ours, slots_taken
     from tests.prefect_processes import Workers
 
     source = tmp_path / "small.yaml"
@@ -132,3 +132,27 @@ def test_a_small_fleet_runs_each_cell_on_its_node_within_the_nodes_gpus(prefect_
     with get_client(sync_client=True) as client:
         limit = client.read_global_concurrency_limit_by_name(slot_limit("h100-sxm-0"))
     assert limit.limit == 4 and limit.active_slots == 0
+    assert slots_taken(["h100-sxm-0", "no-such-node"]) == {"h100-sxm-0": 0}
+
+    # What a Prefect server that kept its leases in memory leaves after a restart (measured with bench/fleet.py
+    # --fault restart-server --lease-storage memory): slots counted taken that nobody will give back.
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate
+
+    with get_client(sync_client=True) as client:
+        client.update_global_concurrency_limit(slot_limit("h100-sxm-0"), GlobalConcurrencyLimitUpdate(active_slots=4))
+    try:
+        taken = slots_taken(["h100-sxm-0"])
+        assert slots_not_ours(taken, {"h100-sxm-0": 2}) == {"h100-sxm-0": 2}
+    finally:
+        with get_client(sync_client=True) as client:
+            client.update_global_concurrency_limit(slot_limit("h100-sxm-0"),
+                                                   GlobalConcurrencyLimitUpdate(active_slots=0))
+
+
+
+def test_slots_this_night_does_not_hold_are_named_per_node_and_its_own_never_are():
+    from flows.fleet import FOREIGN_SLOTS_WHY, slots_not_ours
+
+    assert slots_not_ours({"l40s-0": 8, "l40s-1": 2, "h200-0": 0}, {"l40s-0": 2, "l40s-1": 2}) == {"l40s-0": 6}
+    assert slots_not_ours({"l40s-0": 2}, {"l40s-0": 8}) == {}  # placed, not yet taken: the night's own
+    assert "PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE" in FOREIGN_SLOTS_WHY.format(count=6)
