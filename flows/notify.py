@@ -127,7 +127,7 @@ def create_nightly_alerts(url: SecretStr, kind: WebhookFormat, *, nightly_deploy
             actions=[SendNotification(
                 block_document_id=block_id, subject="enginesmith: the nightly is past its deadline",
                 body=f"The nightly run {{{{ flow_run.name }}}} started {hours:.1f} h ago and has not finished "
-                     "(state {{ flow_run.state.name }}). {{ flow_run|ui_url }}")]))
+                     "(state {{ flow_run.state.name }}). {{ flow_run|ui_url or '' }}")]))  # no UI: no "None"
     ids = []
     with get_client(sync_client=True) as client:
         for automation in automations:
