@@ -554,8 +554,9 @@ def main() -> None:
             "no_run_left_unfinished": all(not row["checks"]["left_unfinished"] for row in rows),
             "second_night_under_30s": len(rows) > 1 and rows[1]["wall_s"] < SECOND_NIGHT_TARGET_S
                                        and rows[1]["built"] == 0,
-            "changed_night_rebuilds_that_model_only": len(rows) < 3
-                                                      or rows[2]["rebuilt_models"] == [args.changed_model],
+            # None: not run (--changed-model ''), so neither met nor missed
+            "changed_night_rebuilds_that_model_only": rows[2]["rebuilt_models"] == [args.changed_model]
+                                                      if len(rows) > 2 else None,
         },
     }
     print(json.dumps(verdict))
