@@ -1,7 +1,8 @@
 """TEST DOUBLE: a minimal Hugging Face Hub on loopback, at the one boundary we cannot cross here (no Hub access).
 
 It serves the routes huggingface_hub's ``model_info``, ``hf_hub_download`` and ``snapshot_download`` use
-(``/api/models/<repo>/revision/<rev>`` and ``/<repo>/resolve/<rev>/<file>`` with HEAD, GET and Range), the
+(``/api/models/<repo>/revision/<rev>``, ``/api/models/<repo>/tree/<rev>`` (the listing huggingface_hub 2.x's
+``snapshot_download`` reads) and ``/<repo>/resolve/<rev>/<file>`` with HEAD, GET and Range), the
 Hub's error headers (``X-Error-Code``), and two faults on demand: a download cut off half-way, and a 401
 whose body echoes the caller's Authorization header (as a misbehaving proxy might) to test secret scrubbing.
 The client side is the real huggingface_hub.
@@ -48,6 +49,20 @@ class FakeHub:
             return None, None
         sha = repo.branches.get(revision, revision if revision in repo.commits else None)
         return repo, sha
+
+
+def _blob_sha1(data: bytes) -> str:
+    """Git's blob id: what the Hub names a file by in the tree listing (and, for a non-LFS file, in its ETag)."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data, usedforsecurity=False).hexdigest()
+
+
+def _tree_entry(path: Path, root: Path) -> dict[str, object]:
+    data = path.read_bytes()
+    entry: dict[str, object] = {"type": "file", "path": str(path.relative_to(root)), "size": len(data),
+                                "oid": _blob_sha1(data)}
+    if path.suffix in LFS_SUFFIXES:
+        entry["lfs"] = {"oid": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 134}
+    return entry
 
 
 def _file_meta(path: Path) -> dict[str, object]:
@@ -102,6 +117,8 @@ class _Handler(BaseHTTPRequestHandler):
         path = self.path.split("?")[0]
         if match := re.fullmatch(r"/api/models/([^/]+/[^/]+)/revision/(.+)", path):
             self._model_info(match.group(1), match.group(2).replace("%2F", "/"))
+        elif match := re.fullmatch(r"/api/models/([^/]+/[^/]+)/tree/([^/]+)", path):
+            self._tree(match.group(1), match.group(2).replace("%2F", "/"))
         elif match := re.fullmatch(r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", path):
             self._resolve(match.group(1), match.group(2).replace("%2F", "/"), match.group(3), send_body)
         else:
@@ -115,8 +132,18 @@ class _Handler(BaseHTTPRequestHandler):
         root = repo.commits[sha]
         siblings = [{"rfilename": str(p.relative_to(root)), **_file_meta(p)}
                     for p in sorted(root.rglob("*")) if p.is_file()]
-        payload = json.dumps({"id": repo_id, "modelId": repo_id, "sha": sha, "private": False,
-                              "siblings": siblings}).encode()
+        self._json({"id": repo_id, "modelId": repo_id, "sha": sha, "private": False, "siblings": siblings})
+
+    def _tree(self, repo_id: str, revision: str) -> None:
+        found = self._lookup(repo_id, revision)
+        if found is None:
+            return
+        repo, sha = found
+        root = repo.commits[sha]
+        self._json([_tree_entry(p, root) for p in sorted(root.rglob("*")) if p.is_file()])
+
+    def _json(self, body: object) -> None:
+        payload = json.dumps(body).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(payload)))
@@ -133,8 +160,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(404, "EntryNotFound", f"{filename} not found")
             return
         data = path.read_bytes()
-        etag = hashlib.sha256(data).hexdigest() if path.suffix in LFS_SUFFIXES else hashlib.sha1(
-            b"blob %d\0" % len(data) + data, usedforsecurity=False).hexdigest()
+        etag = hashlib.sha256(data).hexdigest() if path.suffix in LFS_SUFFIXES else _blob_sha1(data)
         start = 0
         if match := re.fullmatch(r"bytes=(\d+)-", self.headers.get("Range", "")):
             start = int(match.group(1))

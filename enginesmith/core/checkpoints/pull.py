@@ -8,6 +8,7 @@ flows) and is registered for scrubbing before any request is made.
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 import shutil
@@ -25,6 +26,11 @@ from enginesmith.core.secrets import hf_token, scrub
 from enginesmith.core.specs import check_revision
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+# What "the Hub did not answer" raises, per HTTP client: huggingface_hub speaks through requests before 1.0, httpx
+# in 1.x and httpx2 from 2.0 (a node installs whichever its vLLM needs).
+_NO_ANSWER_ERRORS = (("requests", ("ConnectionError", "Timeout")),
+                     ("httpx", ("NetworkError", "TimeoutException", "RemoteProtocolError")),
+                     ("httpx2", ("NetworkError", "TimeoutException", "RemoteProtocolError")))
 # Room left over after the download, so the quantisation that follows has somewhere to write.
 GIB = 1024**3
 DISK_HEADROOM_BYTES = 1 * GIB
@@ -210,7 +216,6 @@ def _cached_sha256(path: Path) -> str | None:
 def hub_error(exc: Exception, repo_id: str, revision: str) -> UserError:
     """What a huggingface_hub failure means for the user: a repo, revision or access problem (deterministic), or
     the Hub or the network not answering (a ``TransientError``: the flows retry it with backoff)."""
-    import requests
     from huggingface_hub import constants
     from huggingface_hub.errors import (
         GatedRepoError,
@@ -235,10 +240,22 @@ def hub_error(exc: Exception, repo_id: str, revision: str) -> UserError:
                          hint="pull it once with network access, or unset HF_HUB_OFFLINE")
     status = getattr(getattr(exc, "response", None), "status_code", None)
     # Online, LocalEntryNotFoundError is huggingface_hub's word for "could not connect and not cached".
-    if isinstance(exc, (requests.ConnectionError, requests.Timeout, LocalEntryNotFoundError)) or (
+    if isinstance(exc, (*_no_answer_errors(), LocalEntryNotFoundError)) or (
             isinstance(status, int) and (status >= 500 or status == 429)):
         return TransientError(f"the Hub did not answer for {repo_id}@{revision}: {detail}", where=where,
                               hint="a network or Hub outage (HF_ENDPOINT): the flows retry it with backoff; a "
                                    "re-run resumes what was downloaded")
     return UserError(f"cannot fetch {repo_id}@{revision}: {detail}", where=where,
                      hint="check the repo id, the revision and HF_TOKEN")
+
+
+def _no_answer_errors() -> tuple[type[Exception], ...]:
+    """The connection, timeout and cut-off errors of each HTTP client installed here."""
+    errors: list[type[Exception]] = []
+    for module_name, names in _NO_ANSWER_ERRORS:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        errors += [getattr(module, name) for name in names]
+    return tuple(errors)
