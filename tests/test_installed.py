@@ -203,6 +203,8 @@ def test_every_command_in_a_base_install_runs_or_names_the_extra_it_needs(base_i
         # command: (arguments, the exit code it must end with, what its output must say)
         "version": (("--version",), 0, "0.1.0"),
         "env": (("env",), 0, "ENGINESMITH_MODELS_DIR"),
+        # the pipeline's own ModelOpt environment is not "there" without the quantization extra (#62)
+        "env --json": (("env", "--json"), 0, "not installed: pip install 'enginesmith[quantization]'"),
         "schema": (("schema",), 0, "properties"),
         "targets": (("targets",), 0, "h100-sxm"),
         "recipes": (("recipes",), 0, "int4-awq"),

