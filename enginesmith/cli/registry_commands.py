@@ -738,8 +738,9 @@ def copy(
     s3_endpoint: S3EndpointOption = None,
     json_output: JsonOption = False,
 ) -> None:
-    """Copy artefacts between registries as they are: blobs once, manifests byte for byte, signatures, channel
-    statements, withdrawals and the history, then the channels. Run it again to continue one that was interrupted.
+    """Copy artefacts between registries as they are: blobs once, manifests byte for byte, signatures, withdrawals
+    and the history, then the channels. Run it again to continue one that was interrupted. Channel statements name
+    their registry and are not copied: vouch for a channel in the destination with `promote --sign-key` there.
 
     Example: enginesmith copy s3://staging/registry s3://prod/registry tiny-llama:prod
     """
@@ -749,7 +750,7 @@ def copy(
 
     from_store = _open_store(source, s3_endpoint)
     to_store = _open_store(destination, s3_endpoint)
-    if from_store.location == to_store.location:
+    if from_store.identity == to_store.identity:
         raise UserError("the source and the destination are the same registry", where="DESTINATION",
                         hint="copy into another registry")
     manifests, channels = copy_selection(from_store, refs or [])
@@ -765,6 +766,9 @@ def copy(
     for moved in result.channels:
         if moved.moved:
             stdout.print(f"  {moved.model}:{moved.channel} → {moved.key[:12]}")
+            if moved.note:
+                stderr.print(f"[yellow]note:[/] {escape(moved.model)}:{escape(moved.channel)}: {escape(moved.note)}",
+                             markup=True)
         else:
             stderr.print(f"[yellow]note:[/] {escape(moved.model)}:{escape(moved.channel)} not moved: "
                          f"{escape(moved.why_not)}", markup=True)
