@@ -7,8 +7,9 @@ manifest a ref points at. Manifests go before blobs, so no reader ever sees a ma
 storage can rewrite that: a new build dated 1999 would be collected before the oldest). In a cell where some build's
 time is signed, a build whose time is not (unsigned, signed before signatures covered the time, or a field that is
 not the one its signature covers; with a trust list, not signed by a trusted key) leaves the cell's order unknown:
-gc keeps that cell whole and names the build (``GcResult.unordered``) rather than guess. A cell where nothing is
-signed is ordered by the field, as nothing there could say otherwise.
+gc keeps that cell whole and names the build (``GcResult.unordered``) rather than guess. Without a trust list, a cell
+where nothing is signed is ordered by the field, as nothing there could say otherwise; with one, every build of a cell
+gc would thin must have a trusted signed time.
 An unreferenced blob younger than the grace period is kept: a publish may have uploaded it and not yet
 written its manifest. So is an unfinished upload that stored something within the grace period: a publish may
 still be sending it, or a killed one continue it.
@@ -65,11 +66,12 @@ class GcResult(BaseModel):
 
 
 def manifests_to_delete(manifests: Iterable[Manifest], pinned: set[tuple[str, str]], keep_last: int,
-                        unsigned_time: Callable[[Manifest], str | None] = lambda _: None
-                        ) -> tuple[list[Manifest], dict[str, str]]:
+                        unsigned_time: Callable[[Manifest], str | None] = lambda _: None, *,
+                        signed_only: bool = False) -> tuple[list[Manifest], dict[str, str]]:
     """The manifests the retention rule drops: beyond the newest ``keep_last`` of their cell, and not pinned
     (``(model, key)`` pairs a ref points at); and the builds (``model@key`` → ``unsigned_time``'s reason) whose
-    publication time is not signed in a cell of more than ``keep_last`` where others' are: that cell drops none."""
+    publication time is not signed in a cell of more than ``keep_last`` where others' are (or, ``signed_only``, in any
+    such cell): that cell drops none."""
     by_cell: dict[tuple[str, str, str, str, int, int], list[Manifest]] = defaultdict(list)
     for manifest in manifests:
         by_cell[manifest.cell].append(manifest)
@@ -79,7 +81,7 @@ def manifests_to_delete(manifests: Iterable[Manifest], pinned: set[tuple[str, st
         if len(cell_manifests) <= keep_last:
             continue
         unsigned = {m.ref: why for m in cell_manifests if (why := unsigned_time(m)) is not None}
-        if unsigned and len(unsigned) < len(cell_manifests):
+        if unsigned and (signed_only or len(unsigned) < len(cell_manifests)):
             unordered |= unsigned
             continue
         newest_first = sorted(cell_manifests, key=lambda m: (believable_time(m.published), m.key), reverse=True)
@@ -142,7 +144,8 @@ def collect_garbage(
         manifests += listing.manifests
         foreign += [f"{model}:{record.key}" for record in listing.foreign]
         pinned |= {(model, key) for key in listing.channels.values()}
-    doomed, unordered = manifests_to_delete(manifests, pinned, keep_last, lambda m: unsigned_time(store, m, trust))
+    doomed, unordered = manifests_to_delete(manifests, pinned, keep_last, lambda m: unsigned_time(store, m, trust),
+                                            signed_only=trust is not None)
     doomed_refs = {m.ref for m in doomed}
     referenced = {digest for m in manifests if m.ref not in doomed_refs for digest in m.blob_digests()}
     kept_stages, expired_stages = stage_records(store, older_than=now - stage_ttl_s)

@@ -702,6 +702,9 @@ def test_gc_orders_only_by_signed_publication_times_and_names_a_build_it_cannot_
     trusted = collect_garbage(store, keep_last=2, dry_run=True, trust=load_trust([only_nightly]))
     assert trusted.deleted_manifests == [] and list(trusted.unordered) == [built[2].ref]
     assert "not trusted" in trusted.unordered[built[2].ref]
+    both_revoked = "revoked: {nightly: '2020-01-01T00:00:00Z', laptop: '2020-01-01T00:00:00Z'}\n"
+    nobody = collect_garbage(store, keep_last=2, dry_run=True, trust=trust_file(key_dir, tmp_path, both_revoked))
+    assert nobody.deleted_manifests == [] and len(nobody.unordered) == 3  # under --trust nothing is guessed
 
 
 def test_a_deleted_withdrawal_stays_in_force_on_a_node_that_saw_it(

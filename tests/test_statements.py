@@ -130,3 +130,24 @@ def test_the_trust_state_keeps_the_highest_sequence_and_a_bad_file_is_an_error_n
         with pytest.raises(UserError) as unwritable, trust_state(locked / "state.json"):
             pass
         assert str(locked / "state.json") in unwritable.value.where
+
+
+def test_a_registry_s_identity_does_not_follow_its_spelling(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from registry.oci import OciStore
+    from registry.s3 import S3Store
+    from registry.store import open_store
+
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    assert S3Store.from_url("s3://engines/prod/", endpoint_url="http://Seaweed:8333/").identity \
+        == S3Store.from_url("s3://engines/prod", endpoint_url="http://seaweed:8333").identity
+    assert S3Store.from_url("s3://engines/prod").identity != S3Store.from_url(
+        "s3://engines/prod", endpoint_url="http://seaweed:8333").identity  # the same bucket on another server
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://seaweed:8333")  # where boto3 sends it when no endpoint is given
+    assert S3Store.from_url("s3://engines/prod").identity.endswith("at http://seaweed:8333")
+    assert OciStore("oci+http://Registry:5000/team").identity == OciStore("oci://registry:5000/team").identity
+    (tmp_path / "reg").mkdir()
+    (tmp_path / "alias").symlink_to(tmp_path / "reg")
+    monkeypatch.chdir(tmp_path)
+    assert {open_store(s).identity for s in ("reg", f"{tmp_path}/reg", "alias", f"file://{tmp_path}/reg/")} \
+        == {f"file://{tmp_path.resolve()}/reg"}
