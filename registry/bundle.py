@@ -45,6 +45,7 @@ class BundleIndex(BaseModel):
     created: str
     artefacts: list[BundledArtefact]
     refs: dict[str, str] = {}  # "model:channel" → key, for the channels named when bundling
+    registry: str | None = None  # the identity of the registry it was made from (None: an older bundle)
 
 
 class BundleResult(BaseModel):
@@ -70,7 +71,7 @@ def write_bundle(
     match its sha256.
     """
     unique = {m.ref: m for m in manifests}
-    index = BundleIndex(created=utc_timestamp(), refs=refs or {},
+    index = BundleIndex(created=utc_timestamp(), refs=refs or {}, registry=store.identity,
                         artefacts=[BundledArtefact(model=m.model, key=m.key) for m in unique.values()])
     blobs: dict[str, tuple[int, str]] = {}
     for manifest in unique.values():
@@ -144,6 +145,12 @@ class BundleStore:
     @property
     def location(self) -> str:
         return f"bundle {self.path}"
+
+    @property
+    def identity(self) -> str:
+        # A bundle's channel statements name the registry it was made from, and a node's memory of that registry's
+        # channels holds for what the bundle carries as well.
+        return self.index.registry or f"bundle://{self.path.resolve()}"
 
     @property
     def shares_namespace(self) -> bool:

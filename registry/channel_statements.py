@@ -86,17 +86,19 @@ class ChannelSigner:
         if body is None:
             raise NotFoundError(f"no artefact {model}@{key}", where=self.store.location)
         sequences = statement_sequences(self.store, model, channel)
-        claim = new_claim(model=model, channel=channel, key=key, manifest_body=body,
+        claim = new_claim(registry=self.store.identity, model=model, channel=channel, key=key, manifest_body=body,
                           previous=sequences[-1] if sequences else None, now=self.clock(), valid_for=self.valid_for)
         created = self.store.create_history(model, statement_entry(channel, claim.sequence),
                                             sign_statement(claim, self.key))
         return claim if created else None
 
     def settle(self, model: str, channel: str, key: str) -> ChannelClaim | None:
-        """Sign the channel's statement again where the newest does not name ``key`` (what the pointer names) or has
-        less than half its time left: a publish that leaves ``latest`` where it is keeps its statement current."""
+        """Sign the channel's statement again where the newest does not name ``key`` (what the pointer names) or this
+        registry, or has less than half its time left: a publish that leaves ``latest`` where it is keeps its
+        statement current."""
         newest = newest_claim(self.store, model, channel)
-        if newest is not None and newest.key == key and self.clock() < newest.expires - self.valid_for / 2:
+        if newest is not None and (newest.key, newest.registry) == (key, self.store.identity) \
+                and self.clock() < newest.expires - self.valid_for / 2:
             return None
         return self.sign(model, channel, key)
 
@@ -113,12 +115,15 @@ def check_channel(store: RegistryStore, model: str, channel: str, pointer_key: s
     if manifest_body is None:
         raise NotFoundError(f"{model}:{channel} points at {pointer_key}, which is not published", where=where)
     skipped: list[str] = []
+    registry = store.identity
     with trust_state(state_path) as state:
-        highest = state.highest(store.location, model, channel)
+        state.adopt(store.location, registry)
+        highest = state.highest(registry, model, channel)
         checked = StatementCheck(failed="missing", detail=f"no statement of {model}:{channel} signed by a trusted key")
         for sequence in reversed(statement_sequences(store, model, channel)[-LOOK_BACK:]):
             body = store.read_history(model, statement_entry(channel, sequence)) or b""
-            candidate = check_statement(body, trust, model=model, channel=channel, pointer_key=pointer_key,
+            candidate = check_statement(body, trust, registry=registry, model=model, channel=channel,
+                                        pointer_key=pointer_key,
                                         pointer_digest=manifest_digest(manifest_body), highest_seen=highest,
                                         now=now or _utc_now())
             if candidate.failed in ("unreadable", "untrusted-signer"):  # a writer of the storage can add those
@@ -128,12 +133,14 @@ def check_channel(store: RegistryStore, model: str, channel: str, pointer_key: s
             break
         if checked.holds and remember:
             assert checked.claim is not None
-            state.saw(store.location, model, channel, checked.claim.sequence)
+            state.saw(registry, model, channel, checked.claim.sequence)
     if not checked.holds:
+        unbound = checked.failed == "other-registry" and checked.claim is not None and checked.claim.registry is None
         raise ChannelStatementError(
             f"{model}:{channel} is not vouched for: {checked.detail}", check=checked, skipped=skipped,
             where=store.location,
-            hint="do not deploy from this channel; ask whoever promotes it" if checked.failed != "missing"
-            else "promote it with a signing key (enginesmith promote REF --channel NAME --sign-key KEY)")
+            hint=f"promote it with a signing key here (enginesmith promote {model}@KEY --channel {channel} "
+                 f"--sign-key KEY --registry {store.location})" if checked.failed == "missing" or unbound
+            else "do not deploy from this channel; ask whoever promotes it")
     return checked
 

@@ -53,7 +53,7 @@ def resolve_model(store: RegistryStore, model: str, machine: Machine, constraint
 
     listing = list_model(store, model, with_channels=False)
     signers, untrusted = check_signatures(store, listing.manifests, trust)
-    withdrawals = read_withdrawals(store, model, trust)
+    withdrawals = read_withdrawals(store, model, trust, remember=True)
     return ModelResolution(resolution=resolve(model, listing.manifests, machine, constraints, signers=signers,
                                               untrusted=untrusted, withdrawn=withdrawals.reasons()),
                            unreadable=listing.unreadable, ignored_withdrawals=withdrawals.ignored)
@@ -88,7 +88,9 @@ def choose(store: RegistryStore, ref: Ref, machine: Machine, constraints: Constr
     """
     from registry.withdrawals import read_withdrawals
 
-    withdrawals = read_withdrawals(store, ref.model, trust)
+    withdrawals = read_withdrawals(store, ref.model, trust, remember=True)
+    if ref.channel is not None:
+        withdrawals = withdrawals.through(ref.channel, trust)
     withdrawn = withdrawals.reasons()
     if ref.names_one_manifest:
         manifest = find_manifest(store, ref)

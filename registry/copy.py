@@ -4,10 +4,15 @@ registry promotes into production, a mirror behind an air gap verifies with the 
 What is copied, in this order so that a reader of the destination never meets a record whose parts are missing:
 the blobs each manifest names (files and signature; fetched through the blob cache, resumed and verified against
 their sha256, then put, resumed as a publish is), the manifests byte for byte (dates, signatures and reports
-unchanged), every history record of the model (cell outcomes, channel moves, channel statements, withdrawals), and
-last the channels, each set to the key it has in the source. What the destination holds already is left as it is,
-so a copy killed anywhere is continued by running it again. A channel whose statements in the destination are not
-the source's (it was promoted there on its own) is not moved, and said so.
+unchanged), the history records of the model (cell outcomes, channel moves, withdrawals), and last the channels,
+each set to the key it has in the source. What the destination holds already is left as it is, so a copy killed
+anywhere is continued by running it again.
+
+Channel statements are not copied, and nothing is signed again: a statement names the registry it was made in, so
+the source's would vouch for nothing in the destination (and, with their higher sequences, would bury the
+destination's own). A channel the destination has statements for is its promoters' to move (``promote --sign-key``
+there), so the copy leaves it where it is; one it has none for is moved, and the result says that the source's
+statements stayed behind.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from pydantic import BaseModel
 from enginesmith.core.checkpoints.models import CheckpointFile
 from registry.cache import BlobCache
 from registry.catalog import list_model
+from registry.channel_statements import statement_sequences
 from registry.errors import IntegrityError
 from registry.history import STATEMENT_ENTRY_PREFIX
 from registry.manifest import Manifest
@@ -30,6 +36,7 @@ class CopiedChannel(BaseModel):
     key: str
     moved: bool
     why_not: str = ""
+    note: str = ""  # about a channel moved: the source's statements that stayed behind
 
 
 class CopyResult(BaseModel):
@@ -95,7 +102,7 @@ def _copy_history(source: RegistryStore, destination: RegistryStore, model: str)
     present = set(destination.list_history(model))
     copied = 0
     for entry in source.list_history(model):
-        if entry in present:
+        if entry in present or entry.startswith(STATEMENT_ENTRY_PREFIX):
             continue
         body = source.read_history(model, entry)
         if body is not None and destination.create_history(model, entry, body):
@@ -105,19 +112,21 @@ def _copy_history(source: RegistryStore, destination: RegistryStore, model: str)
 
 def _copy_channel(source: RegistryStore, destination: RegistryStore, model: str, channel: str,
                   key: str) -> CopiedChannel:
-    prefix = f"{STATEMENT_ENTRY_PREFIX}{channel}-"
-    for entry in (e for e in destination.list_history(model) if e.startswith(prefix)):
-        if destination.read_history(model, entry) != source.read_history(model, entry):
-            return CopiedChannel(model=model, channel=channel, key=key, moved=False,
-                                 why_not=f"the destination's {entry} is not the source's: the channel was promoted "
-                                         "there on its own")
+    vouch = (f"enginesmith promote {model}@{key} --channel {channel} --sign-key KEY --registry "
+             f"{destination.location}")
     current = destination.read_ref(model, channel)
     if current is not None and current.key == key:
         return CopiedChannel(model=model, channel=channel, key=key, moved=False, why_not="already there")
+    if statement_sequences(destination, model, channel):
+        return CopiedChannel(model=model, channel=channel, key=key, moved=False,
+                             why_not="the destination has its own signed statements for it, which a copy does not "
+                                     f"move past; to vouch for this build there: {vouch}")
     if not destination.write_ref(model, channel, key, expected=current):
         return CopiedChannel(model=model, channel=channel, key=key, moved=False,
                              why_not="it moved in the destination while this copy ran")
-    return CopiedChannel(model=model, channel=channel, key=key, moved=True)
+    note = (f"its signed statements name {source.location} and were not copied; to vouch for it there: {vouch}"
+            if statement_sequences(source, model, channel) else "")
+    return CopiedChannel(model=model, channel=channel, key=key, moved=True, note=note)
 
 
 def copy_selection(source: RegistryStore, refs: list[str]) -> tuple[list[Manifest], dict[str, str]]:

@@ -2,6 +2,14 @@
 
 Retention: per cell (model, recipe, kind, target, tp, pp) keep the newest ``keep_last`` manifests, and every
 manifest a ref points at. Manifests go before blobs, so no reader ever sees a manifest whose blobs are gone.
+
+"Newest" is by the publication time a signature covers, not the manifest's field as stored (any writer of the
+storage can rewrite that: a new build dated 1999 would be collected before the oldest). In a cell where some build's
+time is signed, a build whose time is not (unsigned, signed before signatures covered the time, or a field that is
+not the one its signature covers; with a trust list, not signed by a trusted key) leaves the cell's order unknown:
+gc keeps that cell whole and names the build (``GcResult.unordered``) rather than guess. Without a trust list, a cell
+where nothing is signed is ordered by the field, as nothing there could say otherwise; with one, every build of a cell
+gc would thin must have a trusted signed time.
 An unreferenced blob younger than the grace period is kept: a publish may have uploaded it and not yet
 written its manifest. So is an unfinished upload that stored something within the grace period: a publish may
 still be sending it, or a killed one continue it.
@@ -15,15 +23,24 @@ blobs, they are small, and they are the only record of runs that failed and of w
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from pydantic import BaseModel
 
 from registry.catalog import channel_keys, list_model
-from registry.errors import IntegrityError
-from registry.manifest import Manifest, believable_time, parse_timestamp
+from registry.errors import IntegrityError, SignatureError
+from registry.manifest import PUBLICATION_FILE, Manifest, believable_time, parse_timestamp
+from registry.signing import (
+    SIGNED_AT_PUBLISH,
+    Trust,
+    check_signature,
+    publication_record_bytes,
+    read_bundle,
+    read_signature,
+)
 from registry.store import RegistryStore
 
 DEFAULT_KEEP_LAST = 3
@@ -45,19 +62,53 @@ class GcResult(BaseModel):
     kept_stage_records: int = 0
     deleted_stage_records: list[str] = []  # stage/key
     skipped_foreign: list[str] = []  # model:tag of records another tool wrote beside ours (OCI): never touched
+    unordered: dict[str, str] = {}  # model@key → why its publication time is not signed: its cell was kept whole
 
 
-def manifests_to_delete(manifests: Iterable[Manifest], pinned: set[tuple[str, str]], keep_last: int) -> list[Manifest]:
+def manifests_to_delete(manifests: Iterable[Manifest], pinned: set[tuple[str, str]], keep_last: int,
+                        unsigned_time: Callable[[Manifest], str | None] = lambda _: None, *,
+                        signed_only: bool = False) -> tuple[list[Manifest], dict[str, str]]:
     """The manifests the retention rule drops: beyond the newest ``keep_last`` of their cell, and not pinned
-    (``(model, key)`` pairs a ref points at)."""
+    (``(model, key)`` pairs a ref points at); and the builds (``model@key`` → ``unsigned_time``'s reason) whose
+    publication time is not signed in a cell of more than ``keep_last`` where others' are (or, ``signed_only``, in any
+    such cell): that cell drops none."""
     by_cell: dict[tuple[str, str, str, str, int, int], list[Manifest]] = defaultdict(list)
     for manifest in manifests:
         by_cell[manifest.cell].append(manifest)
-    doomed = []
+    doomed: list[Manifest] = []
+    unordered: dict[str, str] = {}
     for cell_manifests in by_cell.values():
+        if len(cell_manifests) <= keep_last:
+            continue
+        unsigned = {m.ref: why for m in cell_manifests if (why := unsigned_time(m)) is not None}
+        if unsigned and (signed_only or len(unsigned) < len(cell_manifests)):
+            unordered |= unsigned
+            continue
         newest_first = sorted(cell_manifests, key=lambda m: (believable_time(m.published), m.key), reverse=True)
         doomed += [m for m in newest_first[keep_last:] if (m.model, m.key) not in pinned]
-    return doomed
+    return doomed, unordered
+
+
+def unsigned_time(store: RegistryStore, manifest: Manifest, trust: Trust | None) -> str | None:
+    """Why ``manifest``'s publication time is not one its signature covers (with ``trust``: a trusted key's
+    signature), or ``None`` when it is."""
+    if manifest.signature is None:
+        return "not signed"
+    if manifest.signature.covers != SIGNED_AT_PUBLISH:
+        return "its signature does not cover the publication time"
+    where = f"{store.location}: {manifest.ref}"
+    try:
+        body = read_signature(store, manifest)
+        if trust is not None:
+            check_signature(manifest, body, trust, where=where)
+            return None
+        assert body is not None
+        signed = read_bundle(body, where)[1].digests.get(PUBLICATION_FILE)
+    except SignatureError as refused:
+        return refused.message
+    if signed != hashlib.sha256(publication_record_bytes(manifest)).hexdigest():
+        return f"its publication time ({manifest.published}) is not the one its signature covers"
+    return None
 
 
 def collect_garbage(
@@ -68,8 +119,10 @@ def collect_garbage(
     dry_run: bool = False,
     now: float | None = None,
     stage_ttl_s: float = DEFAULT_STAGE_TTL_S,
+    trust: Trust | None = None,
 ) -> GcResult:
-    """Apply the retention rule, then delete unreferenced blobs older than ``grace_s`` and stale uploads.
+    """Apply the retention rule, then delete unreferenced blobs older than ``grace_s`` and stale uploads. With
+    ``trust``, only a trusted key's signature makes a publication time signed (see the module's docstring).
 
     Raises ``IntegrityError`` (deleting nothing) if any manifest cannot be read: its blobs would look
     unreferenced.
@@ -91,7 +144,8 @@ def collect_garbage(
         manifests += listing.manifests
         foreign += [f"{model}:{record.key}" for record in listing.foreign]
         pinned |= {(model, key) for key in listing.channels.values()}
-    doomed = manifests_to_delete(manifests, pinned, keep_last)
+    doomed, unordered = manifests_to_delete(manifests, pinned, keep_last, lambda m: unsigned_time(store, m, trust),
+                                            signed_only=trust is not None)
     doomed_refs = {m.ref for m in doomed}
     referenced = {digest for m in manifests if m.ref not in doomed_refs for digest in m.blob_digests()}
     kept_stages, expired_stages = stage_records(store, older_than=now - stage_ttl_s)
@@ -120,6 +174,7 @@ def collect_garbage(
         referenced_blobs=len(referenced), young_unreferenced_blobs=len(unreferenced) - len(expired),
         stale_uploads_removed=stale_uploads, kept_stage_records=len(kept_stages),
         deleted_stage_records=sorted(f"{r.stage}/{r.key}" for r in expired_stages), skipped_foreign=foreign,
+        unordered=unordered,
     )
 
 

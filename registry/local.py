@@ -52,6 +52,10 @@ class LocalStore:
         return str(self.root)
 
     @property
+    def identity(self) -> str:
+        return f"file://{self.root.resolve()}"
+
+    @property
     def shares_namespace(self) -> bool:
         return False
 

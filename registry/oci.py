@@ -116,6 +116,10 @@ class OciStore:
         return f"oci{'+http' if self.scheme == 'http' else ''}://{self.host}/{self.namespace}"
 
     @property
+    def identity(self) -> str:
+        return f"oci://{self.host.lower()}/{self.namespace}"
+
+    @property
     def shares_namespace(self) -> bool:
         return True
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
+from enginesmith.core.errors import UserError
 from registry.catalog import load_manifest
 from registry.errors import IntegrityError, NotFoundError, RegistryUnavailableError
 from registry.manifest import CLOCK_SKEW, Manifest
@@ -34,8 +35,11 @@ def promote(store: RegistryStore, manifest: Manifest, channel: str, *, signer: C
             ) -> RefChange:
     """Point ``model:channel`` at ``manifest``, whatever it pointed at before. With ``signer``, the channel's next
     statement is signed first (also when it is on ``manifest`` already: that renews it); raises ``ChannelRaceError``
-    when another promote signed that sequence first."""
+    when another promote signed that sequence first. Without one, raises ``UnsignedMoveError`` (moving nothing) for
+    a channel that has signed statements: the move would leave it vouched for nowhere."""
     check_name(channel, "channel")
+    if signer is None:
+        _refuse_unsigned_move(store, manifest, channel)
     return _swap(store, manifest, channel, keep_current=lambda state: state.key == manifest.key, signer=signer,
                  renew_kept=True)
 
@@ -96,6 +100,23 @@ def _swap(store: RegistryStore, manifest: Manifest, channel: str, keep_current: 
                              statement=claim.sequence if claim else None)
     raise RegistryUnavailableError(f"{manifest.model}:{channel} kept changing under us ({CAS_ATTEMPTS} attempts)",
                                    where=store.location, hint="run the same command again")
+
+
+class UnsignedMoveError(UserError):
+    """A promote without a signing key onto a channel that has signed statements."""
+
+
+def _refuse_unsigned_move(store: RegistryStore, manifest: Manifest, channel: str) -> None:
+    from registry.channel_statements import statement_sequences
+
+    current = store.read_ref(manifest.model, channel)
+    sequences = statement_sequences(store, manifest.model, channel)
+    if sequences and (current is None or current.key != manifest.key):
+        raise UnsignedMoveError(
+            f"{manifest.model}:{channel} is vouched for by signed statements (the newest is {sequences[-1]}), and "
+            "no signing key was given: moved unsigned, every --trust pull of it would be refused",
+            where="--sign-key", hint=f"promote with the key that signs {channel}: enginesmith promote "
+                                     f"{manifest.ref} --channel {channel} --sign-key KEY (or --sign-key-env NAME)")
 
 
 def _race(store: RegistryStore, model: str, channel: str) -> Exception:

@@ -112,6 +112,14 @@ class S3Store:
         return f"{where} at {self.endpoint_url}" if self.endpoint_url else where
 
     @property
+    def identity(self) -> str:
+        # boto3 takes the endpoint from the environment when none is given: the same bucket on another server is
+        # another registry.
+        endpoint = (self.endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+                    or "https://s3.amazonaws.com")
+        return f"s3://{self.bucket}/{self.prefix} at {endpoint.rstrip('/').lower()}"
+
+    @property
     def shares_namespace(self) -> bool:
         return False
 

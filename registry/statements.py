@@ -2,8 +2,9 @@
 back, freeze or move to another model.
 
 A statement is an in-toto Statement (v1) in a DSSE envelope, as model-signing's bundles are: its subject is the
-manifest the channel points at (``model@key`` with the manifest's sha256), its predicate the model, the channel, the
-artefact key, a sequence number that only grows per model and channel, when it was issued and when it expires. It is
+manifest the channel points at (``model@key`` with the manifest's sha256), its predicate the registry it was made
+in (its identity, ``RegistryStore.identity``), the model, the channel, the artefact key, a sequence number that only
+grows per registry, model and channel, when it was issued and when it expires. It is
 signed with the promoter's key (securesystemslib's DSSE over a ``cryptography`` key, the key ``publish --sign-key``
 loads). ``check_statement`` is pure: it takes what the pull knows (the trust list, the pointer it read, the highest
 sequence this node has seen, the time) and says which check failed, if any.
@@ -27,11 +28,14 @@ MAX_STATEMENT_BYTES = 64 * 1024
 
 
 class ChannelClaim(BaseModel):
-    """What a statement says: ``model:channel`` is artefact ``key`` (manifest sha256 ``manifest_digest``), the
-    ``sequence``-th statement for that channel, issued at ``issued`` and good until ``expires``."""
+    """What a statement says: in registry ``registry``, ``model:channel`` is artefact ``key`` (manifest sha256
+    ``manifest_digest``), the ``sequence``-th statement for that channel, issued at ``issued`` and good until
+    ``expires``. A statement from before statements named their registry has ``registry`` None: no pull takes it,
+    since nothing says it was not copied from another registry whose sequences run higher."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    registry: str | None = None
     model: str
     channel: str
     key: str
@@ -42,7 +46,7 @@ class ChannelClaim(BaseModel):
 
 
 Failure = Literal["missing", "unreadable", "untrusted-signer", "revoked-signer", "signer-not-allowed",
-                  "other-model-or-channel", "not-the-pointer", "expired", "rolled-back"]
+                  "other-model-or-channel", "other-registry", "not-the-pointer", "expired", "rolled-back"]
 # In the order check_statement runs them, as the refusal's table lists them.
 CHECKS: tuple[tuple[Failure, str], ...] = (
     ("missing", "the channel has a statement"),
@@ -51,6 +55,7 @@ CHECKS: tuple[tuple[Failure, str], ...] = (
     ("revoked-signer", "its signer not revoked when it signed"),
     ("signer-not-allowed", "a signer the channel allows"),
     ("other-model-or-channel", "about this model and channel"),
+    ("other-registry", "made in this registry"),
     ("not-the-pointer", "names the artefact the channel points at"),
     ("expired", "not expired"),
     ("rolled-back", "no older than the newest this node has seen"),
@@ -100,11 +105,11 @@ def in_toto_statement(subject: str, sha256: str, predicate_type: str, predicate:
             "predicateType": predicate_type, "predicate": predicate}
 
 
-def check_statement(body: bytes, trust: Trust, *, model: str, channel: str, pointer_key: str, pointer_digest: str,
-                    highest_seen: int | None, now: datetime) -> StatementCheck:
-    """Is ``body`` a statement that ``model:channel`` is ``pointer_key`` (manifest sha256 ``pointer_digest``), signed
-    by a key the channel allows, not expired at ``now``, and no older than the highest sequence this node has seen
-    for that registry, model and channel? The first check that fails is named."""
+def check_statement(body: bytes, trust: Trust, *, registry: str, model: str, channel: str, pointer_key: str,
+                    pointer_digest: str, highest_seen: int | None, now: datetime) -> StatementCheck:
+    """Is ``body`` a statement that in ``registry`` (its identity) ``model:channel`` is ``pointer_key`` (manifest
+    sha256 ``pointer_digest``), signed by a key the channel allows, not expired at ``now``, and no older than the
+    highest sequence this node has seen for that registry, model and channel? The first check that fails is named."""
     envelope, claim, problem = _read(body)
     if claim is None or envelope is None:
         return StatementCheck(failed="unreadable", detail=problem)
@@ -124,6 +129,11 @@ def check_statement(body: bytes, trust: Trust, *, model: str, channel: str, poin
     if (claim.model, claim.channel) != (model, channel):
         return StatementCheck(claim=claim, signer=signer.name, failed="other-model-or-channel",
                               detail=f"the statement is about {claim.model}:{claim.channel}, not {model}:{channel}")
+    if claim.registry != registry:
+        return StatementCheck(claim=claim, signer=signer.name, failed="other-registry",
+                              detail=f"the statement was made in {claim.registry}, not {registry}"
+                              if claim.registry else "the statement names no registry (made before statements "
+                                                     "named theirs): it may come from another registry")
     if (claim.key, claim.manifest_digest) != (pointer_key, pointer_digest):
         return StatementCheck(claim=claim, signer=signer.name, failed="not-the-pointer",
                               detail=f"the statement names {claim.key[:12]}, the channel points at {pointer_key[:12]}"
@@ -193,9 +203,10 @@ def verified_signer(envelope: Any, trust: Trust) -> TrustedKey | None:
     return None
 
 
-def new_claim(*, model: str, channel: str, key: str, manifest_body: bytes, previous: int | None, now: datetime,
-              valid_for: timedelta) -> ChannelClaim:
-    """The next statement's claim for ``model:channel``: its sequence one above the last one written (``previous``;
-    None: the first)."""
-    return ChannelClaim(model=model, channel=channel, key=key, manifest_digest=manifest_digest(manifest_body),
+def new_claim(*, registry: str, model: str, channel: str, key: str, manifest_body: bytes, previous: int | None,
+              now: datetime, valid_for: timedelta) -> ChannelClaim:
+    """The next statement's claim for ``model:channel`` in ``registry`` (its identity): its sequence one above the
+    last one written (``previous``; None: the first)."""
+    return ChannelClaim(registry=registry, model=model, channel=channel, key=key,
+                        manifest_digest=manifest_digest(manifest_body),
                         sequence=(previous or 0) + 1, issued=now, expires=now + valid_for)

@@ -51,6 +51,13 @@ class RegistryStore(Protocol):
         ...
 
     @property
+    def identity(self) -> str:
+        """Which registry this is however it was typed (a local directory's resolved path, an S3 bucket and prefix
+        with its endpoint, an OCI registry's host and namespace): what a node's trust state is kept under and what
+        a channel statement names, so that neither follows another spelling or another registry."""
+        ...
+
+    @property
     def shares_namespace(self) -> bool:
         """Whether other tools write records where this store keeps its manifests (an OCI registry's repositories),
         so that a listing counts only what reads as ours."""

@@ -1,5 +1,11 @@
-"""What this node has seen of each channel: the highest statement sequence per registry, model and channel, so a
-channel moved back to an older (genuinely signed) statement is refused.
+"""What this node has seen of each registry: the highest statement sequence per model and channel, so a channel
+moved back to an older (genuinely signed) statement is refused, and each trusted withdrawal, so a build stays
+withdrawn here after its record is deleted from the store.
+
+Both are kept under the registry's identity (``RegistryStore.identity``: a local directory's resolved path, not the
+spelling of one command line). A state written before identities were used keyed it by the location as typed; such
+an entry is folded into the identity the first time that spelling is used again (taking the higher sequences, so
+an old spelling can only make this node stricter).
 
 One small JSON file per user or node (``ENGINESMITH_TRUST_STATE``, default
 ``$XDG_STATE_HOME/enginesmith/trust-state.json``), read and rewritten under an exclusive lock, replaced atomically.
@@ -13,6 +19,7 @@ import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
@@ -22,9 +29,19 @@ from enginesmith.core.errors import UserError
 STATE_ENV = "ENGINESMITH_TRUST_STATE"
 
 
+class RememberedWithdrawal(BaseModel):
+    """A trusted withdrawal as this node saw it (``registry.withdrawals``)."""
+
+    manifest_digest: str
+    reason: str
+    issued: datetime
+    signer_fingerprint: str  # the trusted key's, so that a trust file that renames or drops it is followed
+
+
 class TrustState(BaseModel):
-    version: int = 1
-    seen: dict[str, dict[str, int]] = {}  # registry location → "model:channel" → highest sequence
+    version: int = 2
+    seen: dict[str, dict[str, int]] = {}  # registry identity → "model:channel" → highest sequence
+    withdrawn: dict[str, dict[str, RememberedWithdrawal]] = {}  # registry identity → "model@key" → the withdrawal
 
     def highest(self, registry: str, model: str, channel: str) -> int | None:
         return self.seen.get(registry, {}).get(f"{model}:{channel}")
@@ -33,6 +50,24 @@ class TrustState(BaseModel):
         channels = self.seen.setdefault(registry, {})
         name = f"{model}:{channel}"
         channels[name] = max(sequence, channels.get(name, sequence))
+
+    def adopt(self, spelling: str, identity: str) -> None:
+        """Fold what a state from before identities kept under ``spelling`` (a registry location as typed) into
+        ``identity``."""
+        if spelling == identity or spelling not in self.seen:
+            return
+        for name, sequence in self.seen.pop(spelling).items():
+            model, channel = name.split(":", 1)
+            self.saw(identity, model, channel, sequence)
+
+    def remembered_withdrawals(self, registry: str, model: str) -> dict[str, RememberedWithdrawal]:
+        """Artefact key → the trusted withdrawal this node has seen of ``model``'s build in ``registry``."""
+        prefix = f"{model}@"
+        return {name.removeprefix(prefix): found for name, found in self.withdrawn.get(registry, {}).items()
+                if name.startswith(prefix)}
+
+    def remember_withdrawal(self, registry: str, model: str, key: str, withdrawal: RememberedWithdrawal) -> None:
+        self.withdrawn.setdefault(registry, {}).setdefault(f"{model}@{key}", withdrawal)
 
 
 def default_state_path() -> Path:

@@ -6,6 +6,11 @@ the model, the artefact key, the reason and when, signed by the withdrawer's key
 ``withdrawal-<key hash>-<its own hash>``: created once, never deleted, so ``gc`` keeps it on every store. Read with a
 trust list, only a withdrawal a trusted (and then unrevoked) key signed counts, and the others are named as ignored;
 read without one, every readable withdrawal counts (a pull without --trust believes the registry).
+
+A node that reads with a trust list remembers each withdrawal that counts in its trust state (``registry.trust_state``,
+under the registry's identity), as it remembers channel sequences: a withdrawal record deleted from the store does not
+make the build pullable here again. Through a channel whose trust-file entry lists its signers, only a withdrawal by
+one of them counts (``Withdrawals.through``): a key trusted for ``canary`` cannot withdraw what ``prod`` serves.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from registry.history import WITHDRAWAL_ENTRY_PREFIX
 from registry.signing import SigningKey, Trust, revoked_since
 from registry.statements import in_toto_statement, manifest_digest, open_envelope, sign_envelope, verified_signer
 from registry.store import RegistryStore
+from registry.trust_state import RememberedWithdrawal, trust_state
 
 PREDICATE_TYPE = "https://enginesmith.dev/withdrawal/v1"
 
@@ -39,6 +45,7 @@ class Withdrawn(BaseModel):
 
     withdrawal: Withdrawal
     signer: str | None
+    signer_fingerprint: str | None = None
 
     @property
     def describe(self) -> str:
@@ -52,6 +59,18 @@ class Withdrawals(BaseModel):
 
     def reasons(self) -> dict[str, str]:
         return {key: found.describe for key, found in self.withdrawn.items()}
+
+    def through(self, channel: str, trust: Trust | None) -> Withdrawals:
+        """The withdrawals that count for a pull through ``channel``: under a trust list that names the channel's
+        signers, only theirs (the others are named as ignored)."""
+        allowed = trust.channel_signers.get(channel) if trust is not None else None
+        if not allowed:
+            return self
+        kept = {key: found for key, found in self.withdrawn.items() if found.signer in allowed}
+        ignored = [f"the withdrawal of {key[:12]} ({found.withdrawal.reason!r}) is signed by {found.signer}; channel "
+                   f"{channel!r} allows {', '.join(allowed)}"
+                   for key, found in self.withdrawn.items() if key not in kept]
+        return Withdrawals(withdrawn=kept, ignored=self.ignored + ignored)
 
 
 def withdrawal_entry(key: str, body: bytes) -> str:
@@ -75,8 +94,31 @@ def withdraw(store: RegistryStore, model: str, key: str, reason: str, signing_ke
     return withdrawal
 
 
-def read_withdrawals(store: RegistryStore, model: str, trust: Trust | None) -> Withdrawals:
-    """The withdrawals of ``model``'s artefacts that count under ``trust`` (see the module's docstring)."""
+def read_withdrawals(store: RegistryStore, model: str, trust: Trust | None, *, remember: bool = False) -> Withdrawals:
+    """The withdrawals of ``model``'s artefacts that count under ``trust``, with those this node remembers (see the
+    module's docstring); ``remember``: keep the ones found in the node's trust state (a pull, not a page)."""
+    found = _stored_withdrawals(store, model, trust)
+    if trust is None:
+        return found
+    with trust_state() as state:
+        for key, seen in state.remembered_withdrawals(store.identity, model).items():
+            signer = trust.named(seen.signer_fingerprint)
+            if key in found.withdrawn or signer is None or revoked_since(trust, signer.name, seen.issued) is not None:
+                continue
+            withdrawal = Withdrawal(model=model, key=key, manifest_digest=seen.manifest_digest,
+                                    reason=f"{seen.reason} (remembered by this node: its record is gone from the "
+                                           "registry)", issued=seen.issued)
+            found.withdrawn[key] = Withdrawn(withdrawal=withdrawal, signer=signer.name,
+                                             signer_fingerprint=signer.fingerprint)
+        for key, counted in found.withdrawn.items() if remember else ():
+            assert counted.signer_fingerprint is not None
+            state.remember_withdrawal(store.identity, model, key, RememberedWithdrawal(
+                manifest_digest=counted.withdrawal.manifest_digest, reason=counted.withdrawal.reason,
+                issued=counted.withdrawal.issued, signer_fingerprint=counted.signer_fingerprint))
+    return found
+
+
+def _stored_withdrawals(store: RegistryStore, model: str, trust: Trust | None) -> Withdrawals:
     found = Withdrawals()
     for entry in sorted(e for e in store.list_history(model) if e.startswith(WITHDRAWAL_ENTRY_PREFIX)):
         body = store.read_history(model, entry)
@@ -92,7 +134,7 @@ def read_withdrawals(store: RegistryStore, model: str, trust: Trust | None) -> W
         if withdrawal is None or withdrawal.model != model:
             found.ignored.append(f"{entry}: {problem or f'a withdrawal of {withdrawal and withdrawal.model}'}")
             continue
-        signer = None
+        signer = fingerprint = None
         if trust is not None:
             trusted = verified_signer(envelope, trust)
             if trusted is None:
@@ -103,6 +145,7 @@ def read_withdrawals(store: RegistryStore, model: str, trust: Trust | None) -> W
                 found.ignored.append(f"the withdrawal of {withdrawal.key[:12]} is signed by {trusted.name}, revoked "
                                      "before it was made")
                 continue
-            signer = trusted.name
-        found.withdrawn.setdefault(withdrawal.key, Withdrawn(withdrawal=withdrawal, signer=signer))
+            signer, fingerprint = trusted.name, trusted.fingerprint
+        found.withdrawn.setdefault(withdrawal.key, Withdrawn(withdrawal=withdrawal, signer=signer,
+                                                             signer_fingerprint=fingerprint))
     return found

@@ -672,11 +672,18 @@ def gc(
     stage_ttl: Annotated[str, typer.Option("--stage-ttl", help="Keep quantised checkpoints handed between nodes "
                                            "(quantize_on) this long after they were stashed (e.g. 7d, 12h).")] = "7d",
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be deleted; delete nothing.")] = False,
+    trust: Annotated[list[str] | None, typer.Option(
+        "--trust", envvar="ENGINESMITH_TRUST", help="Order builds only by publication times these keys signed (a PEM "
+        "public key, a directory of them, or a trust YAML); repeatable.")] = None,
     registry: RegistryOption = DEFAULT_REGISTRY,
     s3_endpoint: S3EndpointOption = None,
     json_output: JsonOption = False,
 ) -> None:
-    """Delete old artefacts by the retention rule, then blobs no artefact or recent stage record references."""
+    """Delete old artefacts by the retention rule, then blobs no artefact or recent stage record references.
+
+    Builds are ordered by the publication time their signature covers (with --trust: a trusted key's signature). A
+    cell where one build's time is not signed and others' are is kept whole, and the build named: gc does not guess.
+    """
     from registry.gc import collect_garbage, parse_duration
 
     store = _open_store(registry, s3_endpoint)
@@ -688,7 +695,8 @@ def gc(
         stage_ttl_s = parse_duration(stage_ttl)
     except ValueError as exc:
         raise UserError(str(exc), where="--stage-ttl") from None
-    result = collect_garbage(store, keep_last=keep_last, grace_s=grace_s, dry_run=dry_run, stage_ttl_s=stage_ttl_s)
+    result = collect_garbage(store, keep_last=keep_last, grace_s=grace_s, dry_run=dry_run, stage_ttl_s=stage_ttl_s,
+                             trust=_trust(trust))
     if json_output:
         print_json(result)
         return
@@ -702,6 +710,9 @@ def gc(
         stdout.print(f"  {verb} stage record {record}")
     for foreign in result.skipped_foreign:
         stdout.print(f"  skipped {foreign}: not an enginesmith record (another tool's; gc leaves it alone)")
+    for ref, why in result.unordered.items():
+        stderr.print(f"[yellow]note:[/] kept every build of {escape(ref)}'s cell: {escape(why)}, so which builds are "
+                     f"oldest is not known (delete or re-publish {escape(ref)} to let gc order the cell)", markup=True)
 
 
 def bundle(
@@ -738,8 +749,9 @@ def copy(
     s3_endpoint: S3EndpointOption = None,
     json_output: JsonOption = False,
 ) -> None:
-    """Copy artefacts between registries as they are: blobs once, manifests byte for byte, signatures, channel
-    statements, withdrawals and the history, then the channels. Run it again to continue one that was interrupted.
+    """Copy artefacts between registries as they are: blobs once, manifests byte for byte, signatures, withdrawals
+    and the history, then the channels. Run it again to continue one that was interrupted. Channel statements name
+    their registry and are not copied: vouch for a channel in the destination with `promote --sign-key` there.
 
     Example: enginesmith copy s3://staging/registry s3://prod/registry tiny-llama:prod
     """
@@ -749,7 +761,7 @@ def copy(
 
     from_store = _open_store(source, s3_endpoint)
     to_store = _open_store(destination, s3_endpoint)
-    if from_store.location == to_store.location:
+    if from_store.identity == to_store.identity:
         raise UserError("the source and the destination are the same registry", where="DESTINATION",
                         hint="copy into another registry")
     manifests, channels = copy_selection(from_store, refs or [])
@@ -765,6 +777,9 @@ def copy(
     for moved in result.channels:
         if moved.moved:
             stdout.print(f"  {moved.model}:{moved.channel} → {moved.key[:12]}")
+            if moved.note:
+                stderr.print(f"[yellow]note:[/] {escape(moved.model)}:{escape(moved.channel)}: {escape(moved.note)}",
+                             markup=True)
         else:
             stderr.print(f"[yellow]note:[/] {escape(moved.model)}:{escape(moved.channel)} not moved: "
                          f"{escape(moved.why_not)}", markup=True)
