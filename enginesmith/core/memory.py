@@ -76,7 +76,8 @@ class MemoryNeed(BaseModel):
         needed = f"{self.stage} needs {self.per_device_bytes / GIB:.1f} GiB {where} ({self.basis})"
         if self.available_per_device_bytes is None:
             return needed
-        return f"{needed}; each has {self.available_per_device_bytes / GIB:.1f} GiB"
+        holder = "it has" if self.stage == "node" else "each has"
+        return f"{needed}; {holder} {self.available_per_device_bytes / GIB:.1f} GiB"
 
 
 def dtype_bytes(config: Mapping[str, Any]) -> int:
