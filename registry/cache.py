@@ -12,24 +12,30 @@ Two pulls must never append to one file, and the lock alone cannot promise that:
 GPU clusters keep shared caches, ``flock`` can succeed for every caller. So a download claims its partial file by
 renaming it to a name only this process uses (a rename is atomic there too; of two claimants one finds the file
 gone and starts a fresh one). The lock is kept where it works, to spare the second download;
-``ENGINESMITH_CACHE_LOCKS=off`` skips it on a filesystem known to lie or to refuse locks.
+``ENGINESMITH_CACHE_LOCKS=off`` skips it on a filesystem known to lie or to refuse locks. A local registry keeps
+its unfinished uploads the same way (``PartialFiles``), so a killed publish or copy into it continues too.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import shutil
 import socket
 import time
 import uuid
+from collections.abc import Iterator
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from pathlib import Path
 
+from enginesmith.core.diskspace import is_disk_full
 from enginesmith.core.errors import UserError
 from enginesmith.core.factcache import cache_root
 from enginesmith.core.locks import exclusive
+from registry.transfer import sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -57,43 +63,43 @@ def locks_from_environment() -> bool:
                     hint="set it to off where the cache's filesystem has no working flock (some NFS, Lustre, GPFS)")
 
 
-class BlobCache:
-    def __init__(self, root: Path, *, use_locks: bool | None = None) -> None:
-        self.root = root
-        self.use_locks = locks_from_environment() if use_locks is None else use_locks
+@dataclass
+class Resumed:
+    """A transfer continued from a partial file: append to ``path`` from ``offset``, feeding ``digest``."""
 
-    def blob(self, digest: str) -> Path:
-        return self.root / "blobs" / "sha256" / digest
+    path: Path
+    offset: int  # bytes kept from an interrupted run
+    digest: hashlib._Hash  # fed with those bytes
+
+
+class PartialFiles:
+    """Unfinished transfers kept in ``directory`` for the next run to continue: the blob cache's downloads, a local
+    registry's uploads. Parked as ``<hex>.part``; claimed by the process writing one as
+    ``<hex>.<host>.<pid>.<nonce>.part``, which a later run takes over once that process is gone."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
 
     def part(self, digest: str) -> Path:
-        """Where an interrupted download of ``digest`` is parked for the next pull."""
-        return self.root / "partial" / f"{digest}{PART_SUFFIX}"
+        """Where an interrupted transfer of ``digest`` is parked for the next run."""
+        return self.directory / f"{digest}{PART_SUFFIX}"
 
     def partials(self, digest: str) -> list[Path]:
-        """Every partial file of ``digest``: the parked one and those claimed by running or dead downloads."""
-        directory = self.root / "partial"
+        """Every partial file of ``digest``: the parked one and those claimed by running or dead transfers."""
         try:
-            return sorted(p for p in directory.iterdir() if p.name.startswith(digest) and p.name.endswith(PART_SUFFIX))
+            return sorted(p for p in self.directory.iterdir()
+                          if p.name.startswith(digest) and p.name.endswith(PART_SUFFIX))
         except FileNotFoundError:
             return []
 
-    def has(self, digest: str, size: int) -> bool:
-        try:
-            return self.blob(digest).stat().st_size == size
-        except FileNotFoundError:
-            return False
-
     def partial_bytes(self, digest: str) -> int:
-        """The longest partial download of ``digest`` on disk (what the next pull can continue from at best)."""
+        """The longest partial file of ``digest`` on disk (what the next run can continue from at best)."""
         return max((size_or_zero(p) for p in self.partials(digest)), default=0)
 
-    def default_dest(self, model: str, key: str) -> Path:
-        return self.root / "artefacts" / model / key[:16]
-
-    def claim_partial(self, digest: str) -> Path:
-        """A partial file of ``digest`` that only this process writes: the parked one or a dead download's (the
+    def claim(self, digest: str) -> Path:
+        """A partial file of ``digest`` that only this process writes: the parked one or a dead transfer's (the
         longest one this process can take), renamed to a name of its own; a fresh name when none can be taken."""
-        own = self.root / "partial" / f"{digest}.{_host()}.{os.getpid()}.{uuid.uuid4().hex[:8]}{PART_SUFFIX}"
+        own = self.directory / f"{digest}.{_host()}.{os.getpid()}.{uuid.uuid4().hex[:8]}{PART_SUFFIX}"
         own.parent.mkdir(parents=True, exist_ok=True)
         candidates = [p for p in self.partials(digest) if p == self.part(digest) or _abandoned(p, digest)]
         for candidate in sorted(candidates, key=size_or_zero, reverse=True):
@@ -104,8 +110,8 @@ class BlobCache:
                 continue
         return own
 
-    def park_partial(self, claimed: Path, digest: str) -> None:
-        """Leave an interrupted download where the next pull finds it (keeping the longer of two parked ones)."""
+    def park(self, claimed: Path, digest: str) -> None:
+        """Leave an interrupted transfer where the next run finds it (keeping the longer of two parked ones)."""
         if not claimed.exists():
             return
         parked = self.part(digest)
@@ -113,6 +119,62 @@ class BlobCache:
             os.replace(claimed, parked)
         else:
             claimed.unlink(missing_ok=True)
+
+    @contextlib.contextmanager
+    def resuming(self, digest: str, size: int) -> Iterator[Resumed]:
+        """A claimed partial file of ``digest`` (``size`` bytes when whole) and the sha256 of the bytes it keeps, to
+        append the rest to. The body moves the file away once its bytes verify; otherwise it is deleted on the way
+        out (its bytes were wrong), parked when the body raises (for the next run), deleted on a full disk (the next
+        run starts again, on a disk with room)."""
+        claimed = self.claim(digest)
+        try:
+            offset = size_or_zero(claimed)
+            if offset > size:
+                claimed.unlink()
+                offset = 0
+            hashed = hashlib.sha256()
+            if offset:
+                with claimed.open("rb", buffering=0) as kept:
+                    hashed = sha256_file(kept, offset)
+            yield Resumed(path=claimed, offset=offset, digest=hashed)
+        except BaseException as error:
+            if is_disk_full(error):
+                claimed.unlink(missing_ok=True)
+            else:
+                self.park(claimed, digest)
+            raise
+        claimed.unlink(missing_ok=True)
+
+
+class BlobCache:
+    def __init__(self, root: Path, *, use_locks: bool | None = None) -> None:
+        self.root = root
+        self.use_locks = locks_from_environment() if use_locks is None else use_locks
+        self.downloads = PartialFiles(root / "partial")
+
+    def blob(self, digest: str) -> Path:
+        return self.root / "blobs" / "sha256" / digest
+
+    def part(self, digest: str) -> Path:
+        """Where an interrupted download of ``digest`` is parked for the next pull."""
+        return self.downloads.part(digest)
+
+    def partials(self, digest: str) -> list[Path]:
+        """Every partial file of ``digest``: the parked one and those claimed by running or dead downloads."""
+        return self.downloads.partials(digest)
+
+    def has(self, digest: str, size: int) -> bool:
+        try:
+            return self.blob(digest).stat().st_size == size
+        except FileNotFoundError:
+            return False
+
+    def partial_bytes(self, digest: str) -> int:
+        """The longest partial download of ``digest`` on disk (what the next pull can continue from at best)."""
+        return self.downloads.partial_bytes(digest)
+
+    def default_dest(self, model: str, key: str) -> Path:
+        return self.root / "artefacts" / model / key[:16]
 
     def commit(self, claimed: Path, digest: str) -> Path:
         """Move a verified download into place, read-only (pulled files are hard links to it)."""

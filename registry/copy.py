@@ -28,6 +28,7 @@ from registry.history import STATEMENT_ENTRY_PREFIX
 from registry.manifest import Manifest
 from registry.pull import fetch_files
 from registry.store import RegistryStore
+from registry.transfer import RateLimiter
 
 
 class CopiedChannel(BaseModel):
@@ -45,16 +46,19 @@ class CopyResult(BaseModel):
     artefacts: list[str] = []  # model@key created in the destination
     present: list[str] = []  # model@key the destination had already
     blobs_copied: int = 0
-    bytes_copied: int = 0
+    bytes_copied: int = 0  # sent to the destination
+    resumed_bytes: int = 0  # of the blobs copied, what an interrupted copy had left in the destination: not sent again
     history_records: int = 0
     channels: list[CopiedChannel] = []
 
 
 def copy_artefacts(source: RegistryStore, destination: RegistryStore, manifests: list[Manifest],
-                   channels: dict[str, str], cache: BlobCache, *, jobs: int = 4) -> CopyResult:
+                   channels: dict[str, str], cache: BlobCache, *, jobs: int = 4,
+                   limiter: RateLimiter | None = None) -> CopyResult:
     """Copy ``manifests`` (and their models' history) from ``source`` to ``destination``, then point each of
-    ``channels`` (``{"model:channel": key}``, as the source has them) at the same key. Raises ``IntegrityError`` for
-    a destination that holds another manifest under one of the keys."""
+    ``channels`` (``{"model:channel": key}``, as the source has them) at the same key; ``limiter`` holds both the
+    reads from the source and the writes to the destination. Raises ``IntegrityError`` for a destination that holds
+    another manifest under one of the keys."""
     result = CopyResult(source=source.location, destination=destination.location)
     unique = {m.ref: m for m in manifests}
     for manifest in unique.values():
@@ -62,7 +66,7 @@ def copy_artefacts(source: RegistryStore, destination: RegistryStore, manifests:
         assert body is not None  # it was just listed
         there = destination.read_manifest(manifest.model, manifest.key)
         if there is None:  # a manifest goes in after its blobs, so one that is there has them
-            _copy_blobs(source, destination, manifest, cache, jobs, result)
+            _copy_blobs(source, destination, manifest, cache, jobs, limiter, result)
         if there is None and destination.create_manifest(manifest.model, manifest.key, body):
             result.artefacts.append(manifest.ref)
         elif (there or destination.read_manifest(manifest.model, manifest.key)) != body:
@@ -81,21 +85,22 @@ def copy_artefacts(source: RegistryStore, destination: RegistryStore, manifests:
 
 
 def _copy_blobs(source: RegistryStore, destination: RegistryStore, manifest: Manifest, cache: BlobCache, jobs: int,
-                result: CopyResult) -> None:
+                limiter: RateLimiter | None, result: CopyResult) -> None:
     wanted = [CheckpointFile(path=entries[0].path, size=entries[0].size, sha256=digest)
               for digest, entries in manifest.files_by_digest().items()]
     if manifest.signature is not None:
         wanted.append(CheckpointFile(path="signature", size=manifest.signature.size, sha256=manifest.signature.sha256))
     missing = [f for f in wanted if destination.blob_size(f.sha256 or "") != f.size]
-    fetch_files(source, missing, cache, what=f"copying {manifest.ref}", jobs=jobs)
+    fetch_files(source, missing, cache, what=f"copying {manifest.ref}", jobs=jobs, limiter=limiter)
     for entry in missing:
         assert entry.sha256 is not None
-        destination.put_blob(entry.sha256, cache.blob(entry.sha256), name=entry.path)
+        kept = destination.put_blob(entry.sha256, cache.blob(entry.sha256), limiter=limiter, name=entry.path)
         if destination.blob_size(entry.sha256) != entry.size:  # verified on arrival, as the destination holds it
             raise IntegrityError(f"{entry.path} ({entry.sha256[:12]}) did not arrive whole", where=destination.location,
                                  hint="run the same copy again")
         result.blobs_copied += 1
-        result.bytes_copied += entry.size
+        result.bytes_copied += entry.size - kept
+        result.resumed_bytes += kept
 
 
 def _copy_history(source: RegistryStore, destination: RegistryStore, model: str) -> int:

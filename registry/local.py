@@ -17,6 +17,7 @@ from collections.abc import Generator, Iterator, Sequence
 from pathlib import Path
 
 from enginesmith.core.locks import exclusive
+from registry.cache import PartialFiles
 from registry.errors import IntegrityError, NotFoundError
 from registry.manifest import utc_timestamp
 from registry.names import (
@@ -46,6 +47,7 @@ class LocalStore:
 
     def __init__(self, root: Path) -> None:
         self.root = root
+        self.uploads = PartialFiles(root / TMP_DIR)
 
     @property
     def location(self) -> str:
@@ -72,29 +74,37 @@ class LocalStore:
 
     def put_blob(self, digest: str, source: Path, *, limiter: RateLimiter | None = None,
                  progress: TransferProgress | None = None, name: str = "") -> int:
+        """Continues a partial upload an interrupted run left under ``tmp/`` (``PartialFiles``, as pulls continue
+        theirs): the bytes kept are hashed, not read from ``source`` again. Kept bytes that do not match are thrown
+        away and the blob is copied once more from its start."""
         final = self.root / blob_path(digest)
         final.parent.mkdir(parents=True, exist_ok=True)
         size = source.stat().st_size
-        if progress is not None:
-            progress.started(name, size, 0)
-        try:
-            with self._temp_file(digest) as temp:
-                digest_of_copy = hashlib.sha256()
-                with source.open("rb", buffering=0) as reader, temp.open("wb", buffering=0) as writer:
-                    write_hashing(file_chunks(reader), writer, digest_of_copy, limit_bytes=size, limiter=limiter,
-                                  progress=progress, name=name)
-                    os.fsync(writer.fileno())
-                if digest_of_copy.hexdigest() != digest:
-                    raise IntegrityError(
-                        f"content has sha256 {digest_of_copy.hexdigest()}, not {digest}", where=name or str(source),
-                        hint="the file changed while it was being published; rebuild the artefact",
-                    )
-                temp.chmod(READ_ONLY)
-                os.replace(temp, final)
-        finally:
-            if progress is not None:
-                progress.finished(name)
-        return 0
+        kept_bytes = 0
+        for attempt in (1, 2):
+            with self.uploads.resuming(digest, size) as partial:
+                kept_bytes = partial.offset if attempt == 1 else 0
+                if progress is not None:
+                    progress.started(name, size, partial.offset)
+                try:
+                    with source.open("rb", buffering=0) as reader, partial.path.open("ab", buffering=0) as writer:
+                        reader.seek(partial.offset)
+                        write_hashing(file_chunks(reader), writer, partial.digest, limit_bytes=size - partial.offset,
+                                      limiter=limiter, progress=progress, name=name)
+                        os.fsync(writer.fileno())
+                finally:
+                    if progress is not None:
+                        progress.finished(name)
+                if partial.digest.hexdigest() == digest:
+                    partial.path.chmod(READ_ONLY)
+                    os.replace(partial.path, final)
+                    return kept_bytes
+                if not partial.offset:
+                    break
+        raise IntegrityError(
+            f"content has sha256 {partial.digest.hexdigest()}, not {digest}", where=name or str(source),
+            hint="the file changed while it was being published; rebuild the artefact",
+        )
 
     def read_blob(self, digest: str, offset: int = 0) -> Generator[bytes, None, None]:
         try:

@@ -12,7 +12,12 @@ Repositories under the namespace:
   tagged with its key or entry name.
 
 A blob goes up in chunks of one upload session; a publish killed half-way continues that session where the server's
-upload status says it stopped, and a pull resumes a cut read with a range request, as on every store.
+upload status says it stopped, and a pull resumes a cut read with a range request, as on every store. A session that
+cannot be continued (the next run starts the blob again from 0) or whose bytes came out wrong is cancelled with a
+``DELETE`` on its URL, as the distribution spec provides, so its bytes do not stay on the server. Where the server
+refuses that too (distribution 2.x answers every request on a session whose signed state is behind the bytes it
+stored, after a kill mid-chunk, with ``BLOB_UPLOAD_INVALID``), the session is left to the server's own upload
+purging (distribution: ``storage.maintenance.uploadpurging``), and a log line says so.
 
 What OCI cannot do, and what this store does instead: there is no conditional manifest PUT, so "create once" checks
 the tag first and reads it back after the PUT (two publishers racing on one key both write the same artefact; the
@@ -32,6 +37,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import logging
 import os
 import re
 import ssl
@@ -52,6 +58,8 @@ from registry.errors import ForeignRecordError, IntegrityError, NotFoundError, R
 from registry.manifest import SIGNATURE_FILE
 from registry.store import BlobInfo, RefState, StageFile
 from registry.transfer import RateLimiter, TransferProgress, file_chunks, rechunk, sha256_file
+
+log = logging.getLogger(__name__)
 
 ARTIFACT_TYPE = "application/vnd.enginesmith.artefact.v1"
 RECORD_TYPE = "application/vnd.enginesmith.record.v1"
@@ -180,6 +188,7 @@ class OciStore:
             chunks = (bytes(view) for view in file_chunks(reader, chunk_bytes=CHUNK_BYTES))
             location = self._send_chunks(repo, location, offset, chunks, hasher, limiter=limiter, sent=sent)
         if hasher.hexdigest() != digest:
+            self._cancel_upload(repo, location)
             state.unlink(missing_ok=True)
             raise IntegrityError(f"content has sha256 {hasher.hexdigest()}, not {digest}", where=name or str(source),
                                  hint="the file changed while it was being published; rebuild the artefact")
@@ -213,8 +222,10 @@ class OciStore:
                       headers={"Content-Type": LAYER_TYPE} if body is not None else {"Content-Length": "0"})
 
     def _open_session(self, repo: str, state: Path) -> tuple[str, int]:
-        """The upload session a killed publish left (its URL and the bytes the server holds), else a new one."""
+        """The upload session a killed publish left (its URL and the bytes the server holds), else a new one (the
+        left one cancelled)."""
         if state.is_file():
+            kept: Any = None
             try:
                 kept = json.loads(state.read_text())
                 status = self._request("GET", repo, kept["location"], what="upload status", expect=(204,))
@@ -225,15 +236,29 @@ class OciStore:
                 # "0-0" is how distribution reports both no byte and one byte: an offset this file never recorded is 0
                 stored = int(reported.group(1)) + 1 if kept.get("offset") or int(reported.group(1)) else 0
                 # The server's word, not this file's: a kill mid-chunk may have left it ahead of the last offset kept
-                # (a registry that allows that answers with where to go on; distribution cancels the session instead).
+                # (a registry that allows that answers with where to go on; distribution 2.x refuses the session).
                 location = self._upload_location(status, repo) if status.headers.get("location") else kept["location"]
                 return str(location), stored
-            state.unlink(missing_ok=True)  # the server does not know the session any more: start again
+            if isinstance(kept, dict) and isinstance(kept.get("location"), str):
+                self._cancel_upload(repo, kept["location"])  # starting again from 0: its bytes would stay there
+            state.unlink(missing_ok=True)
         opened = self._request("POST", repo, "blobs/uploads/", what="blob upload", expect=(202,))
         assert opened is not None
         location = self._upload_location(opened, repo)
         _keep_session(state, location, 0)
         return location, 0
+
+    def _cancel_upload(self, repo: str, location: str) -> bool:
+        """Cancel an upload session this store abandons (``DELETE`` on its URL); False where the server refused."""
+        try:
+            self._request("DELETE", repo, location, what="upload cancel", expect=(202, 204))
+            return True
+        except UserError as refused:
+            if "BLOB_UPLOAD_UNKNOWN" in refused.message:  # gone already (purged, or never stored)
+                return True
+            log.info("%s: an abandoned upload session could not be cancelled (%s); the registry's upload purging "
+                     "removes it (distribution: storage.maintenance.uploadpurging)", self.location, refused.message)
+            return False
 
     def _put_bytes(self, repo: str, body: bytes) -> str:
         digest = hashlib.sha256(body).hexdigest()
@@ -258,6 +283,7 @@ class OciStore:
         location = self._send_chunks(repo, self._upload_location(response, repo), 0,
                                      rechunk(self.read_blob(digest), CHUNK_BYTES), hasher)
         if hasher.hexdigest() != digest:
+            self._cancel_upload(repo, location)
             raise IntegrityError(f"blob sha256:{digest} read back from {self._blobs_repo} has sha256 "
                                  f"{hasher.hexdigest()}", where=self.location,
                                  hint="the registry's copy is damaged: re-publish the artefact")

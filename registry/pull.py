@@ -28,7 +28,7 @@ from enginesmith.core.checkpoints.models import CheckpointFile
 from enginesmith.core.diskspace import disk_filled_error, is_disk_full, require_free_space, same_filesystem
 from enginesmith.core.errors import UserError
 from enginesmith.core.factcache import CACHE_ENV
-from registry.cache import BlobCache, link_or_copy, size_or_zero
+from registry.cache import BlobCache, link_or_copy
 from registry.errors import IntegrityError, RegistryUnavailableError, SignatureError, UnsafePathError
 from registry.manifest import (
     PUBLICATION_FILE,
@@ -276,7 +276,7 @@ def _changed_cached_blobs(plan: PullPlan, cache: BlobCache) -> list[PlannedBlob]
 
 
 def fetch_files(store: RegistryStore, files: list[CheckpointFile], cache: BlobCache, *, what: str,
-                jobs: int = DEFAULT_PULL_JOBS) -> int:
+                jobs: int = DEFAULT_PULL_JOBS, limiter: RateLimiter | None = None) -> int:
     """Fetch into ``cache`` the blobs of ``files`` it lacks, resumed and verified as ``pull_artefact`` fetches them;
     returns the bytes downloaded. For records that are not artefacts (a stage output handed between nodes)."""
     for entry in files:
@@ -289,7 +289,7 @@ def fetch_files(store: RegistryStore, files: list[CheckpointFile], cache: BlobCa
     require_free_space(cache.root, sum(b.size for b in missing), what=what, where=f"{cache.root} ({CACHE_ENV})",
                        hint=_DISK_HINT)
     try:
-        return sum(s.downloaded_bytes for s in _fetch_all(store, cache, missing, jobs, None, None))
+        return sum(s.downloaded_bytes for s in _fetch_all(store, cache, missing, jobs, limiter, None))
     except OSError as exc:
         if is_disk_full(exc):
             raise disk_filled_error(cache.root, what=what, where=str(cache.root), hint=_DISK_HINT) from None
@@ -335,36 +335,21 @@ def _fetch_blob(store: RegistryStore, cache: BlobCache, blob: PlannedBlob, limit
         if cache.has(blob.sha256, blob.size):  # another pull sharing this cache fetched it meanwhile
             return stats
         for attempt in range(1, FETCH_ATTEMPTS + 1):
-            claimed = cache.claim_partial(blob.sha256)
-            try:
-                offset = size_or_zero(claimed)
-                if offset > blob.size:
-                    claimed.unlink()
-                    offset = 0
-                digest = hashlib.sha256()
-                if offset:
-                    with claimed.open("rb", buffering=0) as kept:
-                        digest = sha256_file(kept, offset)
+            with cache.downloads.resuming(blob.sha256, blob.size) as partial:
+                offset, digest = partial.offset, partial.digest
                 if attempt == 1:
                     stats.resumed_bytes = offset
                 if progress is not None:
                     progress.started(blob.label, blob.size, offset)
                 try:
-                    written = _download_resuming(store, blob, claimed, offset, digest, limiter, progress, cancel)
+                    written = _download_resuming(store, blob, partial.path, offset, digest, limiter, progress, cancel)
                 finally:
                     if progress is not None:
                         progress.finished(blob.label)
                 stats.downloaded_bytes += written
                 if offset + written == blob.size and digest.hexdigest() == blob.sha256:
-                    cache.commit(claimed, blob.sha256)
+                    cache.commit(partial.path, blob.sha256)
                     return stats
-            except BaseException as error:
-                if is_disk_full(error):
-                    claimed.unlink(missing_ok=True)  # the next pull starts this blob again, on a disk with room
-                else:
-                    cache.park_partial(claimed, blob.sha256)
-                raise
-            claimed.unlink(missing_ok=True)
             stats.refetched = True
             if attempt == FETCH_ATTEMPTS:
                 raise IntegrityError(

@@ -10,8 +10,9 @@ request asked for, so a test can tell whether a byte crossed the network twice.
 With ``refuse_mounts`` it plays an OCI registry that cannot mount a blob across repositories: a ``POST
 …/blobs/uploads/?mount=…&from=…`` reaches the server without its query, so the server opens an upload session, as
 such a registry answers. With ``head_without_digest``, a ``HEAD`` answer loses its ``Docker-Content-Digest``
-header (a SHOULD of the spec that some registries skip). The body size of every ``PATCH`` is recorded (``patches``:
-path, bytes).
+header (a SHOULD of the spec that some registries skip). With ``failing_upload_status``, that many ``GET``s of an
+upload session's status are answered 503 without reaching the server (a load balancer's hiccup). The body size of
+every ``PATCH`` is recorded (``patches``: path, bytes).
 """
 
 from __future__ import annotations
@@ -27,12 +28,14 @@ from urllib.parse import urlsplit
 
 FORWARD_CHUNK_BYTES = 64 * 1024
 _BLOB_PATH = re.compile(r"/blobs/sha256[/:]([0-9a-f]{64})$")
+_UPLOAD_PATH = re.compile(r"/blobs/uploads/[^/]+$")
 _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-connection", "te", "trailer", "upgrade"}
 
 
 class CuttingProxy:
     def __init__(self, upstream: str, *, cut_digest: str = "", cut_after_bytes: int = 0, cuts: int = 0,
-                 refuse_mounts: bool = False, head_without_digest: bool = False) -> None:
+                 refuse_mounts: bool = False, head_without_digest: bool = False,
+                 failing_upload_status: int = 0) -> None:
         parts = urlsplit(upstream)
         self.upstream_host, self.upstream_port = parts.hostname or "127.0.0.1", parts.port or 80
         self.cut_digest = cut_digest
@@ -43,6 +46,7 @@ class CuttingProxy:
         self.refuse_mounts = refuse_mounts
         self.head_without_digest = head_without_digest
         self.mounts_refused = 0
+        self.upload_status_left_to_fail = failing_upload_status
         self.patches: list[tuple[str, int]] = []
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -77,11 +81,20 @@ class CuttingProxy:
                 body = self.rfile.read(length) if length else None
                 path = self.path
                 with proxy._lock:
+                    failing = self.command == "GET" and _UPLOAD_PATH.search(path.split("?", 1)[0]) is not None \
+                        and proxy.upload_status_left_to_fail > 0
+                    if failing:
+                        proxy.upload_status_left_to_fail -= 1
                     if self.command == "PATCH":
                         proxy.patches.append((path.split("?", 1)[0], length))
                     if proxy.refuse_mounts and self.command == "POST" and "mount=" in path:
                         path = path.split("?", 1)[0]
                         proxy.mounts_refused += 1
+                if failing:
+                    self.send_response(503)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 upstream = http.client.HTTPConnection(proxy.upstream_host, proxy.upstream_port, timeout=60)
                 upstream.putrequest(self.command, path, skip_host=True, skip_accept_encoding=True)
                 for name, value in self.headers.items():

@@ -237,6 +237,13 @@ class OciRegistry:
         self.stop()
         raise RuntimeError(f"docker-registry did not answer within {START_TIMEOUT_S} s:\n{self.log_path.read_text()}")
 
+    def upload_sessions(self, namespace: str) -> dict[str, int]:
+        """The upload sessions the server's storage holds in ``namespace``'s repositories: each one's id and the bytes
+        of its data (0 for a cancelled one whose directory distribution leaves behind)."""
+        repositories = self.work_dir / "data" / "docker" / "registry" / "v2" / "repositories" / namespace
+        return {session.name: (session / "data").stat().st_size if (session / "data").is_file() else 0
+                for session in repositories.glob("**/_uploads/*")}
+
     def garbage_collect(self) -> str:
         """The registry's own garbage collection, as an operator runs it: the server stopped, ``docker-registry
         garbage-collect`` over its storage, the server started again. Returns what it printed."""

@@ -163,4 +163,4 @@ def test_fp8_is_validated_against_the_bf16_reference_on_a_task_the_reference_can
     assert scores["reference"]["enginesmith"] == pytest.approx(scores["reference"]["lm-eval"], abs=0.01), scores
     assert 5 < reference["perplexity"]["value"] < 200  # prose read by a trained model, not a vocabulary-sized guess
     assert comparison["greedy_agreement"] >= 0.5
-    assert_served_memory_as_estimated(gemma_config, {FP8: report})  # a 262k vocabulary's sampler warm-up counted
+    assert_served_memory_as_estimated(gemma_config, {FP8: report})  # what a 262k vocabulary holds, counted

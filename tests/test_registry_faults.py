@@ -53,7 +53,7 @@ def test_a_publish_killed_half_way_leaves_no_manifest_and_the_next_one_succeeds(
     publisher = start_cli("publish", str(source), "--jobs", "1", "--limit-rate", "2M", env=env, log=log)
 
     def half_way() -> bool:
-        uploading = any(size_or_zero(p) > 0 for p in (registry / TMP_DIR).glob("*.tmp"))
+        uploading = any(size_or_zero(p) > 0 for p in (registry / TMP_DIR).glob("*.part"))
         return uploading and not any((registry / "manifests").rglob("*.json"))
 
     kill_when(publisher, half_way, "a part-written upload in the registry's tmp/ and no manifest",
@@ -64,14 +64,14 @@ def test_a_publish_killed_half_way_leaves_no_manifest_and_the_next_one_succeeds(
     assert run_cli("pull", "tiny-llama", "--dry-run", env=env).returncode == 2
 
     again = cli_json("publish", str(source), env=env)
-    assert again["created"]
+    assert again["created"] and again["resumed_bytes"] > 0  # the killed upload's partial file was continued
     assert cli_json("ls", env=env)[0]["artefacts"] == 1
     dest = tmp_path / "served"
     cli_json("pull", "tiny-llama", "--dest", str(dest), env=env)
     artefact = read_artefact(source)
     assert file_digests(dest, [f.path for f in artefact.files]) == {f.path: f.sha256 for f in artefact.files}
 
-    cli_json("gc", "--grace", "0", env=env)  # the killed upload's temp file
+    cli_json("gc", "--grace", "0", env=env)  # nothing left for it: the publish took the killed upload over
     assert list((registry / TMP_DIR).iterdir()) == []
 
 

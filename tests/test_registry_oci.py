@@ -276,6 +276,78 @@ def test_a_publish_killed_half_way_continues_its_upload_session(
     assert hashlib.sha256((Path(pulled.dest) / weights.path).read_bytes()).hexdigest() == weights.sha256
 
 
+class _StoppedBetweenChunks(Exception):
+    pass
+
+
+class _StopAfterFirstChunk:
+    """Progress that stops a blob's upload once its first chunk is in the session and recorded: a publish killed
+    between two chunks, as the next run finds it."""
+
+    def started(self, name: str, total_bytes: int, done_bytes: int) -> None:
+        pass
+
+    def advanced(self, name: str, bytes_count: int) -> None:
+        raise _StoppedBetweenChunks(name)
+
+    def finished(self, name: str) -> None:
+        pass
+
+
+def test_an_upload_session_the_next_publish_starts_again_from_0_is_cancelled_on_the_server(
+    oci_registry: OciRegistry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """#62: killed publishes left their upload sessions' bytes on the server (1.45 GiB after 21). A run that cannot
+    continue the session it finds (here the server's upload status answers 503) starts the blob again from 0 and
+    cancels the old session with a DELETE on its URL."""
+    for name, value in {**oci_registry.env, "ENGINESMITH_CACHE_DIR": str(tmp_path / "cache")}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr("registry.oci.CHUNK_BYTES", MIB)
+    source = tmp_path / "weights.safetensors"
+    source.write_bytes(deterministic_bytes(3 * MIB + 17, 7))
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()
+    space = namespace()
+    proxy = CuttingProxy(f"http://{oci_registry.host}")
+
+    with proxy.running():
+        store = OciStore(f"oci+http://{proxy.endpoint.removeprefix('http://')}/{space}")
+        with pytest.raises(_StoppedBetweenChunks):
+            store.put_blob(digest, source, progress=_StopAfterFirstChunk())
+        ((abandoned, held),) = oci_registry.upload_sessions(space).items()
+        assert held == MIB
+        (kept,) = (tmp_path / "cache" / "oci-uploads").glob(f"*/{digest}")
+        old_location = json.loads(kept.read_text())["location"]
+
+        proxy.upload_status_left_to_fail = 1
+        assert store.put_blob(digest, source) == 0  # started again from 0
+        assert store.blob_size(digest) == source.stat().st_size
+        status = httpx.get(old_location, auth=(USERNAME, PASSWORD))
+
+    assert oci_registry.upload_sessions(space).get(abandoned, 0) == 0  # its bytes are gone from the server
+    assert status.status_code == 404 and "BLOB_UPLOAD_UNKNOWN" in status.text
+
+
+def test_a_blob_whose_bytes_do_not_match_leaves_no_upload_session_on_the_server(
+    oci_registry: OciRegistry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """#62: a file that changed while it was published failed its sha256 after the whole of it was in the session,
+    and the session stayed on the server; it is cancelled before the error is raised."""
+    from registry.errors import IntegrityError
+
+    for name, value in {**oci_registry.env, "ENGINESMITH_CACHE_DIR": str(tmp_path / "cache")}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr("registry.oci.CHUNK_BYTES", MIB)
+    source = tmp_path / "weights.safetensors"
+    source.write_bytes(deterministic_bytes(2 * MIB + 5, 8))
+    expected = hashlib.sha256(b"the bytes the publisher hashed before the file changed").hexdigest()
+    space = namespace()
+
+    with pytest.raises(IntegrityError, match="content has sha256"):
+        OciStore(oci_registry.registry_url(space)).put_blob(expected, source)
+
+    assert oci_registry.upload_sessions(space) and set(oci_registry.upload_sessions(space).values()) == {0}
+
+
 @pytest.mark.parametrize("damage", ["path outside", "blob of another size"])
 def test_an_oci_manifest_pointing_outside_the_destination_or_at_a_wrong_blob_writes_nothing(
     damage: str, oci_registry: OciRegistry, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

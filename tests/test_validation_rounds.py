@@ -107,6 +107,27 @@ def test_once_a_gate_fails_clear_the_verdict_stops_measuring_unless_a_complete_r
         assert "not decided: the verdict had failed" in report.markdown()
 
 
+def test_an_undecided_gate_reads_not_decided_in_the_verdict_column_not_fail(capsys):
+    """#62: a slowed candidate's TPOT gate left undecided (1.037 against 1.1) once the throughput gate had failed
+    showed FAIL in the printed report's verdict column, beside "not decided: the verdict had failed"."""
+    from enginesmith.cli.views import print_validation
+    from enginesmith.core.reports.llm import ValidationReport
+    from enginesmith.core.reports.measures import GateResult
+    from tests.report_factory import llm_report
+
+    report = ValidationReport.model_validate(llm_report([0.3, 0.31], [1.03, 1.04], passed=False))
+    latency = GateResult(name="max_tpot_ratio", measured=1.037, limit=1.1, passed=False, low=1.03, high=1.04,
+                         rounds=2, decision="abandoned", bound_low=0.95, bound_high=1.13)
+    report = report.model_copy(update={"gates": [*report.gates, latency]})
+    assert [g.verdict for g in report.gates] == ["FAIL", "not decided"]
+    print_validation(report)
+    printed = capsys.readouterr().out
+    tpot_row = next(line for line in printed.splitlines() if "max_tpot_ratio" in line)
+    assert "not decided" in tpot_row and "FAIL" not in tpot_row
+    assert "FAIL" in next(line for line in printed.splitlines() if "min_throughput_ratio" in line)
+    assert "| not decided |" in report.markdown()
+
+
 def test_after_the_first_look_only_the_levels_of_undecided_gates_are_measured_and_baselines_stop(tiny_model_dir,
                                                                                                 tmp_path):
     """#32: verdicts from fewer requests. The candidate's single requests are 0.6× and 1.6× the reference's TPOT in

@@ -746,6 +746,7 @@ def copy(
     cache_dir: Annotated[Path | None, typer.Option(
         "--cache-dir", envvar="ENGINESMITH_CACHE_DIR", help="The blob cache the copy passes through.")] = None,
     jobs: JobsOption = 4,
+    limit_rate: LimitRateOption = None,
     s3_endpoint: S3EndpointOption = None,
     json_output: JsonOption = False,
 ) -> None:
@@ -767,7 +768,7 @@ def copy(
     manifests, channels = copy_selection(from_store, refs or [])
     cache = BlobCache(writable_dir(cache_dir or default_cache_dir(), what="cache",
                                    variable="--cache-dir" if cache_dir else CACHE_ENV, create=False))
-    result = copy_artefacts(from_store, to_store, manifests, channels, cache, jobs=jobs)
+    result = copy_artefacts(from_store, to_store, manifests, channels, cache, jobs=jobs, limiter=_limiter(limit_rate))
     if json_output:
         print_json(result)
         return

@@ -12,6 +12,10 @@ if TYPE_CHECKING:
     from registry.support import SupportMatrix
 
 
+# A verdict cell's style; any other word (a gate "not decided") is shown as it is, in yellow.
+VERDICT_STYLES = {"pass": "green", "FAIL": "red"}
+
+
 def print_validation(report: KindReport) -> None:
     """The report's tables (the comparison, the gates) as rich tables, its notes and its verdict."""
     view = report.view()
@@ -19,8 +23,8 @@ def print_validation(report: KindReport) -> None:
         stdout.print(view.title, style="bold")
     stdout.print(view.summary)
     for shown in view.tables:
-        rows = [[(styled("pass", "green") if cell == "pass" else styled("FAIL", "red")) if index == shown.verdict_column
-                 else cell for index, cell in enumerate(row)] for row in shown.rows]
+        rows = [[styled(cell, VERDICT_STYLES.get(cell, "yellow")) if index == shown.verdict_column else cell
+                 for index, cell in enumerate(row)] for row in shown.rows]
         stdout.print(table(shown.caption, shown.columns, rows))
     for note in view.notes:
         stdout.print(f"note: {note}")

