@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -126,7 +127,7 @@ def publish(
     signing key, the manifest names an OpenSSF model-signing bundle over what a pull lays out."""
     from registry.publish import DEFAULT_CHANNELS, publish_artefact
 
-    store = _open_store(registry, s3_endpoint)
+    store = _open_store(registry, s3_endpoint, creates=True)
     report = _read_json_file(validation, "--validation") if validation else None
     limiter = _limiter(limit_rate)
     signing_key = _signing_key(sign_key, sign_key_env, passphrase_env)
@@ -345,7 +346,8 @@ def pull(
     from registry.pull import check_destination, check_free_space, check_pull_trust, plan_pull, pull_artefact
     from registry.signing import read_signature, signature_covers_text
 
-    store = _open_store(str(from_bundle) if from_bundle else registry, s3_endpoint)
+    store = _open_store(str(from_bundle), s3_endpoint, given_as="--from-bundle") if from_bundle else \
+        _open_store(registry, s3_endpoint)
     ref = parse_ref(what, where="MODEL|REF")
     limiter = _limiter(limit_rate)
     trusted = _trust(trust)
@@ -654,7 +656,8 @@ def support(
 
     catalogue = default_catalogue()
     pipeline = load_pipeline_config(config, catalogue)
-    store = _open_store(registry or registry_url(pipeline), s3_endpoint)
+    store = _open_store(registry or registry_url(pipeline), s3_endpoint,
+                        given_as=None if registry else f"{config}: registry.url")
     matrix = config_support(pipeline, config.parent, catalogue, store)
     if markdown is not None:
         markdown.write_text(markdown_table(matrix), encoding="utf-8")
@@ -747,8 +750,8 @@ def copy(
     from registry.cache import BlobCache, default_cache_dir
     from registry.copy import copy_artefacts, copy_selection
 
-    from_store = _open_store(source, s3_endpoint)
-    to_store = _open_store(destination, s3_endpoint)
+    from_store = _open_store(source, s3_endpoint, given_as="SOURCE")
+    to_store = _open_store(destination, s3_endpoint, given_as="DESTINATION", creates=True)
     if from_store.location == to_store.location:
         raise UserError("the source and the destination are the same registry", where="DESTINATION",
                         hint="copy into another registry")
@@ -853,10 +856,20 @@ def _trust(paths: list[str] | None) -> Trust | None:
     return load_trust([Path(text) for text in paths])
 
 
-def _open_store(registry: str, s3_endpoint: str | None) -> RegistryStore:
+def _open_store(registry: str, s3_endpoint: str | None, *, given_as: str | None = None,
+                creates: bool = False) -> RegistryStore:
+    """The registry a command names (``given_as``: the option, argument or variable that named it, for messages;
+    default ``--registry`` or ``ENGINESMITH_REGISTRY``). It must be there unless the command ``creates`` it."""
     from registry.store import open_store
 
-    return open_store(registry, s3_endpoint=s3_endpoint)
+    return open_store(registry, s3_endpoint=s3_endpoint, must_exist=not creates,
+                      where=given_as or _given_as(registry, "--registry", REGISTRY_ENV))
+
+
+def _given_as(value: str, flag: str, variable: str) -> str:
+    """How the user gave ``value``: ``variable`` where it came from the environment, else ``flag``."""
+    on_command_line = any(arg == flag or arg.startswith(f"{flag}=") for arg in sys.argv[1:])
+    return variable if not on_command_line and os.environ.get(variable) == value else flag
 
 
 def _machine_and_constraints(recipe: str | None, target: str, tp: int | None, allow_same_sm: bool, objective: str,
