@@ -20,11 +20,40 @@ class ModelResolution(BaseModel):
 
 
 class NothingRunsHere(NotFoundError):
-    """A bare model with no artefact eligible on the machine; ``resolution`` says why each one lost."""
+    """A bare model with no artefact eligible on the machine; ``resolution`` says why each one lost, ``summary`` in
+    one sentence."""
 
-    def __init__(self, message: str, *, resolution: Resolution, where: str, hint: str) -> None:
+    def __init__(self, message: str, *, resolution: Resolution, summary: str, where: str, hint: str) -> None:
         super().__init__(message, where=where, hint=hint)
         self.resolution = resolution
+        self.summary = summary
+
+
+# Why candidates of a status were not chosen, as the summary counts them.
+_NOT_CHOSEN_BECAUSE = {"untrusted": "refused by --trust", "withdrawn": "withdrawn",
+                       "incompatible": "incompatible", "low-memory": "too big for the memory here",
+                       "misses-slo": "missing the SLO", "same-sm-not-tuned": "built for another SKU of this SM"}
+
+
+def nothing_chosen_summary(resolution: Resolution, unsigned: int) -> str:
+    """Why no artefact of the model was chosen, by what stopped each (``unsigned``: how many of the untrusted ones
+    carry no signature at all): the trust list or a withdrawal is named as such, not read as "does not run here"."""
+    model, machine = resolution.model, resolution.machine.description
+    counts: dict[str, int] = {}
+    for candidate in resolution.candidates:
+        counts[candidate.status] = counts.get(candidate.status, 0) + 1
+    total = len(resolution.candidates)
+    if counts.keys() == {"untrusted"}:
+        if unsigned == total:
+            return f"no artefact of {model} is signed ({total} published), and --trust takes only signed ones"
+        refused = [f"{unsigned} not signed"] * bool(unsigned) + \
+            [f"{total - unsigned} signed by a key it does not list, or not holding"] * bool(total - unsigned)
+        return f"--trust refuses every artefact of {model}: {', '.join(refused)}"
+    if not counts.keys() & {"untrusted", "withdrawn"}:
+        return f"no artefact of {model} runs on {machine}"
+    reasons = ", ".join(f"{count} {_NOT_CHOSEN_BECAUSE.get(status, status)}" for status, count in sorted(
+        counts.items(), key=lambda item: -item[1]))
+    return f"no artefact of {model} can be pulled on {machine}: {reasons}"
 
 
 class PassedOver(BaseModel):
@@ -106,10 +135,11 @@ def choose(store: RegistryStore, ref: Ref, machine: Machine, constraints: Constr
                          withdrawn=withdrawn)
     if resolution.chosen is None:
         why = "; ".join(f"{c.key[:12]}: {c.status} ({'; '.join(c.reasons)})" for c in resolution.candidates[:3])
+        unsigned = sum(m.signature is None for m in listing.manifests if m.key in untrusted)
         raise NothingRunsHere(
             f"no artefact of {ref.model} can run on {machine.description}"
             + (f": {why}" if why else f": none is published in {store.location}"),
-            resolution=resolution, where=str(ref),
+            resolution=resolution, summary=nothing_chosen_summary(resolution, unsigned), where=str(ref),
             hint=f"`enginesmith resolve {ref.model}` lists every candidate; name one with MODEL@KEY, "
                  "or use --target / --allow-same-sm",
         )

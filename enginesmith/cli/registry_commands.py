@@ -346,13 +346,13 @@ def pull(
     from registry.pull import check_destination, check_free_space, check_pull_trust, plan_pull, pull_artefact
     from registry.signing import read_signature, signature_covers_text
 
-    store = _open_store(str(from_bundle), s3_endpoint, given_as="--from-bundle") if from_bundle else \
-        _open_store(registry, s3_endpoint)
     ref = parse_ref(what, where="MODEL|REF")
     limiter = _limiter(limit_rate)
     trusted = _trust(trust)
     machine, constraints = _machine_and_constraints(recipe, target, tp, allow_same_sm, objective, runtime_version,
                                                     slo, concurrency)
+    store = _open_store(str(from_bundle), s3_endpoint, given_as="--from-bundle") if from_bundle else \
+        _open_store(registry, s3_endpoint)
     try:
         choice = choose(store, ref, machine, constraints, trusted, allow_fallback=allow_fallback,
                         allow_withdrawn=allow_withdrawn)
@@ -365,9 +365,10 @@ def pull(
         else:
             _print_resolution(nothing.resolution)
             within = f" within the SLO {constraints.slo}" if constraints.slo is not None else ""
-            stderr.print(f"[bold red]error:[/] no artefact of {escape(ref.model)} runs on "
-                         f"{escape(machine.description)}{escape(within)}; nothing was fetched or written (name one "
-                         "with MODEL@KEY to pull it anyway)", markup=True)
+            refused = any(c.status in ("untrusted", "withdrawn") for c in nothing.resolution.candidates)
+            anyway = "" if refused else " (name one with MODEL@KEY to pull it anyway)"
+            stderr.print(f"[bold red]error:[/] {escape(nothing.summary)}{escape(within)}; nothing was fetched or "
+                         f"written{anyway}", markup=True)
         raise typer.Exit(1) from None
     manifest, candidate = choice.manifest, choice.candidate
     for ignored in choice.ignored_withdrawals if not json_output else []:
