@@ -17,6 +17,7 @@ class ModelResolution(BaseModel):
     resolution: Resolution
     unreadable: list[UnreadableManifest]  # manifests that could not be assessed (and why)
     ignored_withdrawals: list[str] = []  # withdrawals that do not count under the trust list, and why
+    not_chosen: str | None = None  # with candidates and none chosen: why, in one sentence (nothing_chosen_summary)
 
 
 class NothingRunsHere(NotFoundError):
@@ -83,9 +84,18 @@ def resolve_model(store: RegistryStore, model: str, machine: Machine, constraint
     listing = list_model(store, model, with_channels=False)
     signers, untrusted = check_signatures(store, listing.manifests, trust)
     withdrawals = read_withdrawals(store, model, trust)
-    return ModelResolution(resolution=resolve(model, listing.manifests, machine, constraints, signers=signers,
-                                              untrusted=untrusted, withdrawn=withdrawals.reasons()),
-                           unreadable=listing.unreadable, ignored_withdrawals=withdrawals.ignored)
+    resolution = resolve(model, listing.manifests, machine, constraints, signers=signers, untrusted=untrusted,
+                         withdrawn=withdrawals.reasons())
+    not_chosen = None
+    if resolution.chosen is None and resolution.candidates:
+        not_chosen = nothing_chosen_summary(resolution, _unsigned(listing.manifests, untrusted))
+    return ModelResolution(resolution=resolution, unreadable=listing.unreadable,
+                           ignored_withdrawals=withdrawals.ignored, not_chosen=not_chosen)
+
+
+def _unsigned(manifests: list[Manifest], untrusted: dict[str, str]) -> int:
+    """How many of the artefacts the trust list refused carry no signature at all."""
+    return sum(m.signature is None for m in manifests if m.key in untrusted)
 
 
 def check_signatures(store: RegistryStore, manifests: list[Manifest],
@@ -135,7 +145,7 @@ def choose(store: RegistryStore, ref: Ref, machine: Machine, constraints: Constr
                          withdrawn=withdrawn)
     if resolution.chosen is None:
         why = "; ".join(f"{c.key[:12]}: {c.status} ({'; '.join(c.reasons)})" for c in resolution.candidates[:3])
-        unsigned = sum(m.signature is None for m in listing.manifests if m.key in untrusted)
+        unsigned = _unsigned(listing.manifests, untrusted)
         raise NothingRunsHere(
             f"no artefact of {ref.model} can run on {machine.description}"
             + (f": {why}" if why else f": none is published in {store.location}"),

@@ -225,6 +225,9 @@ def test_a_trusted_pull_of_a_model_none_signed_says_so_not_that_nothing_runs_her
     assert untrusted.returncode == 1, untrusted.stdout + untrusted.stderr
     assert "error: --trust refuses every artefact of tiny-llama: 1 not signed, 1 signed by a key it does not list" \
         in untrusted.stderr
+    resolved = run_cli("resolve", "tiny-llama", "--target", "cpu", "--trust", str(keys["laptop"][1]), env=env)
+    assert resolved.returncode == 1 and resolved.stdout.strip().splitlines()[-1].startswith(
+        "--trust refuses every artefact of tiny-llama: 1 not signed, 1 signed by a key"), resolved.stdout
     assert not (tmp_path / "dest").exists() and not (tmp_path / "cache").exists()
 
 

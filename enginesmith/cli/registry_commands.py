@@ -295,7 +295,7 @@ def resolve(
         print_json({**result.resolution.model_dump(mode="json"),
                     "unreadable": [u.model_dump() for u in result.unreadable]})
     else:
-        _print_resolution(result.resolution)
+        _print_resolution(result.resolution, result.not_chosen)
         for unreadable in result.unreadable:
             stderr.print(f"[yellow]skipped[/] {escape(model)}@{unreadable.key[:12]}: {escape(unreadable.problem)}",
                          markup=True)
@@ -363,7 +363,7 @@ def pull(
         if json_output:
             print_json(nothing.resolution)
         else:
-            _print_resolution(nothing.resolution)
+            _print_resolution(nothing.resolution, None)  # the error line below says why
             within = f" within the SLO {constraints.slo}" if constraints.slo is not None else ""
             refused = any(c.status in ("untrusted", "withdrawn") for c in nothing.resolution.candidates)
             anyway = "" if refused else " (name one with MODEL@KEY to pull it anyway)"
@@ -892,7 +892,8 @@ def _machine_and_constraints(recipe: str | None, target: str, tp: int | None, al
                                 slo=parsed_slo, concurrency=concurrency)
 
 
-def _print_resolution(resolution: Resolution) -> None:
+def _print_resolution(resolution: Resolution, not_chosen: str | None) -> None:
+    """The candidates' table, the machine's notes, and which was chosen or (``not_chosen``) why none was."""
     colour = {"runnable": "green", "same-sm-not-tuned": "yellow", "misses-slo": "yellow", "low-memory": "yellow",
               "incompatible": "red", "untrusted": "red", "withdrawn": "red"}
     slo = resolution.constraints.slo
@@ -933,7 +934,10 @@ def _print_resolution(resolution: Resolution) -> None:
         stdout.print(f"chosen: [bold]{escape(resolution.chosen.model)}@{resolution.chosen.key[:12]}[/] ({escape(by)})",
                      markup=True)
     elif resolution.candidates:
-        stdout.print("no profile meets the SLO here" if slo is not None else "nothing runnable here", style="red")
+        if slo is not None:
+            stdout.print("no profile meets the SLO here", style="red")
+        elif not_chosen is not None:
+            stdout.print(not_chosen, style="red")
 
 
 # The toolchain a build is known by, first found first, where no version changed since the previous build.
