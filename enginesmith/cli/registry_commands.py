@@ -127,7 +127,7 @@ def publish(
     signing key, the manifest names an OpenSSF model-signing bundle over what a pull lays out."""
     from registry.publish import DEFAULT_CHANNELS, publish_artefact
 
-    store = _open_store(registry, s3_endpoint, creates=True)
+    store = _open_store(registry, s3_endpoint, must_exist=False)
     report = _read_json_file(validation, "--validation") if validation else None
     limiter = _limiter(limit_rate)
     signing_key = _signing_key(sign_key, sign_key_env, passphrase_env)
@@ -657,8 +657,9 @@ def support(
 
     catalogue = default_catalogue()
     pipeline = load_pipeline_config(config, catalogue)
-    store = _open_store(registry or registry_url(pipeline), s3_endpoint,
-                        given_as=None if registry else f"{config}: registry.url")
+    # The config's own registry is made by its first night; before that the matrix is the plan's refusals and "not
+    # run". A registry named here must be there.
+    store = _open_store(registry or registry_url(pipeline), s3_endpoint, must_exist=registry is not None)
     matrix = config_support(pipeline, config.parent, catalogue, store)
     if markdown is not None:
         markdown.write_text(markdown_table(matrix), encoding="utf-8")
@@ -752,7 +753,7 @@ def copy(
     from registry.copy import copy_artefacts, copy_selection
 
     from_store = _open_store(source, s3_endpoint, given_as="SOURCE")
-    to_store = _open_store(destination, s3_endpoint, given_as="DESTINATION", creates=True)
+    to_store = _open_store(destination, s3_endpoint, given_as="DESTINATION", must_exist=False)
     if from_store.location == to_store.location:
         raise UserError("the source and the destination are the same registry", where="DESTINATION",
                         hint="copy into another registry")
@@ -858,12 +859,12 @@ def _trust(paths: list[str] | None) -> Trust | None:
 
 
 def _open_store(registry: str, s3_endpoint: str | None, *, given_as: str | None = None,
-                creates: bool = False) -> RegistryStore:
+                must_exist: bool = True) -> RegistryStore:
     """The registry a command names (``given_as``: the option, argument or variable that named it, for messages;
-    default ``--registry`` or ``ENGINESMITH_REGISTRY``). It must be there unless the command ``creates`` it."""
+    default ``--registry`` or ``ENGINESMITH_REGISTRY``). It must be there, but where the command creates it."""
     from registry.store import open_store
 
-    return open_store(registry, s3_endpoint=s3_endpoint, must_exist=not creates,
+    return open_store(registry, s3_endpoint=s3_endpoint, must_exist=must_exist,
                       where=given_as or _given_as(registry, "--registry", REGISTRY_ENV))
 
 
