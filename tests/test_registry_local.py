@@ -449,3 +449,18 @@ def test_an_s3_endpoint_without_its_scheme_is_named_with_where_it_came_from(tmp_
                                       "URL with a host"), done.stderr
         assert f"e.g. http://{endpoint}" in done.stderr
 
+
+
+def test_an_os_error_no_command_names_itself_is_still_one_line_with_its_path(tmp_path: Path) -> None:
+    """#62: an OSError a command does not turn into its own message (here `bundle --out` under a file) is one line
+    naming the path, exit 2; --debug shows the traceback."""
+    store = LocalStore(tmp_path / "registry")
+    publish_artefact(store, write_artefact(tmp_path / "build"))
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    args = ("bundle", "tiny-llama", "--registry", str(store.root), "--out", str(blocker / "node.bundle"))
+    failed = run_cli(*args)
+    assert failed.returncode == 2 and "Traceback" not in failed.stderr, failed.stderr
+    assert f"error: enginesmith bundle failed: File exists: {blocker}\n" in failed.stderr, failed.stderr
+    assert blocker.read_text() == "not a directory"
+    assert "Traceback" in run_cli("--debug", *args).stderr
