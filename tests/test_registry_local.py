@@ -400,6 +400,10 @@ def test_a_registry_that_does_not_exist_is_an_error_not_an_empty_listing(tmp_pat
     assert misspelt.returncode == 2, misspelt.stdout + misspelt.stderr
     assert "ENGINESMITH_REGISTRY: 's3//engines/fleet' has no ':' after its scheme s3" in misspelt.stderr
     assert "write s3://engines/fleet" in misspelt.stderr
+    no_bundle = run_cli("pull", "tiny-llama", "--from-bundle", str(tmp_path / "node.bundle"),
+                        env={"ENGINESMITH_CACHE_DIR": str(tmp_path / "cache")})
+    assert no_bundle.returncode == 2 and no_bundle.stderr.startswith(
+        f"error: --from-bundle: {tmp_path / 'node.bundle'} does not exist"), no_bundle.stderr
     assert not (REPO_ROOT / "s3").exists() and not (tmp_path / "cache").exists()
 
 

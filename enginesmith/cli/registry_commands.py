@@ -351,6 +351,9 @@ def pull(
     trusted = _trust(trust)
     machine, constraints = _machine_and_constraints(recipe, target, tp, allow_same_sm, objective, runtime_version,
                                                     slo, concurrency)
+    if from_bundle is not None and not from_bundle.is_file():
+        raise UserError(f"{from_bundle} does not exist" if not from_bundle.exists() else f"{from_bundle} is not a file",
+                        where="--from-bundle", hint="give the file `enginesmith bundle REF… --out FILE` wrote")
     store = _open_store(str(from_bundle), s3_endpoint, given_as="--from-bundle") if from_bundle else \
         _open_store(registry, s3_endpoint)
     try:
