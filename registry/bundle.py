@@ -216,6 +216,9 @@ class BundleStore:
         return 0
 
     # A bundle carries artefacts, not the handoffs between the nodes that built them.
+    def require_exists(self, where: str) -> None:
+        pass  # read when opened: a bundle that is not there was refused then
+
     def create_stage(self, stage: str, key: str, body: bytes, files: Sequence[StageFile] = ()) -> bool:
         raise ReadOnlyStoreError("a bundle cannot be changed", where=self.location)
 

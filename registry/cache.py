@@ -48,7 +48,7 @@ ABANDONED_CLAIM_S = 3600.0
 
 
 def default_cache_dir() -> Path:
-    """``$ENGINESMITH_CACHE_DIR``, else ``.enginesmith/cache`` (next to the default registry)."""
+    """``$ENGINESMITH_CACHE_DIR``, else the user's cache directory (``enginesmith.core.state``)."""
     return cache_root()
 
 

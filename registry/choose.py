@@ -17,14 +17,44 @@ class ModelResolution(BaseModel):
     resolution: Resolution
     unreadable: list[UnreadableManifest]  # manifests that could not be assessed (and why)
     ignored_withdrawals: list[str] = []  # withdrawals that do not count under the trust list, and why
+    not_chosen: str | None = None  # with candidates and none chosen: why, in one sentence (nothing_chosen_summary)
 
 
 class NothingRunsHere(NotFoundError):
-    """A bare model with no artefact eligible on the machine; ``resolution`` says why each one lost."""
+    """A bare model with no artefact eligible on the machine; ``resolution`` says why each one lost, ``summary`` in
+    one sentence."""
 
-    def __init__(self, message: str, *, resolution: Resolution, where: str, hint: str) -> None:
+    def __init__(self, message: str, *, resolution: Resolution, summary: str, where: str, hint: str) -> None:
         super().__init__(message, where=where, hint=hint)
         self.resolution = resolution
+        self.summary = summary
+
+
+# Why candidates of a status were not chosen, as the summary counts them.
+_NOT_CHOSEN_BECAUSE = {"untrusted": "refused by --trust", "withdrawn": "withdrawn",
+                       "incompatible": "incompatible", "low-memory": "too big for the memory here",
+                       "misses-slo": "missing the SLO", "same-sm-not-tuned": "built for another SKU of this SM"}
+
+
+def nothing_chosen_summary(resolution: Resolution, unsigned: int) -> str:
+    """Why no artefact of the model was chosen, by what stopped each (``unsigned``: how many of the untrusted ones
+    carry no signature at all): the trust list or a withdrawal is named as such, not read as "does not run here"."""
+    model, machine = resolution.model, resolution.machine.description
+    counts: dict[str, int] = {}
+    for candidate in resolution.candidates:
+        counts[candidate.status] = counts.get(candidate.status, 0) + 1
+    total = len(resolution.candidates)
+    if counts.keys() == {"untrusted"}:
+        if unsigned == total:
+            return f"no artefact of {model} is signed ({total} published), and --trust takes only signed ones"
+        refused = [f"{unsigned} not signed"] * bool(unsigned) + \
+            [f"{total - unsigned} signed by a key it does not list, or not holding"] * bool(total - unsigned)
+        return f"--trust refuses every artefact of {model}: {', '.join(refused)}"
+    if not counts.keys() & {"untrusted", "withdrawn"}:
+        return f"no artefact of {model} runs on {machine}"
+    reasons = ", ".join(f"{count} {_NOT_CHOSEN_BECAUSE.get(status, status)}" for status, count in sorted(
+        counts.items(), key=lambda item: -item[1]))
+    return f"no artefact of {model} can be pulled on {machine}: {reasons}"
 
 
 class PassedOver(BaseModel):
@@ -54,9 +84,18 @@ def resolve_model(store: RegistryStore, model: str, machine: Machine, constraint
     listing = list_model(store, model, with_channels=False)
     signers, untrusted = check_signatures(store, listing.manifests, trust)
     withdrawals = read_withdrawals(store, model, trust, remember=True)
-    return ModelResolution(resolution=resolve(model, listing.manifests, machine, constraints, signers=signers,
-                                              untrusted=untrusted, withdrawn=withdrawals.reasons()),
-                           unreadable=listing.unreadable, ignored_withdrawals=withdrawals.ignored)
+    resolution = resolve(model, listing.manifests, machine, constraints, signers=signers, untrusted=untrusted,
+                         withdrawn=withdrawals.reasons())
+    not_chosen = None
+    if resolution.chosen is None and resolution.candidates:
+        not_chosen = nothing_chosen_summary(resolution, _unsigned(listing.manifests, untrusted))
+    return ModelResolution(resolution=resolution, unreadable=listing.unreadable,
+                           ignored_withdrawals=withdrawals.ignored, not_chosen=not_chosen)
+
+
+def _unsigned(manifests: list[Manifest], untrusted: dict[str, str]) -> int:
+    """How many of the artefacts the trust list refused carry no signature at all."""
+    return sum(m.signature is None for m in manifests if m.key in untrusted)
 
 
 def check_signatures(store: RegistryStore, manifests: list[Manifest],
@@ -108,10 +147,11 @@ def choose(store: RegistryStore, ref: Ref, machine: Machine, constraints: Constr
                          withdrawn=withdrawn)
     if resolution.chosen is None:
         why = "; ".join(f"{c.key[:12]}: {c.status} ({'; '.join(c.reasons)})" for c in resolution.candidates[:3])
+        unsigned = _unsigned(listing.manifests, untrusted)
         raise NothingRunsHere(
             f"no artefact of {ref.model} can run on {machine.description}"
             + (f": {why}" if why else f": none is published in {store.location}"),
-            resolution=resolution, where=str(ref),
+            resolution=resolution, summary=nothing_chosen_summary(resolution, unsigned), where=str(ref),
             hint=f"`enginesmith resolve {ref.model}` lists every candidate; name one with MODEL@KEY, "
                  "or use --target / --allow-same-sm",
         )

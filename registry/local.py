@@ -16,6 +16,8 @@ import uuid
 from collections.abc import Generator, Iterator, Sequence
 from pathlib import Path
 
+from enginesmith.core.diskspace import disk_filled_error, is_disk_full
+from enginesmith.core.errors import os_failure
 from enginesmith.core.locks import exclusive
 from registry.cache import PartialFiles
 from registry.errors import IntegrityError, NotFoundError
@@ -69,7 +71,7 @@ class LocalStore:
     def blob_size(self, digest: str) -> int | None:
         try:
             return (self.root / blob_path(digest)).stat().st_size
-        except FileNotFoundError:
+        except _ABSENT:
             return None
 
     def put_blob(self, digest: str, source: Path, *, limiter: RateLimiter | None = None,
@@ -77,6 +79,11 @@ class LocalStore:
         """Continues a partial upload an interrupted run left under ``tmp/`` (``PartialFiles``, as pulls continue
         theirs): the bytes kept are hashed, not read from ``source`` again. Kept bytes that do not match are thrown
         away and the blob is copied once more from its start."""
+        with self._os_errors(f"writing blob sha256:{digest[:12]}"):
+            return self._put_blob(digest, source, limiter, progress, name)
+
+    def _put_blob(self, digest: str, source: Path, limiter: RateLimiter | None, progress: TransferProgress | None,
+                  name: str) -> int:
         final = self.root / blob_path(digest)
         final.parent.mkdir(parents=True, exist_ok=True)
         size = source.stat().st_size
@@ -128,7 +135,8 @@ class LocalStore:
                     yield BlobInfo(digest=entry.name, size=stat.st_size, modified=stat.st_mtime)
 
     def delete_blob(self, digest: str) -> None:
-        (self.root / blob_path(digest)).unlink(missing_ok=True)
+        with self._os_errors(f"deleting blob sha256:{digest[:12]}"):
+            (self.root / blob_path(digest)).unlink(missing_ok=True)
 
     # --- manifests -----------------------------------------------------------------------------------
 
@@ -136,6 +144,10 @@ class LocalStore:
         return self._create_once(self.root / manifest_path(model, key), key, body)
 
     def _create_once(self, final: Path, key: str, body: bytes) -> bool:
+        with self._os_errors(f"writing {final.relative_to(self.root)}"):
+            return self._link_once(final, key, body)
+
+    def _link_once(self, final: Path, key: str, body: bytes) -> bool:
         final.parent.mkdir(parents=True, exist_ok=True)
         with self._temp_file(key) as temp:
             self._write_durably(temp, body)
@@ -147,13 +159,11 @@ class LocalStore:
         return True
 
     def read_manifest(self, model: str, key: str) -> bytes | None:
-        try:
-            return (self.root / manifest_path(model, key)).read_bytes()
-        except FileNotFoundError:
-            return None
+        return _read_or_none(self.root / manifest_path(model, key))
 
     def delete_manifest(self, model: str, key: str) -> None:
-        (self.root / manifest_path(model, key)).unlink(missing_ok=True)
+        with self._os_errors(f"deleting manifest {model}@{key[:12]}"):
+            (self.root / manifest_path(model, key)).unlink(missing_ok=True)
 
     def list_models(self) -> list[str]:
         return sorted(p.name for p in _children(self.root / "manifests") if p.is_dir() and is_name(p.name))
@@ -176,7 +186,8 @@ class LocalStore:
         return sorted(k for k in names if is_name(k))
 
     def delete_stage(self, stage: str, key: str) -> None:
-        (self.root / stage_path(stage, key)).unlink(missing_ok=True)
+        with self._os_errors(f"deleting stage record {stage}/{key[:12]}"):
+            (self.root / stage_path(stage, key)).unlink(missing_ok=True)
 
     # --- history records -----------------------------------------------------------------------------
 
@@ -208,6 +219,10 @@ class LocalStore:
             ) from None
 
     def write_ref(self, model: str, channel: str, key: str, expected: RefState | None) -> bool:
+        with self._os_errors(f"moving ref {model}:{channel}"):
+            return self._swap_ref(model, channel, key, expected)
+
+    def _swap_ref(self, model: str, channel: str, key: str, expected: RefState | None) -> bool:
         path = self.root / ref_path(model, channel)
         path.parent.mkdir(parents=True, exist_ok=True)
         with exclusive(path.parent / f".{channel}.lock"):
@@ -237,6 +252,26 @@ class LocalStore:
                     removed += 1
         return removed
 
+    def require_exists(self, where: str) -> None:
+        if not self.root.is_dir():
+            raise NotFoundError(f"no registry at {self.root}: the directory does not exist", where=where,
+                                hint="check the path; `enginesmith publish` and `enginesmith copy` make a registry "
+                                     "directory where they write")
+
+    @contextlib.contextmanager
+    def _os_errors(self, doing: str) -> Iterator[None]:
+        """An OS error while writing the registry (a directory one cannot write, a read-only or full filesystem) as
+        one line naming the path; what was half-written is removed by the writer (``_temp_file``)."""
+        try:
+            yield
+        except OSError as exc:
+            if is_disk_full(exc):
+                raise disk_filled_error(self.root, what=doing, where=self.location,
+                                        hint="free some space, or use a registry on a larger disk") from None
+            raise os_failure(exc, doing=doing, where=self.location,
+                             hint="check that this user can write there and the filesystem is not read-only"
+                             ) from None
+
     @contextlib.contextmanager
     def _temp_file(self, label: str) -> Iterator[Path]:
         """A fresh path under ``tmp/`` (same filesystem as the final names, so a rename is atomic); removed
@@ -257,11 +292,18 @@ class LocalStore:
             os.fsync(handle.fileno())
 
 
+# Nothing is under a path one of whose parents is a file: absent, as where no parent exists.
+_ABSENT = (FileNotFoundError, NotADirectoryError)
+_READ_HINT = "check that this user can read the registry directory"
+
+
 def _read_or_none(path: Path) -> bytes | None:
     try:
         return path.read_bytes()
-    except FileNotFoundError:
+    except _ABSENT:
         return None
+    except OSError as exc:
+        raise os_failure(exc, doing=f"reading {path.name}", hint=_READ_HINT) from None
 
 
 def _version(body: bytes) -> str:
@@ -271,8 +313,10 @@ def _version(body: bytes) -> str:
 def _children(directory: Path) -> list[Path]:
     try:
         return list(directory.iterdir())
-    except FileNotFoundError:
+    except _ABSENT:
         return []
+    except OSError as exc:
+        raise os_failure(exc, doing=f"listing {directory.name}", hint=_READ_HINT) from None
 
 
 def _fsync_directory(directory: Path) -> None:

@@ -421,6 +421,9 @@ class OciStore:
         return sorted(tag.removeprefix(CHANNEL_TAG_PREFIX) for tag in self._tags(self._model_repo(model))
                       if tag.startswith(CHANNEL_TAG_PREFIX))
 
+    def require_exists(self, where: str) -> None:
+        pass  # a namespace is a prefix of repository names, listed only by _catalog, which many registries lack
+
     def delete_stale_uploads(self, older_than_s: float, *, now: float | None = None) -> int:
         """Nothing to do from here: the server purges upload sessions left open (distribution: ``uploadpurging``)."""
         return 0

@@ -26,7 +26,7 @@ from pydantic import BaseModel, computed_field
 from enginesmith.core.artefacts import ARTEFACT_FILE, artefact_record_bytes
 from enginesmith.core.checkpoints.models import CheckpointFile
 from enginesmith.core.diskspace import disk_filled_error, is_disk_full, require_free_space, same_filesystem
-from enginesmith.core.errors import UserError
+from enginesmith.core.errors import UserError, os_failure
 from enginesmith.core.factcache import CACHE_ENV
 from registry.cache import BlobCache, link_or_copy
 from registry.errors import IntegrityError, RegistryUnavailableError, SignatureError, UnsafePathError
@@ -431,6 +431,9 @@ def check_destination(dest: Path) -> None:
                         hint="choose a new or empty directory; pull replaces a directory only if it wrote it")
     # The artefact is staged beside dest and renamed into place: the nearest directory that exists must take writes.
     existing = next(parent for parent in dest.absolute().parents if parent.exists())
+    if not existing.is_dir():
+        raise UserError(f"{existing} is a file: cannot lay out {dest} under it", where="--dest",
+                        hint="choose a --dest whose parents are directories (nothing was fetched or written)")
     if not os.access(existing, os.W_OK | os.X_OK):
         why = "is on a read-only filesystem" if _read_only_filesystem(existing) else "is not writable by this user"
         raise UserError(f"{existing} {why}: cannot lay out {dest.name} there", where="--dest",
@@ -443,7 +446,22 @@ def _read_only_filesystem(path: Path) -> bool:
 
 def _lay_out(registry: str, manifest: Manifest, cache: BlobCache, dest: Path, profile: ChosenProfile | None,
              signature_body: bytes | None, checked: SignatureCheck | None) -> tuple[int, int]:
-    """Build the artefact directory next to ``dest`` and rename it into place; returns (linked, copied) files."""
+    """Build the artefact directory next to ``dest`` and rename it into place; returns (linked, copied) files.
+
+    An OS error on the way (an immutable or busy ``dest``, a read-only mount, a name too long) is a ``UserError``
+    naming the path; the fetched blobs stay in the cache, so the next pull only lays the files out."""
+    try:
+        return _stage_and_rename(registry, manifest, cache, dest, profile, signature_body, checked)
+    except OSError as exc:
+        if is_disk_full(exc):
+            raise
+        raise os_failure(exc, doing=f"laying out {dest}", where="--dest",
+                         hint="choose another --dest, or fix that path's permissions or attributes (the files are "
+                              "in the cache: the next pull fetches nothing)") from None
+
+
+def _stage_and_rename(registry: str, manifest: Manifest, cache: BlobCache, dest: Path, profile: ChosenProfile | None,
+                      signature_body: bytes | None, checked: SignatureCheck | None) -> tuple[int, int]:
     dest.parent.mkdir(parents=True, exist_ok=True)
     staging = dest.parent / f".{dest.name}.{uuid.uuid4().hex[:12]}.partial"
     staging.mkdir()

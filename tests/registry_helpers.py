@@ -7,11 +7,15 @@ import hashlib
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+import pytest
 
 from enginesmith.core.artefacts import (
     ARTEFACT_FILE,
@@ -225,3 +229,14 @@ def open_store_of_kind(request, kind: str, tmp_path: Path, label: str):  # -> re
         monkeypatch.setenv(variable, value)
     return open_store(server.registry_url(name))
 
+
+@contextmanager
+def immutable(directory: Path) -> Iterator[None]:
+    """``directory`` made immutable (chattr +i: refused to root too) for the block; skips where chattr cannot."""
+    chattr = shutil.which("chattr")
+    if chattr is None or subprocess.run([chattr, "+i", str(directory)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not available here (needs root and a filesystem with attributes)")
+    try:
+        yield
+    finally:
+        subprocess.run([chattr, "-i", str(directory)], check=True)

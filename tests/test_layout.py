@@ -194,6 +194,39 @@ def test_the_installed_distribution_names_which_extra_brings_a_module():
         "quantization", "quantization", "flows", "validation", "s3", None, None]
 
 
+def test_the_cache_is_the_users_from_any_directory_and_its_variable_moves_it(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch):
+    """#62: the default cache followed the working directory (./.enginesmith/cache), so one user's runs from two
+    directories fetched every blob twice; work and the registry stay the project's."""
+    from enginesmith.core.installation import describe_installation
+    from enginesmith.core.state import CACHE_ENV
+    from registry.cache import default_cache_dir
+
+    monkeypatch.delenv(CACHE_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    seen = []
+    for project in ("one", "two"):
+        (tmp_path / project).mkdir()
+        monkeypatch.chdir(tmp_path / project)
+        state = {place.name: place for place in describe_installation().state}
+        seen.append(default_cache_dir())
+        assert (state["cache"].path, state["cache"].chosen_by) == (str(tmp_path / "xdg" / "enginesmith"),
+                                                                   "the user's cache")
+        assert state["registry"].path == str(tmp_path / project / ".enginesmith" / "registry")
+    assert seen == [tmp_path / "xdg" / "enginesmith"] * 2
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "moved"))
+    assert default_cache_dir() == tmp_path / "moved"
+
+
+def test_help_shows_flags_as_taking_no_value() -> None:
+    """#62: Typer's rich help printed `--debug <bool>`, `--json <bool>`, `--help <bool>`."""
+    for command in ([], ["pull"], ["models", "list"]):
+        shown = run_cli(*command, "--help", env={"COLUMNS": "200"})
+        assert shown.returncode == 0, shown.stderr
+        assert "<bool>" not in shown.stdout and ("--json" in shown.stdout or "--debug" in shown.stdout), shown.stdout
+    assert "<int range>" in run_cli("pull", "--help", env={"COLUMNS": "200"}).stdout  # options with values keep theirs
+
+
 def test_a_work_or_cache_directory_that_cannot_be_made_is_named_with_its_variable(tmp_path: Path,
                                                                                   monkeypatch: pytest.MonkeyPatch):
     from enginesmith.core.errors import UserError

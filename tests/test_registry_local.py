@@ -21,10 +21,11 @@ from registry.names import Ref, manifest_path
 from registry.publish import publish_artefact
 from registry.pull import pull_artefact
 from registry.refs import promote
-from tests.conftest import run_cli
+from tests.conftest import REPO_ROOT, run_cli
 from tests.registry_helpers import (
     cli_json,
     file_digests,
+    immutable,
     read_artefact,
     registry_env,
     tiny_files,
@@ -339,6 +340,7 @@ def test_a_damaged_bundle_fails_the_pull_naming_the_file(store: LocalStore, tmp_
 
 
 def test_user_errors_say_what_to_do(tmp_path: Path) -> None:
+    (tmp_path / "registry").mkdir()
     env = registry_env(str(tmp_path / "registry"), tmp_path / "cache")
     missing = run_cli("pull", "no-such-model", env=env)
     assert missing.returncode == 2 and "no artefact of no-such-model" in missing.stderr
@@ -367,7 +369,9 @@ def test_listing_reports_an_unreadable_manifest_and_resolve_skips_it(store: Loca
 @pytest.mark.parametrize(("url", "meant"), [("oci:127.0.0.1:5000/engines", "oci://127.0.0.1:5000/engines"),
                                             ("oci+http:/127.0.0.1:5000/engines", "oci+http://127.0.0.1:5000/engines"),
                                             ("s3:engines/fleet", "s3://engines/fleet"),
-                                            ("file:/srv/registry", "file:///srv/registry")])
+                                            ("file:/srv/registry", "file:///srv/registry"),
+                                            ("s3//engines/fleet", "s3://engines/fleet"),
+                                            ("oci//127.0.0.1:5000/engines", "oci://127.0.0.1:5000/engines")])
 def test_a_registry_url_missing_its_slashes_is_an_error_not_an_empty_local_registry(url: str, meant: str,
                                                                                      tmp_path: Path,
                                                                                      monkeypatch) -> None:
@@ -382,3 +386,85 @@ def test_a_registry_url_missing_its_slashes_is_an_error_not_an_empty_local_regis
     named = tmp_path / "oci:a-directory"
     named.mkdir()
     assert isinstance(open_store(str(named.relative_to(tmp_path))), LocalStore)  # a directory may be named so
+
+
+def test_a_registry_that_does_not_exist_is_an_error_not_an_empty_listing(tmp_path: Path) -> None:
+    """#62: `ls --registry /no/such/dir` printed an empty table with rc 0; ENGINESMITH_REGISTRY=s3//b/p was read as
+    the local directory s3/b/p."""
+    missing = tmp_path / "no" / "such" / "dir"
+    listed = run_cli("ls", "--registry", str(missing), env=registry_env(str(tmp_path / "unused"), tmp_path / "cache"))
+    assert listed.returncode == 2, listed.stdout + listed.stderr
+    assert listed.stderr.startswith(f"error: --registry: no registry at {missing}: the directory does not exist")
+    assert listed.stdout == "" and "Traceback" not in listed.stderr
+    misspelt = run_cli("ls", env=registry_env("s3//engines/fleet", tmp_path / "cache"))
+    assert misspelt.returncode == 2, misspelt.stdout + misspelt.stderr
+    assert "ENGINESMITH_REGISTRY: 's3//engines/fleet' has no ':' after its scheme s3" in misspelt.stderr
+    assert "write s3://engines/fleet" in misspelt.stderr
+    no_bundle = run_cli("pull", "tiny-llama", "--from-bundle", str(tmp_path / "node.bundle"),
+                        env={"ENGINESMITH_CACHE_DIR": str(tmp_path / "cache")})
+    assert no_bundle.returncode == 2 and no_bundle.stderr.startswith(
+        f"error: --from-bundle: {tmp_path / 'node.bundle'} does not exist"), no_bundle.stderr
+    assert not (REPO_ROOT / "s3").exists() and not (tmp_path / "cache").exists()
+
+
+def test_copy_from_a_registry_that_does_not_exist_is_an_error_and_creates_no_destination(tmp_path: Path) -> None:
+    """#62: `copy /no/such/dir DST` said "copied 0 artefact(s)" with rc 0."""
+    copied = run_cli("copy", str(tmp_path / "no-such-dir"), str(tmp_path / "destination"),
+                     env={"ENGINESMITH_CACHE_DIR": str(tmp_path / "cache")})
+    assert copied.returncode == 2, copied.stdout + copied.stderr
+    assert copied.stderr.startswith(f"error: SOURCE: no registry at {tmp_path / 'no-such-dir'}")
+    assert "copied" not in copied.stdout and sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_copy_into_a_directory_that_cannot_be_written_says_so_in_one_line(tmp_path: Path) -> None:
+    """#62: a copy into a directory that cannot be written ended in three chained tracebacks, rc 1. A path under a
+    file fails for root too; an immutable directory (where chattr works) is the permission case."""
+    source = LocalStore(tmp_path / "source")
+    publish_artefact(source, write_artefact(tmp_path / "build"))
+    env = {"ENGINESMITH_CACHE_DIR": str(tmp_path / "cache")}
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    under_a_file = run_cli("copy", str(source.root), str(blocker / "registry"), env=env)
+    assert under_a_file.returncode == 2 and "Traceback" not in under_a_file.stderr, under_a_file.stderr
+    assert under_a_file.stderr.startswith(f"error: DESTINATION: {blocker / 'registry'} cannot be a registry "
+                                          f"directory: {blocker} is a file")
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    with immutable(locked):
+        refused = run_cli("copy", str(source.root), str(locked / "registry"), env=env)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    first_line = refused.stderr.splitlines()[0]
+    assert first_line.startswith(f"error: {locked / 'registry'}: writing blob sha256:") and "failed:" in first_line
+    assert list(locked.iterdir()) == []
+
+
+def test_an_s3_endpoint_without_its_scheme_is_named_with_where_it_came_from(tmp_path: Path) -> None:
+    """#62: AWS_ENDPOINT_URL=127.0.0.1:9 (or --s3-endpoint localhost:9) raised boto3's bare `ValueError: Invalid
+    endpoint`, rc 1."""
+    env = {"AWS_ACCESS_KEY_ID": "id", "AWS_SECRET_ACCESS_KEY": "secret", "AWS_ENDPOINT_URL": "127.0.0.1:9",
+           "ENGINESMITH_CACHE_DIR": str(tmp_path / "cache")}
+    from_environment = run_cli("ls", "--registry", "s3://engines/fleet", env=env)
+    from_flag = run_cli("ls", "--registry", "s3://engines/fleet", "--s3-endpoint", "localhost:9",
+                        env={**env, "AWS_ENDPOINT_URL": ""})
+    for done, given_by, endpoint in ((from_environment, "AWS_ENDPOINT_URL", "127.0.0.1:9"),
+                                     (from_flag, "--s3-endpoint", "localhost:9")):
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        assert done.stderr.startswith(f"error: {given_by}: the S3 endpoint '{endpoint}' is not an http:// or https:// "
+                                      "URL with a host"), done.stderr
+        assert f"e.g. http://{endpoint}" in done.stderr
+
+
+
+def test_an_os_error_no_command_names_itself_is_still_one_line_with_its_path(tmp_path: Path) -> None:
+    """#62: an OSError a command does not turn into its own message (here `bundle --out` under a file) is one line
+    naming the path, exit 2; --debug shows the traceback."""
+    store = LocalStore(tmp_path / "registry")
+    publish_artefact(store, write_artefact(tmp_path / "build"))
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    args = ("bundle", "tiny-llama", "--registry", str(store.root), "--out", str(blocker / "node.bundle"))
+    failed = run_cli(*args)
+    assert failed.returncode == 2 and "Traceback" not in failed.stderr, failed.stderr
+    assert f"error: enginesmith bundle failed: File exists: {blocker}\n" in failed.stderr, failed.stderr
+    assert blocker.read_text() == "not a directory"
+    assert "Traceback" in run_cli("--debug", *args).stderr

@@ -19,11 +19,13 @@ from registry.names import Ref
 from registry.publish import publish_artefact
 from registry.pull import RESUME_ATTEMPTS, pull_artefact
 from registry.s3 import S3Store
+from tests.conftest import run_cli
 from tests.cutting_proxy import CuttingProxy
 from tests.registry_helpers import (
     MIB,
     deterministic_bytes,
     file_digests,
+    immutable,
     read_artefact,
     registry_env,
     start_cli,
@@ -188,3 +190,47 @@ def test_a_pull_onto_a_read_only_destination_is_refused_before_anything_is_fetch
     assert f"--dest: {tmp_path / 'small' / 'read-only'} is on a read-only filesystem" in message, message
     assert "Traceback" not in seen["stderr"]
     assert seen["files_after"] == ["read-only"], seen  # no cache directory, no partial, no staging directory
+
+
+def test_a_destination_that_cannot_be_replaced_or_staged_is_named_and_the_fetched_blobs_are_kept(
+    tmp_path: Path
+) -> None:
+    """#62: a --dest that exists but cannot be renamed (immutable, a read-only mount) ended in a PermissionError from
+    os.rename, rc 1. Now one line naming the path, exit 2; the blobs stay in the cache, so the next pull fetches
+    nothing. A name too long to stage beside fails for root too; an immutable --dest where chattr works."""
+    store = LocalStore(tmp_path / "registry")
+    publish_artefact(store, write_artefact(tmp_path / "build"))
+    env = registry_env(str(store.root), tmp_path / "cache")
+    long_name = tmp_path / ("m" * 240)  # a legal name, too long for its staging directory beside it
+    staged = run_cli("pull", "tiny-llama", "--target", "cpu", "--dest", str(long_name), env=env)
+    assert staged.returncode == 2 and "Traceback" not in staged.stderr, staged.stderr
+    assert error_line(staged.stderr).startswith(f"error: --dest: laying out {long_name} failed: File name too long: ")
+    assert not long_name.exists() and not [p for p in tmp_path.iterdir() if p.name.endswith(".partial")]
+    assert len(list((tmp_path / "cache" / "blobs" / "sha256").iterdir())) == 3  # fetched, kept for the next pull
+
+    dest = tmp_path / "dest"
+    assert run_cli("pull", "tiny-llama", "--target", "cpu", "--dest", str(dest), env=env).returncode == 0
+    with immutable(dest):
+        renamed = run_cli("pull", "tiny-llama", "--target", "cpu", "--dest", str(dest), env=env)
+    assert renamed.returncode == 2 and "Traceback" not in renamed.stderr, renamed.stderr
+    assert error_line(renamed.stderr).startswith(
+        f"error: --dest: laying out {dest} failed: Operation not permitted: {dest} -> ")
+    assert (dest / "config.json").is_file() and sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) \
+        == []  # the old directory is whole, no staging left
+
+
+def error_line(stderr: str) -> str:
+    """The one error line among a pull's progress bars."""
+    return next(line for line in stderr.splitlines() if line.startswith("error:"))
+
+
+def test_a_destination_under_a_file_is_refused_before_anything_is_fetched(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "registry")
+    publish_artefact(store, write_artefact(tmp_path / "build"))
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    refused = run_cli("pull", "tiny-llama", "--target", "cpu", "--dest", str(blocker / "tiny-llama"),
+                      env=registry_env(str(store.root), tmp_path / "cache"))
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    assert refused.stderr.startswith(f"error: --dest: {blocker} is a file: cannot lay out {blocker / 'tiny-llama'}")
+    assert not (tmp_path / "cache").exists()

@@ -141,6 +141,24 @@ def test_bad_credentials_give_a_clear_error_that_does_not_show_the_secret(
     assert secret not in result.stderr + result.stdout and "Traceback" not in result.stderr
 
 
+def test_a_prefix_with_nothing_under_it_is_no_registry_not_an_empty_one(
+    seaweedfs: SeaweedServer, s3_env: dict[str, str], prefix: str, tmp_path: Path
+) -> None:
+    """#62: an S3 prefix that does not exist listed as an empty registry (rc 0). A prefix is there once any object is
+    stored under it (``prefix/``: a string prefix of another registry's does not count)."""
+    publish_artefact(S3Store.from_url(seaweedfs.registry_url(prefix)), write_artefact(tmp_path / "build"))
+    for absent in (f"{prefix}-elsewhere", prefix[:-1]):
+        env = registry_env(seaweedfs.registry_url(absent), tmp_path / "cache", s3_env)
+        listed = run_cli("ls", env=env)
+        assert listed.returncode == 2 and listed.stdout == "" and "Traceback" not in listed.stderr, listed.stderr
+        assert listed.stderr.startswith(f"error: ENGINESMITH_REGISTRY: no registry at s3://{BUCKET}/{absent} at "), \
+            listed.stderr
+        assert "no object is stored under that prefix" in listed.stderr
+        assert s3_client(seaweedfs).list_objects_v2(Bucket=BUCKET, Prefix=f"{absent}/").get("KeyCount") == 0
+    present = run_cli("ls", env=registry_env(seaweedfs.registry_url(prefix), tmp_path / "cache", s3_env))
+    assert present.returncode == 0 and "tiny-llama" in present.stdout, present.stderr
+
+
 def test_a_server_stopped_mid_pull_is_a_clear_error_and_the_next_pull_resumes(tmp_path: Path) -> None:
     with running_seaweedfs(tmp_path / "own-server") as server:
         # Big enough that the kernel's socket buffers cannot hold the rest when the server stops: loopback TCP

@@ -204,6 +204,33 @@ def test_an_unsigned_artefact_is_refused_where_trust_is_required(
     assert not (tmp_path / "refused-cache").exists() or not any((tmp_path / "refused-cache").rglob("*.partial"))
 
 
+def test_a_trusted_pull_of_a_model_none_signed_says_so_not_that_nothing_runs_here(
+    keys: dict[str, tuple[Path, Path]], tmp_path: Path
+) -> None:
+    """#62: `pull MODEL --trust` where nothing is signed ended "no artefact of tiny-llama runs on cpu (no NVIDIA GPU
+    detected)" under a table that said "not signed"."""
+    registry = tmp_path / "registry"
+    publish_artefact(open_store(str(registry)), write_artefact(tmp_path / "build"))
+    env = {"ENGINESMITH_REGISTRY": str(registry), "ENGINESMITH_CACHE_DIR": str(tmp_path / "cache"), "COLUMNS": "200"}
+    unsigned = run_cli("pull", "tiny-llama", "--target", "cpu", "--trust", str(keys["nightly"][1]), "--dest",
+                       str(tmp_path / "dest"), env=env)
+    assert unsigned.returncode == 1, unsigned.stdout + unsigned.stderr
+    assert unsigned.stderr.strip().splitlines()[-1] == (
+        "error: no artefact of tiny-llama is signed (1 published), and --trust takes only signed ones; nothing was "
+        "fetched or written")
+    publish_signed(open_store(str(registry)), write_artefact(tmp_path / "other", files=tiny_files(seed=3)),
+                   keys["nightly"][0])
+    untrusted = run_cli("pull", "tiny-llama", "--target", "cpu", "--trust", str(keys["laptop"][1]), "--dest",
+                        str(tmp_path / "dest"), env=env)
+    assert untrusted.returncode == 1, untrusted.stdout + untrusted.stderr
+    assert "error: --trust refuses every artefact of tiny-llama: 1 not signed, 1 signed by a key it does not list" \
+        in untrusted.stderr
+    resolved = run_cli("resolve", "tiny-llama", "--target", "cpu", "--trust", str(keys["laptop"][1]), env=env)
+    assert resolved.returncode == 1 and resolved.stdout.strip().splitlines()[-1].startswith(
+        "--trust refuses every artefact of tiny-llama: 1 not signed, 1 signed by a key"), resolved.stdout
+    assert not (tmp_path / "dest").exists() and not (tmp_path / "cache").exists()
+
+
 def test_a_blob_changed_after_signing_fails_its_sha256(
     store: RegistryStore, registry_url: str, keys: dict[str, tuple[Path, Path]], tmp_path: Path
 ) -> None:

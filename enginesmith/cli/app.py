@@ -6,7 +6,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -694,13 +694,32 @@ def _command_name() -> str:
     return " ".join(["enginesmith", *words[:2 if words and words[0] in groups else 1]])
 
 
+def _flags_show_no_value(command: Any) -> None:
+    """Typer's rich help shows a flag as taking a value (``--json <bool>``); a flag takes none, so show none. The
+    commands are Typer's own click objects, read by their attributes."""
+    context = command.context_class(command)
+    for param in [*command.params, command.get_help_option(context)]:
+        if getattr(param, "is_flag", False) and not getattr(param, "count", False):
+            param.metavar = ""
+    for sub_command in getattr(command, "commands", {}).values():
+        _flags_show_no_value(sub_command)
+
+
 def main() -> None:
     """Console-script entry point: user errors print without a traceback and exit 2; so does a command run without
     the extra it needs, in one line naming that extra."""
+    from enginesmith.core.errors import os_failure
     from enginesmith.core.extras import EXTRA_HINT, extra_providing
 
+    command = typer.main.get_command(app)
+    _flags_show_no_value(command)
     try:
-        app()
+        try:
+            command()
+        except OSError as exc:  # one the command did not name itself: still one line, with the path the OS named
+            if _debug["enabled"]:
+                raise
+            raise os_failure(exc, doing=_command_name(), hint="--debug shows where it happened") from None
     except UserError as exc:
         if _debug["enabled"]:
             raise

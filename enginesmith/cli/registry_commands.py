@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -126,7 +127,7 @@ def publish(
     signing key, the manifest names an OpenSSF model-signing bundle over what a pull lays out."""
     from registry.publish import DEFAULT_CHANNELS, publish_artefact
 
-    store = _open_store(registry, s3_endpoint)
+    store = _open_store(registry, s3_endpoint, must_exist=False)
     report = _read_json_file(validation, "--validation") if validation else None
     limiter = _limiter(limit_rate)
     signing_key = _signing_key(sign_key, sign_key_env, passphrase_env)
@@ -294,7 +295,7 @@ def resolve(
         print_json({**result.resolution.model_dump(mode="json"),
                     "unreadable": [u.model_dump() for u in result.unreadable]})
     else:
-        _print_resolution(result.resolution)
+        _print_resolution(result.resolution, result.not_chosen)
         for unreadable in result.unreadable:
             stderr.print(f"[yellow]skipped[/] {escape(model)}@{unreadable.key[:12]}: {escape(unreadable.problem)}",
                          markup=True)
@@ -345,12 +346,16 @@ def pull(
     from registry.pull import check_destination, check_free_space, check_pull_trust, plan_pull, pull_artefact
     from registry.signing import read_signature, signature_covers_text
 
-    store = _open_store(str(from_bundle) if from_bundle else registry, s3_endpoint)
     ref = parse_ref(what, where="MODEL|REF")
     limiter = _limiter(limit_rate)
     trusted = _trust(trust)
     machine, constraints = _machine_and_constraints(recipe, target, tp, allow_same_sm, objective, runtime_version,
                                                     slo, concurrency)
+    if from_bundle is not None and not from_bundle.is_file():
+        raise UserError(f"{from_bundle} does not exist" if not from_bundle.exists() else f"{from_bundle} is not a file",
+                        where="--from-bundle", hint="give the file `enginesmith bundle REF… --out FILE` wrote")
+    store = _open_store(str(from_bundle), s3_endpoint, given_as="--from-bundle") if from_bundle else \
+        _open_store(registry, s3_endpoint)
     try:
         choice = choose(store, ref, machine, constraints, trusted, allow_fallback=allow_fallback,
                         allow_withdrawn=allow_withdrawn)
@@ -361,11 +366,12 @@ def pull(
         if json_output:
             print_json(nothing.resolution)
         else:
-            _print_resolution(nothing.resolution)
+            _print_resolution(nothing.resolution, None)  # the error line below says why
             within = f" within the SLO {constraints.slo}" if constraints.slo is not None else ""
-            stderr.print(f"[bold red]error:[/] no artefact of {escape(ref.model)} runs on "
-                         f"{escape(machine.description)}{escape(within)}; nothing was fetched or written (name one "
-                         "with MODEL@KEY to pull it anyway)", markup=True)
+            refused = any(c.status in ("untrusted", "withdrawn") for c in nothing.resolution.candidates)
+            anyway = "" if refused else " (name one with MODEL@KEY to pull it anyway)"
+            stderr.print(f"[bold red]error:[/] {escape(nothing.summary)}{escape(within)}; nothing was fetched or "
+                         f"written{anyway}", markup=True)
         raise typer.Exit(1) from None
     manifest, candidate = choice.manifest, choice.candidate
     for ignored in choice.ignored_withdrawals if not json_output else []:
@@ -654,7 +660,9 @@ def support(
 
     catalogue = default_catalogue()
     pipeline = load_pipeline_config(config, catalogue)
-    store = _open_store(registry or registry_url(pipeline), s3_endpoint)
+    # The config's own registry is made by its first night; before that the matrix is the plan's refusals and "not
+    # run". A registry named here must be there.
+    store = _open_store(registry or registry_url(pipeline), s3_endpoint, must_exist=registry is not None)
     matrix = config_support(pipeline, config.parent, catalogue, store)
     if markdown is not None:
         markdown.write_text(markdown_table(matrix), encoding="utf-8")
@@ -760,8 +768,8 @@ def copy(
     from registry.cache import BlobCache, default_cache_dir
     from registry.copy import copy_artefacts, copy_selection
 
-    from_store = _open_store(source, s3_endpoint)
-    to_store = _open_store(destination, s3_endpoint)
+    from_store = _open_store(source, s3_endpoint, given_as="SOURCE")
+    to_store = _open_store(destination, s3_endpoint, given_as="DESTINATION", must_exist=False)
     if from_store.identity == to_store.identity:
         raise UserError("the source and the destination are the same registry", where="DESTINATION",
                         hint="copy into another registry")
@@ -869,10 +877,20 @@ def _trust(paths: list[str] | None) -> Trust | None:
     return load_trust([Path(text) for text in paths])
 
 
-def _open_store(registry: str, s3_endpoint: str | None) -> RegistryStore:
+def _open_store(registry: str, s3_endpoint: str | None, *, given_as: str | None = None,
+                must_exist: bool = True) -> RegistryStore:
+    """The registry a command names (``given_as``: the option, argument or variable that named it, for messages;
+    default ``--registry`` or ``ENGINESMITH_REGISTRY``). It must be there, but where the command creates it."""
     from registry.store import open_store
 
-    return open_store(registry, s3_endpoint=s3_endpoint)
+    return open_store(registry, s3_endpoint=s3_endpoint, must_exist=must_exist,
+                      where=given_as or _given_as(registry, "--registry", REGISTRY_ENV))
+
+
+def _given_as(value: str, flag: str, variable: str) -> str:
+    """How the user gave ``value``: ``variable`` where it came from the environment, else ``flag``."""
+    on_command_line = any(arg == flag or arg.startswith(f"{flag}=") for arg in sys.argv[1:])
+    return variable if not on_command_line and os.environ.get(variable) == value else flag
 
 
 def _machine_and_constraints(recipe: str | None, target: str, tp: int | None, allow_same_sm: bool, objective: str,
@@ -894,7 +912,8 @@ def _machine_and_constraints(recipe: str | None, target: str, tp: int | None, al
                                 slo=parsed_slo, concurrency=concurrency)
 
 
-def _print_resolution(resolution: Resolution) -> None:
+def _print_resolution(resolution: Resolution, not_chosen: str | None) -> None:
+    """The candidates' table, the machine's notes, and which was chosen or (``not_chosen``) why none was."""
     colour = {"runnable": "green", "same-sm-not-tuned": "yellow", "misses-slo": "yellow", "low-memory": "yellow",
               "incompatible": "red", "untrusted": "red", "withdrawn": "red"}
     slo = resolution.constraints.slo
@@ -935,7 +954,10 @@ def _print_resolution(resolution: Resolution) -> None:
         stdout.print(f"chosen: [bold]{escape(resolution.chosen.model)}@{resolution.chosen.key[:12]}[/] ({escape(by)})",
                      markup=True)
     elif resolution.candidates:
-        stdout.print("no profile meets the SLO here" if slo is not None else "nothing runnable here", style="red")
+        if slo is not None:
+            stdout.print("no profile meets the SLO here", style="red")
+        elif not_chosen is not None:
+            stdout.print(not_chosen, style="red")
 
 
 # The toolchain a build is known by, first found first, where no version changed since the previous build.

@@ -62,3 +62,11 @@ class TransientError(UserError):
     out of memory, a flag the runtime rejects, a failed gate). The CLI exits 1, so scripts may retry on 1, not 2."""
 
     exit_code = 1
+
+
+def os_failure(error: OSError, *, doing: str, where: str | None = None, hint: str | None = None) -> UserError:
+    """An ``OSError`` (permission, read-only filesystem, immutable file, not a directory, name too long, ...) as one
+    line: what was being done, why it failed, and the path or paths the system named."""
+    paths = " -> ".join(str(name) for name in (error.filename, error.filename2) if name is not None)
+    reason = error.strerror or str(error) or type(error).__name__
+    return UserError(f"{doing} failed: {reason}" + (f": {paths}" if paths else ""), where=where, hint=hint)

@@ -1,8 +1,8 @@
 """Facts that are slow to learn and never change for the same inputs, kept as small JSON files between runs: what
 vLLM's parser says of an argv (for one vLLM version), lm-eval's task index (for one lm-eval install).
 
-They live under the enginesmith cache (``$ENGINESMITH_CACHE_DIR``, else ``.enginesmith/cache``, beside the blob cache
-of pulls), one file per fact, named by a digest of everything the fact depends on. A damaged or unreadable entry
+They live under the enginesmith cache (``$ENGINESMITH_CACHE_DIR``, else the user's cache directory, beside the blob
+cache of pulls), one file per fact, named by a digest of everything the fact depends on. A damaged or unreadable entry
 reads as missing and is learned again; an entry that cannot be written only costs the next run the slow way.
 """
 

