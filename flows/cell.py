@@ -208,6 +208,9 @@ def publish_task(key: str, artefact_dir: Path, report: dict[str, Any], config: P
     signed = f", signed by key {result.signer[:16]}" if result.signer else ""
     get_run_logger().info("published %s/%s (%d new blobs, %d reused) to %s%s", result.model, result.key[:12],
                           result.uploaded_blobs, result.reused_blobs, result.registry, signed)
+    for change in result.channels:
+        if change.held:  # published all the same: a cell that validated does not fail for a channel left vouched
+            get_run_logger().warning("%s", change.held)
     return result.signer, tried_again("the publish")
 
 

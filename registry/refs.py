@@ -29,6 +29,11 @@ class RefChange(BaseModel):
     moved: bool
     statement: int | None = None  # the sequence of the statement signed for this move (or to keep it current)
     future_dated: str | None = None  # the key the channel was on, published in the future: not believed
+    # Not moved though it would have been: no signing key was given and the channel has signed statements (this is
+    # the newest's sequence), so a move would leave it vouched for nowhere. ``held`` says so, naming the command
+    # that moves it (publish; promote refuses instead).
+    unsigned_hold: int | None = None
+    held: str = ""
 
 
 def promote(store: RegistryStore, manifest: Manifest, channel: str, *, signer: ChannelSigner | None = None
@@ -38,16 +43,21 @@ def promote(store: RegistryStore, manifest: Manifest, channel: str, *, signer: C
     when another promote signed that sequence first. Without one, raises ``UnsignedMoveError`` (moving nothing) for
     a channel that has signed statements: the move would leave it vouched for nowhere."""
     check_name(channel, "channel")
-    if signer is None:
-        _refuse_unsigned_move(store, manifest, channel)
-    return _swap(store, manifest, channel, keep_current=lambda state: state.key == manifest.key, signer=signer,
-                 renew_kept=True)
+    change = _swap(store, manifest, channel, keep_current=lambda state: state.key == manifest.key, signer=signer,
+                   renew_kept=True)
+    if change.unsigned_hold is not None:
+        raise UnsignedMoveError(f"{manifest.model}:{channel} {_vouched(change.unsigned_hold)}", where="--sign-key",
+                                hint=f"promote with the key that signs {channel}: {_signed_promote(manifest, channel)}")
+    return change
 
 
 def advance_channel(store: RegistryStore, manifest: Manifest, channel: str, *, signer: ChannelSigner | None = None,
                     now: datetime | None = None) -> RefChange:
     """Point ``model:channel`` at ``manifest`` unless it already points at one published at the same time or later
     (and not in the future). With ``signer``, the move is signed, and a kept channel's statement kept current.
+    Without one, a channel that has signed statements is held where it is (``RefChange.held`` says so and names the
+    ``promote --sign-key`` command that moves it): an artefact that validated is still published, and the channel
+    stays on what its promoters vouched for.
 
     Publishing uses this, so concurrent or repeated publishes leave ``latest`` on the newest artefact.
     """
@@ -68,7 +78,10 @@ def advance_channel(store: RegistryStore, manifest: Manifest, channel: str, *, s
         return current.published_at >= manifest.published_at
 
     change = _swap(store, manifest, channel, keep_current, signer=signer, renew_kept=False)
-    return change.model_copy(update={"future_dated": future_dated[-1] if future_dated else None})
+    held = "" if change.unsigned_hold is None else (
+        f"{manifest.model}:{channel} not moved to {manifest.key[:12]}: it {_vouched(change.unsigned_hold)}; to move "
+        f"it: {_signed_promote(manifest, channel, store.location)}")
+    return change.model_copy(update={"future_dated": future_dated[-1] if future_dated else None, "held": held})
 
 
 def _swap(store: RegistryStore, manifest: Manifest, channel: str, keep_current: Callable[[RefState], bool], *,
@@ -88,6 +101,9 @@ def _swap(store: RegistryStore, manifest: Manifest, channel: str, keep_current: 
                     raise _race(store, model, channel)
             return RefChange(model=model, channel=channel, key=state.key, previous=previous, moved=False,
                              statement=renewed.sequence if renewed else None)
+        if signer is None and (newest := _newest_statement(store, model, channel)) is not None:
+            return RefChange(model=model, channel=channel, key=previous or manifest.key, previous=previous,
+                             moved=False, unsigned_hold=newest)
         claim = None
         if signer is not None:
             claim = signer.sign(model, channel, manifest.key)
@@ -106,17 +122,23 @@ class UnsignedMoveError(UserError):
     """A promote without a signing key onto a channel that has signed statements."""
 
 
-def _refuse_unsigned_move(store: RegistryStore, manifest: Manifest, channel: str) -> None:
+def _newest_statement(store: RegistryStore, model: str, channel: str) -> int | None:
+    """The sequence of ``model:channel``'s newest signed statement (None: nobody vouches for it, so it moves
+    unsigned as it always did)."""
     from registry.channel_statements import statement_sequences
 
-    current = store.read_ref(manifest.model, channel)
-    sequences = statement_sequences(store, manifest.model, channel)
-    if sequences and (current is None or current.key != manifest.key):
-        raise UnsignedMoveError(
-            f"{manifest.model}:{channel} is vouched for by signed statements (the newest is {sequences[-1]}), and "
-            "no signing key was given: moved unsigned, every --trust pull of it would be refused",
-            where="--sign-key", hint=f"promote with the key that signs {channel}: enginesmith promote "
-                                     f"{manifest.ref} --channel {channel} --sign-key KEY (or --sign-key-env NAME)")
+    sequences = statement_sequences(store, model, channel)
+    return sequences[-1] if sequences else None
+
+
+def _vouched(newest: int) -> str:
+    return (f"is vouched for by signed statements (the newest is {newest}), and no signing key was given: moved "
+            "unsigned, every --trust pull of it would be refused")
+
+
+def _signed_promote(manifest: Manifest, channel: str, registry: str | None = None) -> str:
+    where = f" --registry {registry}" if registry is not None else ""
+    return f"enginesmith promote {manifest.ref} --channel {channel} --sign-key KEY{where} (or --sign-key-env NAME)"
 
 
 def _race(store: RegistryStore, model: str, channel: str) -> Exception:

@@ -36,7 +36,7 @@ from registry.refs import promote
 from registry.signing import SigningKey, Trust, load_signing_key, load_trust
 from registry.store import RegistryStore, open_store
 from tests.conftest import run_cli, write_key_pair
-from tests.registry_helpers import open_store_of_kind, registry_env, tiny_files, write_artefact
+from tests.registry_helpers import open_store_of_kind, read_artefact, registry_env, tiny_files, write_artefact
 
 pytest.importorskip("model_signing", reason="needs model-signing (part of the base install)")
 
@@ -675,6 +675,64 @@ def test_promote_without_a_signing_key_onto_a_channel_with_statements_is_refused
     assert store.read_ref("tiny-llama", "prod") == before and statement_sequences(store, "tiny-llama", "prod") == [1]
     unvouched = run_cli("promote", f"tiny-llama@{old.key}", "--channel", "stable", env=env)
     assert unvouched.returncode == 0, unvouched.stderr  # a channel nobody signs moves as before
+
+
+def test_publish_without_a_signing_key_publishes_but_leaves_a_vouched_latest_where_it_is_naming_promote_sign_key(
+    key_dir: Path, tmp_path: Path
+) -> None:
+    registry = str(tmp_path / "registry")
+    env = {**registry_env(registry, tmp_path / "cache"), "COLUMNS": "400"}
+    store = open_store(registry)
+    nightly = load_signing_key(key_file=key_dir / "nightly.key")
+    vouched = publish_artefact(store, write_artefact(tmp_path / "old", files=tiny_files(seed=1)), signing_key=nightly)
+    before = (store.read_ref("tiny-llama", "latest"), statement_sequences(store, "tiny-llama", "latest"))
+    history = store.list_history("tiny-llama")
+    source = write_artefact(tmp_path / "new", files=tiny_files(seed=2))
+
+    unsigned = run_cli("publish", str(source), "--channel", "latest", "--channel", "canary", env=env)
+    assert unsigned.returncode == 0 and "Traceback" not in unsigned.stderr, unsigned.stderr
+    new = load_manifest(store, "tiny-llama", read_artefact(source).key)  # the artefact is published all the same
+    held = [line for line in unsigned.stderr.splitlines() if "tiny-llama:latest" in line]
+    assert held == [f"note: tiny-llama:latest not moved to {new.key[:12]}: it is vouched for by signed statements (the "
+                    "newest is 1), and no signing key was given: moved unsigned, every --trust pull of it would be "
+                    f"refused; to move it: enginesmith promote {new.ref} --channel latest --sign-key KEY --registry "
+                    f"{registry} (or --sign-key-env NAME)"]
+    assert (store.read_ref("tiny-llama", "latest"), statement_sequences(store, "tiny-llama", "latest")) == before
+    assert before[0] is not None and before[0].key == vouched.key
+    assert store.list_history("tiny-llama") == history  # no statement, no channel move written
+    assert f"tiny-llama:canary → {new.key[:12]}" in unsigned.stdout  # a channel nobody signs moves as before
+    assert pull_channel(store, "latest", trust_file(key_dir, tmp_path), tmp_path / "pulled").key == vouched.key
+
+    assert promote(store, new, "latest", signer=ChannelSigner(store, nightly)).moved  # what the named command does
+    assert statement_sequences(store, "tiny-llama", "latest") == [1, 2]
+
+
+def test_the_nightly_publishes_a_validated_cell_without_a_signing_key_and_leaves_a_vouched_latest_where_it_is(
+    tiny_config: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from enginesmith.core.config import load_pipeline_config
+    from pipeline.common import steps
+
+    registry = tmp_path / "registry"
+    monkeypatch.setenv("ENGINESMITH_REGISTRY", str(registry))
+    signed = load_pipeline_config(tiny_config, check_tasks=False)
+    unsigned = signed.model_copy(update={"registry": signed.registry.model_copy(update={"signing": None})})
+    store = open_store(str(registry))
+    first = steps.publish(read_artefact(built := write_artefact(tmp_path / "b1", files=tiny_files(seed=1))).key,
+                          built, {}, signed)
+    assert first.channels[0].moved and first.channels[0].statement == 1
+
+    later = write_artefact(tmp_path / "b2", files=tiny_files(seed=2))
+    result = steps.publish(read_artefact(later).key, later, {}, unsigned)  # no signing key: the cell still publishes
+    assert store.read_manifest("tiny-llama", result.key) is not None
+    latest = result.channels[0]
+    assert not latest.moved and latest.unsigned_hold == 1 and latest.key == first.key
+    assert f"enginesmith promote tiny-llama@{result.key} --channel latest --sign-key KEY" in latest.held
+    assert store.read_ref("tiny-llama", "latest").key == first.key  # type: ignore[union-attr]
+
+    next_night = write_artefact(tmp_path / "b3", files=tiny_files(seed=3))
+    again = steps.publish(read_artefact(next_night).key, next_night, {}, signed)  # with its key it moves, signed
+    assert again.channels[0].moved and again.channels[0].statement == 2 and not again.channels[0].held
 
 
 def test_gc_orders_only_by_signed_publication_times_and_names_a_build_it_cannot_order(

@@ -152,6 +152,8 @@ def publish(
     for change in result.channels:
         if change.moved:
             stdout.print(f"  {change.model}:{change.channel} → {change.key[:12]}")
+        elif change.held:
+            stderr.print(f"[yellow]note:[/] {escape(change.held)}", markup=True)
         else:
             stdout.print(f"  {change.model}:{change.channel} stays on {change.key[:12]} (as new or newer)")
     if result.unlisted_files:
