@@ -149,7 +149,7 @@ def _offline(model: ModelSpec, repo_id: str) -> CheckpointSurvey:
         "offline: shards not in the cache are taken as the index names them (not listed on the Hub)"]
     return CheckpointSurvey(commit_sha=snapshot.name, weight_files=_weight_files(names),
                             parameters=parameters, parameters_from=parameters_from, dtype_bytes=value_bytes,
-                            shape=_shape(config), notes=notes,
+                            shape=model_shape(str(snapshot)), notes=notes,
                             tokenizer=TokenizerFacts.read(cached, lambda name: _read_json(snapshot / name)),
                             files_dir=str(snapshot))
 
