@@ -56,6 +56,27 @@ def test_fp8_exports_both_formats_with_quality_report(fp8_output):
     assert {"load_s", "reference_s", "calibrate_s", "quality_s", "export_s"} <= set(fp8_output["timings_s"])
 
 
+@pytest.mark.parametrize("output_name", ["fp8_output", "int4_output"])
+def test_exports_keep_the_checkpoints_generation_settings(output_name, tiny_model_dir, request):
+    """#62: exports gained ``"do_sample": true`` (ModelOpt sets it wherever transformers' default top_k is set) in a
+    checkpoint that decodes greedily. Both the HF export and its BF16 fold hold the checkpoint's file unchanged."""
+    out = Path(request.getfixturevalue(output_name)["out_dir"])
+    source = (tiny_model_dir / "generation_config.json").read_bytes()
+    assert b"do_sample" not in source
+    assert (out / "hf" / "generation_config.json").read_bytes() == source
+    assert (out / "hf-bf16" / "generation_config.json").read_bytes() == source
+
+
+def test_an_export_of_a_checkpoint_without_generation_settings_has_none(tmp_path):
+    from quantization.export import keep_generation_config
+
+    source, export = tmp_path / "source", tmp_path / "export"
+    source.mkdir(), export.mkdir()
+    (export / "generation_config.json").write_text('{"do_sample": true}')
+    keep_generation_config(source, export)
+    assert not (export / "generation_config.json").exists()
+
+
 def test_int4_awq_exports_true_head_size_and_group_size(int4_output, tiny_model_dir):
     out = Path(int4_output["out_dir"])
     hf_config = json.loads((tiny_model_dir / "config.json").read_text())
