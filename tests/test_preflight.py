@@ -353,3 +353,37 @@ def test_the_eos_is_compared_with_the_generation_config_first(generation: dict, 
     if not agree:
         assert "'<|eot_id|>' (id 128009) is not generation_config.json's eos_token_id 128001 ('<|end_of_text|>')" \
             in str(found)
+
+
+def test_support_reads_a_hub_cached_model_with_its_branch_unpinned_under_the_keys_its_night_built(tmp_path: Path):
+    """#62: ``support`` planned with the Hub unresolved, so a Hub-cache model left at ``main`` was keyed over the
+    name ``main`` and read "not run" after its night validated it (and its model_type was empty). It reads the
+    branch from the local Hub cache as an offline night does; a branch the cache lacks is said to be unresolved."""
+    from registry.history import CellOutcome, record_outcome
+    from registry.local import LocalStore
+
+    cache = tmp_path / "hf-cache"
+    write_hf_cache(_tiny_copy(tmp_path), QWEN_LIKE, cache)
+    config = tmp_path / "night.yaml"
+    config.write_text(f"""
+name: night
+models: [{{id: qwen-like, repo: {QWEN_LIKE}}}, {{id: absent, repo: nobody/not-cached}}]
+matrix: [{{models: [qwen-like, absent], recipes: [fp8], targets: [cpu], kinds: [hf-quantized]}}]
+""")
+    _, night = _preflight(config, cache, "--no-vllm")  # the keys an offline night dispatches
+    cell = "qwen-like/fp8/cpu/tp1/hf-quantized"
+    [key] = [c["key"] for c in night["cells"] if c["id"] == cell]
+    store = LocalStore(tmp_path / "registry")
+    record_outcome(store, CellOutcome(model="qwen-like", cell=cell, recipe="fp8", target="cpu", kind="hf-quantized",
+                                      status="built", key=key, recorded="2026-12-07T02:00:00+00:00", passed=True))
+    env = {"HF_HUB_CACHE": str(cache), "HF_TOKEN": "", "COLUMNS": "250"}  # online mode: the cache alone is read
+    support = run_cli("support", str(config), "--registry", str(tmp_path / "registry"), "--json", env=env)
+    assert support.returncode == 0, support.stderr[-2000:]
+    cells = {c["model"]: c for c in json.loads(support.stdout)["cells"]}
+    assert (cells["qwen-like"]["status"], cells["qwen-like"]["model_type"]) == ("validated", "llama")
+    assert (cells["absent"]["status"], cells["absent"]["model_type"]) == ("not run", "")
+    text = " ".join(run_cli("support", str(config), "--registry", str(tmp_path / "registry"), env=env).stdout.split())
+    commit = (cache / f"models--{QWEN_LIKE.replace('/', '--')}" / "refs" / "main").read_text()
+    assert f"note {QWEN_LIKE}@main is {commit[:12]} in the local Hub cache: its keys are over that commit" in text
+    assert ("note nobody/not-cached@main is not in the local Hub cache: its keys are over the unresolved branch "
+            "'main'") in text

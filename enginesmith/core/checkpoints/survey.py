@@ -18,7 +18,7 @@ from pydantic import BaseModel
 
 from enginesmith.core.checkpoints.files import SAFETENSORS_INDEX, needed_files, refuse_remote_code
 from enginesmith.core.checkpoints.inspect import model_shape, read_config
-from enginesmith.core.checkpoints.pull import hub_error, local_checkpoint
+from enginesmith.core.checkpoints.pull import cached_snapshot, hub_error, local_checkpoint
 from enginesmith.core.checkpoints.tokenizer_files import (
     TokenizerFiles,
     eos_disagreement,
@@ -125,10 +125,8 @@ def _weight_files(names: Iterable[str]) -> list[str]:
 
 
 def _offline(model: ModelSpec, repo_id: str) -> CheckpointSurvey:
-    from huggingface_hub import snapshot_download
-
     where = f"{repo_id}@{model.revision}"
-    snapshot = Path(snapshot_download(repo_id, revision=model.revision, local_files_only=True, token=hf_token()))
+    snapshot = cached_snapshot(repo_id, model.revision)
     cached = sorted(str(p.relative_to(snapshot)) for p in snapshot.rglob("*") if p.is_file())
     index = _read_json(snapshot / SAFETENSORS_INDEX) if SAFETENSORS_INDEX in cached else None
     shards = sorted({str(s) for s in (index or {}).get("weight_map", {}).values()})
