@@ -294,6 +294,7 @@ def _print_quantized(result: QuantizedCheckpoint, recipe: str, json_output: bool
                          f"{q.task_exact_match_reference:.1%} → {q.task_exact_match_quantized:.1%}"])
         if q.export_dequant_rel_err is not None:
             rows.append(["dequantised export vs fake-quant", f"{q.export_dequant_rel_err:.4f}"])
+        rows += [["ModelOpt warned", warning] for warning in q.upstream_warnings]
         stdout.print(table("Quality report", ["metric", "value"], rows))
     stdout.print("timings: " + ", ".join(f"{k} {v:.1f}" for k, v in result.timings_s.items()))
 
