@@ -20,6 +20,9 @@ if TYPE_CHECKING:
     import torch
 
 
+GENERATION_CONFIG = "generation_config.json"
+
+
 class ExportCheckError(Exception):
     """What was written does not say what the recipe asked for."""
 
@@ -58,6 +61,7 @@ def export_hf(model: torch.nn.Module, export_dir: Path, source_dir: Path) -> Non
     with torch.inference_mode():
         export_hf_checkpoint(model, dtype=torch.bfloat16, export_dir=str(export_dir))
     copy_tokenizer(source_dir, export_dir)
+    keep_generation_config(source_dir, export_dir)
 
 
 def export_trtllm(model: torch.nn.Module, export_dir: Path, *, decoder_type: str, tp: int, pp: int,
@@ -80,6 +84,17 @@ def copy_tokenizer(source_dir: Path, export_dir: Path) -> None:
     for name in TOKENIZER_FILES:
         if (source_dir / name).is_file():
             shutil.copyfile(source_dir / name, export_dir / name)
+
+
+def keep_generation_config(source_dir: Path, export_dir: Path) -> None:
+    """The checkpoint's generation settings as it had them, or none where it had none. ModelOpt's export saves the
+    model's generation config after setting ``do_sample: true`` wherever top_k or top_p is set, and transformers'
+    defaults set both: an export of a checkpoint that decodes greedily would otherwise say it samples."""
+    source, exported = source_dir / GENERATION_CONFIG, export_dir / GENERATION_CONFIG
+    if source.is_file():
+        shutil.copyfile(source, exported)
+    else:
+        exported.unlink(missing_ok=True)
 
 
 def fix_trtllm_config(config_path: Path, hf_config: dict[str, Any]) -> dict[str, Any]:

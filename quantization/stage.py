@@ -47,6 +47,7 @@ from quantization.export import (
     export_trtllm,
     snap_fp8_weights,
 )
+from quantization.upstream_warnings import UpstreamWarnings, recording
 
 DECODER_TYPES = TRTLLM_DECODER_TYPES
 
@@ -187,6 +188,7 @@ def _run(request: QuantizeRequest, staging: Path) -> QuantizedCheckpoint:
             refuse_offloaded(model, model_name)
 
     calibration = quality = None
+    warned = UpstreamWarnings()
     if recipe.is_passthrough:
         if "hf" in request.formats:
             hf_dir.mkdir()
@@ -211,7 +213,7 @@ def _run(request: QuantizeRequest, staging: Path) -> QuantizedCheckpoint:
                     calibrated(input_ids=batch.to(device))
 
         config = modelopt_config(recipe, awq_block_size=group_size)
-        with _timed(timings, "calibrate_s"), _upstream_errors(
+        with _timed(timings, "calibrate_s"), recording(warned), _upstream_errors(
                 "calibrate", model_name, "ModelOpt", f"recipe {recipe.id} may not support this architecture "
                 f"({hf_config.get('model_type')}); try fp8, or report it with the traceback (--debug)"):
             model = mtq.quantize(model, config, forward_loop)
@@ -246,7 +248,7 @@ def _run(request: QuantizeRequest, staging: Path) -> QuantizedCheckpoint:
         model = model.to(torch.bfloat16)
         snap_fp8_weights(model)
 
-    with _timed(timings, "export_s"), _upstream_errors(
+    with _timed(timings, "export_s"), recording(warned), _upstream_errors(
             "export", model_name, "ModelOpt", f"the {recipe.id} export does not support this model's layers; "
             "run with --debug for the traceback"):
         try:
@@ -289,6 +291,8 @@ def _run(request: QuantizeRequest, staging: Path) -> QuantizedCheckpoint:
                             "re-quantised weights after calibration (ModelOpt "
                             f"{versions.get('modelopt', '?')}, model_type {hf_config.get('model_type')})")
 
+    if quality is not None:
+        quality.upstream_warnings = warned.messages()
     files = [CheckpointFile(path=str(p.relative_to(staging)), size=p.stat().st_size, sha256=file_sha256(p))
              for p in sorted(staging.rglob("*")) if p.is_file()]
     return QuantizedCheckpoint(

@@ -29,6 +29,7 @@ def user_repo(tmp_path: Path) -> Path:
     for name in USER_FOLDERS:
         (repo / name).mkdir(parents=True)
         (repo / name / "__init__.py").write_text(f"raise ImportError('the user\\'s own {name}/ was imported')\n")
+    (repo / ".enginesmith" / "registry").mkdir(parents=True)
     return repo
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from enginesmith.core.checkpoints.hf_cache import write_hf_cache
+from enginesmith.core.checkpoints.survey import TokenizerFacts
 from enginesmith.core.config import load_pipeline_config
 from enginesmith.core.specs import is_commit_sha
 from tests.conftest import CONFIGS, REPO_ROOT, needs_vllm_cpu, run_cli
@@ -300,3 +301,115 @@ def test_a_cpu_node_too_small_for_both_servers_and_the_pipeline_at_once_is_block
         assert node.bytes_needed == memory["memory candidate"].bytes_needed + memory["memory reference"].bytes_needed \
             + int(0.5 * GIB)
         assert "all at once" in node.detail and "on the node" in node.detail and "has 4.0 GiB" in node.detail
+
+
+QWEN_LIKE = "qwen-like/broken-0.6b-instruct"
+
+
+def _with_a_converted_tokenizer(model: Path) -> Path:
+    """The tiny model's files as a hand conversion left the issue's qwen-like model (#62): control tokens in the
+    vocabulary but not among the added tokens, and a generation config that stops at ``<|im_end|>`` where the
+    tokenizer's end-of-sequence token is ``</s>``."""
+    tokenizer = json.loads((model / "tokenizer.json").read_text())
+    vocab = tokenizer["model"]["vocab"]
+    for token in ("<|im_end|>", "<|fim_prefix|>", "<tool_call>"):
+        vocab[token] = len(vocab)
+    (model / "tokenizer.json").write_text(json.dumps(tokenizer))
+    generation = json.loads((model / "generation_config.json").read_text())
+    generation["eos_token_id"] = vocab["<|im_end|>"]
+    (model / "generation_config.json").write_text(json.dumps(generation))
+    return model
+
+
+def test_a_hub_cached_tokenizer_whose_eos_and_control_tokens_are_wrong_is_blocked(tmp_path: Path) -> None:
+    """#62: preflight skipped every Hub model's tokenizer ("Hub models are checked where they are pulled") and no
+    later step checked it; a tokenizer stopping elsewhere than its generation config, with its fill-in-the-middle
+    and tool-call tokens unregistered, passed every cell. Read from the Hub cache, with the branch unpinned."""
+    cache = tmp_path / "hf-cache"
+    write_hf_cache(_with_a_converted_tokenizer(_tiny_copy(tmp_path)), QWEN_LIKE, cache)
+    config = tmp_path / "qwen-like.yaml"
+    config.write_text(f"""
+name: converted
+models: [{{id: qwen-like, repo: {QWEN_LIKE}}}]
+matrix: [{{models: [qwen-like], recipes: [bf16], targets: [cpu], kinds: [hf-quantized]}}]
+workload: {{name: w, api: chat, input_len: 16, output_len: 16, num_prompts: 4, concurrency: [1]}}
+""")
+    code, report = _preflight(config, cache, "--no-vllm")
+    assert code == 1
+    [cell] = report["cells"]
+    assert cell["status"] == "blocked"
+    assert sorted(c["name"] for c in cell["checks"] if c["ok"] is False) == ["control tokens", "eos token"]
+    [eos] = [c for c in _checks(cell, "eos token") if c["ok"] is False]
+    assert "eos_token '</s>' (id 2) is not generation_config.json's eos_token_id 259 ('<|im_end|>')" in eos["detail"]
+    [control] = _checks(cell, "control tokens")
+    assert "3 control tokens" in control["detail"]
+    assert "'<|fim_prefix|>' (260), '<tool_call>' (261)" in control["detail"]
+
+
+def test_the_shipped_tokenizers_pass_the_tokenizer_checks(hf_cache: tuple[Path, str], tmp_path: Path) -> None:
+    """The tiny model from the Hub cache and every architecture stand-in read as consistent: the checks block only
+    what is wrong."""
+    for model in [hf_cache[0] / "models--enginesmith--tiny-llama-addition" / "snapshots" / hf_cache[1],
+                  *sorted((REPO_ROOT / "tests" / "data" / "standins").iterdir())]:
+        facts = _tokenizer_facts(model)
+        assert facts.eos_disagreement is None and facts.unregistered_control_tokens == [], model
+
+
+def _tokenizer_facts(model: Path) -> TokenizerFacts:
+    return TokenizerFacts.read((p.name for p in model.iterdir()), lambda name: json.loads((model / name).read_text()))
+
+
+@pytest.mark.parametrize(("generation", "config", "agree"), [
+    ({"eos_token_id": [128001, 128009]}, {"eos_token_id": 128001}, True),  # generation_config decides (Llama 3)
+    ({}, {"eos_token_id": [128001, 128008, 128009]}, True),  # no generation_config.json: config.json's
+    ({"eos_token_id": 128001}, {"eos_token_id": 128009}, False),
+    ({}, {}, True),  # nothing to compare
+])
+def test_the_eos_is_compared_with_the_generation_config_first(generation: dict, config: dict, agree: bool) -> None:
+    from enginesmith.core.checkpoints.tokenizer_files import TokenizerFiles, eos_disagreement
+
+    files = TokenizerFiles(
+        tokenizer={"model": {"type": "BPE", "vocab": {"a": 0}},
+                   "added_tokens": [{"id": 128001, "content": "<|end_of_text|>"},
+                                    {"id": 128009, "content": "<|eot_id|>"}]},
+        tokenizer_config={"eos_token": {"content": "<|eot_id|>", "__type": "AddedToken"}},
+        generation_config=generation, config=config)
+    found = eos_disagreement(files)
+    assert (found is None) == agree, found
+    if not agree:
+        assert "'<|eot_id|>' (id 128009) is not generation_config.json's eos_token_id 128001 ('<|end_of_text|>')" \
+            in str(found)
+
+
+def test_support_reads_a_hub_cached_model_with_its_branch_unpinned_under_the_keys_its_night_built(tmp_path: Path):
+    """#62: ``support`` planned with the Hub unresolved, so a Hub-cache model left at ``main`` was keyed over the
+    name ``main`` and read "not run" after its night validated it (and its model_type was empty). It reads the
+    branch from the local Hub cache as an offline night does; a branch the cache lacks is said to be unresolved."""
+    from registry.history import CellOutcome, record_outcome
+    from registry.local import LocalStore
+
+    cache = tmp_path / "hf-cache"
+    write_hf_cache(_tiny_copy(tmp_path), QWEN_LIKE, cache)
+    config = tmp_path / "night.yaml"
+    config.write_text(f"""
+name: night
+models: [{{id: qwen-like, repo: {QWEN_LIKE}}}, {{id: absent, repo: nobody/not-cached}}]
+matrix: [{{models: [qwen-like, absent], recipes: [fp8], targets: [cpu], kinds: [hf-quantized]}}]
+""")
+    _, night = _preflight(config, cache, "--no-vllm")  # the keys an offline night dispatches
+    cell = "qwen-like/fp8/cpu/tp1/hf-quantized"
+    [key] = [c["key"] for c in night["cells"] if c["id"] == cell]
+    store = LocalStore(tmp_path / "registry")
+    record_outcome(store, CellOutcome(model="qwen-like", cell=cell, recipe="fp8", target="cpu", kind="hf-quantized",
+                                      status="built", key=key, recorded="2026-12-07T02:00:00+00:00", passed=True))
+    env = {"HF_HUB_CACHE": str(cache), "HF_TOKEN": "", "COLUMNS": "250"}  # online mode: the cache alone is read
+    support = run_cli("support", str(config), "--registry", str(tmp_path / "registry"), "--json", env=env)
+    assert support.returncode == 0, support.stderr[-2000:]
+    cells = {c["model"]: c for c in json.loads(support.stdout)["cells"]}
+    assert (cells["qwen-like"]["status"], cells["qwen-like"]["model_type"]) == ("validated", "llama")
+    assert (cells["absent"]["status"], cells["absent"]["model_type"]) == ("not run", "")
+    text = " ".join(run_cli("support", str(config), "--registry", str(tmp_path / "registry"), env=env).stdout.split())
+    commit = (cache / f"models--{QWEN_LIKE.replace('/', '--')}" / "refs" / "main").read_text()
+    assert f"note {QWEN_LIKE}@main is {commit[:12]} in the local Hub cache: its keys are over that commit" in text
+    assert ("note nobody/not-cached@main is not in the local Hub cache: its keys are over the unresolved branch "
+            "'main'") in text

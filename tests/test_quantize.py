@@ -56,6 +56,45 @@ def test_fp8_exports_both_formats_with_quality_report(fp8_output):
     assert {"load_s", "reference_s", "calibrate_s", "quality_s", "export_s"} <= set(fp8_output["timings_s"])
 
 
+@pytest.mark.parametrize("output_name", ["fp8_output", "int4_output"])
+def test_exports_keep_the_checkpoints_generation_settings(output_name, tiny_model_dir, request):
+    """#62: exports gained ``"do_sample": true`` (ModelOpt sets it wherever transformers' default top_k is set) in a
+    checkpoint that decodes greedily. Both the HF export and its BF16 fold hold the checkpoint's file unchanged."""
+    out = Path(request.getfixturevalue(output_name)["out_dir"])
+    source = (tiny_model_dir / "generation_config.json").read_bytes()
+    assert b"do_sample" not in source
+    assert (out / "hf" / "generation_config.json").read_bytes() == source
+    assert (out / "hf-bf16" / "generation_config.json").read_bytes() == source
+
+
+def test_an_export_of_a_checkpoint_without_generation_settings_has_none(tmp_path):
+    from quantization.export import keep_generation_config
+
+    source, export = tmp_path / "source", tmp_path / "export"
+    source.mkdir(), export.mkdir()
+    (export / "generation_config.json").write_text('{"do_sample": true}')
+    keep_generation_config(source, export)
+    assert not (export / "generation_config.json").exists()
+
+
+def test_the_quality_report_keeps_no_warning_modelopt_gives_on_every_run(int4_output):
+    """The CPU's fp32 calibration and transformers 4 make ModelOpt warn on every run; those say nothing of the model
+    and stay out of the report, so what is there is about the model (the MoE case below)."""
+    assert int4_output["quality"]["upstream_warnings"] == []
+
+
+@pytest.mark.slow  # a MoE stand-in through int4-awq (a minute on two cores)
+def test_modelopts_calibration_warnings_are_in_the_quality_report(tmp_path):
+    """#62: ModelOpt's warnings that calibration never exercised a layer scrolled past in the worker's log and were
+    in no report. Two sequences of 16 tokens route no token to some of a 16-expert MoE's experts."""
+    out = _quantize(REPO_ROOT / "tests" / "data" / "standins" / "qwen3-moe", "int4-awq", tmp_path / "out",
+                    "--samples", "2", "--seq-len", "16", "--batch-size", "2", "--formats", "hf")
+    warned = out["quality"]["upstream_warnings"]
+    assert any(w.startswith("UserWarning: awq_lite: Forcing pre_quant_scale=1 for model.layers.")
+               and "not properly exercised during calibration" in w for w in warned), warned
+    assert not any("differs from target dtype" in w for w in warned)
+
+
 def test_int4_awq_exports_true_head_size_and_group_size(int4_output, tiny_model_dir):
     out = Path(int4_output["out_dir"])
     hf_config = json.loads((tiny_model_dir / "config.json").read_text())

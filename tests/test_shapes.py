@@ -243,3 +243,52 @@ matrix:
     [cell] = cells.values()
     assert cell.status == "invalid" and "model-family" in [v.rule for v in cell.violations]
     assert "'gpt_bigcode'" in cell.reason and "qwen3_moe" in cell.reason
+
+
+def _dequantised_from_4_bits(model_dir: Path) -> Path:
+    """The model's linear weights as a Q4_K_M GGUF converted to BF16 outside ``models fetch`` leaves them (#62): each
+    block of 32 along a row is a scale and an offset times 0..15, and no provenance.json says so."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(model_dir / "model.safetensors")
+    for name, tensor in weights.items():
+        if name.endswith("proj.weight"):
+            blocks = tensor.float().reshape(-1, 32)
+            low, high = blocks.min(dim=1, keepdim=True).values, blocks.max(dim=1, keepdim=True).values
+            scale = (high - low).clamp(min=1e-8) / 15
+            weights[name] = (torch.round((blocks - low) / scale) * scale + low).reshape(tensor.shape).to(tensor.dtype)
+    save_file(weights, model_dir / "model.safetensors", metadata={"format": "pt"})
+    return model_dir
+
+
+@pytest.mark.parametrize("where", ["local directory", "hub cache"])
+def test_weights_on_a_4_bit_grid_are_refused_for_4_bits_again_with_the_layer_as_evidence(write_config, tmp_path,
+                                                                                         where):
+    """#62: weights converted from a Q4_K_M GGUF by hand carry no provenance, and the rule read only provenance: they
+    were quantised to int4-awq again (11 min, 15.0 points lost). The weights show it: a few rows of each kind of
+    linear have at most 16 distinct values per block of 32. The shipped tiny model's (up to 32 of 32) do not."""
+    from enginesmith.core.assets import copy_tiny_model
+    from enginesmith.core.checkpoints.hf_cache import write_hf_cache
+
+    model_dir = _dequantised_from_4_bits(copy_tiny_model(tmp_path / "q4km-by-hand"))
+    repo, env = str(model_dir), {}
+    if where == "hub cache":
+        repo = "someone/q4km-by-hand"
+        write_hf_cache(model_dir, repo, tmp_path / "hf-cache")
+        env = {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hf-cache")}
+    config = write_config(f"""
+version: 1
+name: by-hand
+models: [{{id: q4km, repo: {repo}}}, {{id: tiny, repo: {copy_tiny_model(tmp_path / "tiny")}}}]
+matrix: [{{models: [q4km, tiny], recipes: [fp8, int4-awq], targets: [cpu], kinds: [hf-quantized]}}]
+""")
+    result = run_cli("plan", str(config), "--json", env=env)
+    assert result.returncode == 0, result.stderr
+    cells = {c["id"].split("/cpu")[0]: c for c in json.loads(result.stdout)["cells"]}
+    assert {cell: c["status"] for cell, c in cells.items()} == {
+        "q4km/fp8": "build", "q4km/int4-awq": "invalid", "tiny/fp8": "build", "tiny/int4-awq": "build"}
+    [reason] = cells["q4km/int4-awq"]["reasons"]
+    assert reason["rule"] == "weights-already-quantized"
+    assert re.search(r"already 4-bit values \(model\.layers\.\d\.\w+\.\w+_proj\.weight \(model\.safetensors\) has at "
+                     r"most 16 distinct values in each block of 32 along 4 sampled rows", reason["message"])

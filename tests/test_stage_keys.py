@@ -27,7 +27,8 @@ def planned_keys(config: str, tmp_path: Path, models: dict[str, Path] | None = N
         text = text.replace(shipped, str(where))
     copy = tmp_path / Path(config).name
     copy.write_text(text)
-    planned = run_cli("plan", str(copy), "--json")
+    # An empty Hub cache: a branch the user's cache holds would be keyed by its commit there (#62).
+    planned = run_cli("plan", str(copy), "--json", env={"HF_HUB_CACHE": str(tmp_path / "empty-hf-cache")})
     assert planned.returncode == 0, planned.stderr[-2000:]
     plan = json.loads(planned.stdout)
     return {cell["id"]: {"key": cell["key"], "keys": cell["keys"]}

@@ -14,7 +14,7 @@ from rich.text import Text
 
 from enginesmith import __version__
 from enginesmith.cli.registry_commands import add_registry_commands
-from enginesmith.cli.views import print_validation
+from enginesmith.cli.views import print_notes, print_validation
 from enginesmith.core.console import Cell, keep_user_errors_off_the_console, print_json, stderr, stdout, styled, table
 from enginesmith.core.errors import UserError
 
@@ -117,11 +117,12 @@ def plan(
 ) -> None:
     """Expand a build matrix into cells: what would be built, with each stage key, and what is invalid and why."""
     from enginesmith.core.config import default_catalogue, load_pipeline_config
+    from pipeline.common.plan_sources import hub_revision_notes
     from pipeline.kind_registry import kinds_of
 
     catalogue = default_catalogue()
     pipeline = load_pipeline_config(config, catalogue)
-    # Hub branches stay unresolved here (no network needed to plan); the nightly resolves them to commit shas.
+    # No network needed to plan: a Hub branch is read from the local Hub cache, as an offline night reads it.
     planned = [(kind, cell) for kind in kinds_of(pipeline)
                for cell in kind.plan(pipeline, config.parent, catalogue, resolve_hub=False)]
     if estimate:
@@ -145,6 +146,7 @@ def plan(
                                                    "kind", "key", "status"], rows))
     buildable = sum(cell.status == "build" for _, cell in planned)
     stdout.print(f"{buildable} to build, {len(planned) - buildable} invalid, {len(planned)} cells")
+    print_notes(hub_revision_notes(pipeline, [cell for _, cell in planned]))
 
 
 @app.command()
@@ -293,6 +295,7 @@ def _print_quantized(result: QuantizedCheckpoint, recipe: str, json_output: bool
                          f"{q.task_exact_match_reference:.1%} → {q.task_exact_match_quantized:.1%}"])
         if q.export_dequant_rel_err is not None:
             rows.append(["dequantised export vs fake-quant", f"{q.export_dequant_rel_err:.4f}"])
+        rows += [["ModelOpt warned", warning] for warning in q.upstream_warnings]
         stdout.print(table("Quality report", ["metric", "value"], rows))
     stdout.print("timings: " + ", ".join(f"{k} {v:.1f}" for k, v in result.timings_s.items()))
 

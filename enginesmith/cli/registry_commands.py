@@ -18,7 +18,7 @@ import typer
 from rich.markup import escape
 from rich.text import Text
 
-from enginesmith.cli.views import print_support, print_validation
+from enginesmith.cli.views import print_notes, print_support, print_validation
 from enginesmith.core.console import Cell, print_json, stderr, stdout, styled, table
 from enginesmith.core.diskspace import size_label
 from enginesmith.core.errors import UserError
@@ -656,8 +656,9 @@ def support(
     Example: enginesmith support configs/examples/tiny-cpu.yaml --markdown support.md
     """
     from enginesmith.core.config import default_catalogue, load_pipeline_config
+    from pipeline.common.plan_sources import hub_revision_notes
     from pipeline.common.steps import registry_url
-    from pipeline.support import config_support
+    from pipeline.support import config_support, support_cells
     from registry.support import markdown_table
 
     catalogue = default_catalogue()
@@ -665,13 +666,15 @@ def support(
     # The config's own registry is made by its first night; before that the matrix is the plan's refusals and "not
     # run". A registry named here must be there.
     store = _open_store(registry or registry_url(pipeline), s3_endpoint, must_exist=registry is not None)
-    matrix = config_support(pipeline, config.parent, catalogue, store)
+    cells = support_cells(pipeline, config.parent, catalogue)
+    matrix = config_support(pipeline, config.parent, catalogue, store, cells=cells)
     if markdown is not None:
         markdown.write_text(markdown_table(matrix), encoding="utf-8")
     if json_output:
         print_json(matrix)
         return
     print_support(matrix)
+    print_notes(hub_revision_notes(pipeline, cells))
 
 
 def gc(

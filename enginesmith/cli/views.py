@@ -45,6 +45,14 @@ def print_support(matrix: SupportMatrix) -> None:
     stdout.print(", ".join(f"{count} {status}" for status, count in matrix.counts().items()))
 
 
+def print_notes(notes: list[str]) -> None:
+    """Lines that qualify the table above them, each dimmed behind ``note``."""
+    from rich.markup import escape
+
+    for note in notes:
+        stdout.print(f"[dim]note[/] {escape(note)}", markup=True)
+
+
 def print_estimate(pipeline: PipelineConfig, cells: list[object], *, json_output: bool) -> None:
     """``enginesmith plan --estimate``: each buildable GPU cell's GPU-hours per stage on its SKU, and each pool's
     total, as tables or JSON. Cells it cannot estimate (invalid, the cpu target, a SKU without figures, a model

@@ -29,6 +29,9 @@ class QualityReport(BaseModel):
     # The HF export dequantised in plain torch vs the fake-quantised weights (activation quantizers off):
     # near zero when the exported bits and scales are the ones calibration chose.
     export_dequant_rel_err: float | None = None
+    # What ModelOpt warned of while calibrating and exporting (amax entries calibration never set, each substituted
+    # at export), each distinct message once with its count.
+    upstream_warnings: list[str] = []
 
     @property
     def task_exact_match_drop_points(self) -> float | None:

@@ -1,6 +1,6 @@
 """A model's layer widths as its ``config.json`` states them (and any quantisation its weights carry already), and
-the AWQ block size a recipe can use on them. Pure: the planner reads ``config.json`` and ``provenance.json`` (no
-weights) and decides here, before any calibration.
+the AWQ block size a recipe can use on them. Pure: the planner reads ``config.json``, ``provenance.json`` and a few
+rows of the weights (``checkpoints.weight_grid``) and decides here, before any calibration.
 
 Block-quantised INT4 packs each weight row in blocks along its input dimension; ModelOpt's export refuses a
 partial block ("Cannot pack weight with input dimension 576 and block size 128"), and TensorRT-LLM's
@@ -15,18 +15,29 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from enginesmith.core.checkpoints.weight_grid import WeightGrid
 from enginesmith.core.specs import RecipeSpec
 
 
 class PriorQuantization(BaseModel):
     """Weights that had been rounded to a coarse grid before this checkpoint was written: a GGUF dequantised to
-    BF16 (its ``provenance.json`` says so), or a checkpoint saved with a ``quantization_config``."""
+    BF16 (its ``provenance.json`` says so, or its weights show the grid), or a checkpoint saved with a
+    ``quantization_config``."""
 
     weight_bits: int = Field(gt=0)
     description: str  # "GGUF Q4_1, blocks of 32, dequantised to BF16"
 
     @classmethod
-    def from_files(cls, config: dict[str, Any], provenance: dict[str, Any] | None) -> PriorQuantization | None:
+    def from_files(cls, config: dict[str, Any], provenance: dict[str, Any] | None,
+                   weight_grid: WeightGrid | None = None) -> PriorQuantization | None:
+        """What the files record, else what the weights show."""
+        recorded = cls._recorded(config, provenance)
+        if recorded is None and weight_grid is not None:
+            return cls(weight_bits=weight_grid.weight_bits, description=weight_grid.describe())
+        return recorded
+
+    @classmethod
+    def _recorded(cls, config: dict[str, Any], provenance: dict[str, Any] | None) -> PriorQuantization | None:
         source = (provenance or {}).get("source_quantization")
         if isinstance(source, dict) and source.get("weight_bits"):
             return cls(weight_bits=int(source["weight_bits"]),
@@ -60,9 +71,11 @@ class ModelShape(BaseModel):
     max_position_embeddings: int | None = None
 
     @classmethod
-    def from_config(cls, config: dict[str, Any], provenance: dict[str, Any] | None = None) -> ModelShape:
+    def from_config(cls, config: dict[str, Any], provenance: dict[str, Any] | None = None, *,
+                    weight_grid: WeightGrid | None = None) -> ModelShape:
         """The shape of a decoder's ``config.json`` (Llama-style field names; head_dim derived when absent), and
-        its weights' earlier quantisation where ``config.json`` or enginesmith's ``provenance.json`` records one."""
+        its weights' earlier quantisation where ``config.json`` or enginesmith's ``provenance.json`` records one,
+        or ``weight_grid`` shows one."""
         heads = int(config["num_attention_heads"])
         return cls(
             model_type=str(config.get("model_type", "")),
@@ -73,7 +86,7 @@ class ModelShape(BaseModel):
             head_dim=int(config.get("head_dim") or int(config["hidden_size"]) // heads),
             vocab_size=int(config["vocab_size"]),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-            prior_quantization=PriorQuantization.from_files(config, provenance),
+            prior_quantization=PriorQuantization.from_files(config, provenance, weight_grid),
             num_experts=_first_int(config, "num_local_experts", "num_experts", "n_routed_experts"),
             moe_intermediate_size=_first_int(config, "moe_intermediate_size"),
             shared_expert_intermediate_size=_shared_expert_width(config),

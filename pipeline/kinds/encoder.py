@@ -12,14 +12,14 @@ from enginesmith.core.artefacts import ARTEFACT_FILE, COMPLETE_MARKER
 from enginesmith.core.assets import EMBEDDING_CALIBRATION_FILE
 from enginesmith.core.checkpoints.digest import file_sha256
 from enginesmith.core.checkpoints.encoder_layout import read_layout
-from enginesmith.core.checkpoints.pull import local_checkpoint, resolve_revision
+from enginesmith.core.checkpoints.pull import local_checkpoint
 from enginesmith.core.config import Catalogue
 from enginesmith.core.errors import ConfigError
 from enginesmith.core.plan import LOCAL_MODEL_HINT
 from enginesmith.core.specs import PipelineConfig, TargetSpec
 from pipeline.common import steps
 from pipeline.common.params import RUN_CELL_FLOW, RunCellParams
-from pipeline.common.plan_sources import model_source
+from pipeline.common.plan_sources import hub_revision, model_source
 from pipeline.common.protocol import (
     CellContext,
     CellFilter,
@@ -48,8 +48,10 @@ def plan_encoders_loaded(config: PipelineConfig, config_dir: Path, catalogue: Ca
                                   field=f"encoders.{encoder.id}.repo", hint=LOCAL_MODEL_HINT)
             revisions[encoder.id] = local_checkpoint(Path(source)).commit_sha
             layouts[encoder.id] = read_layout(Path(source)).model_dump()
-        elif resolve_hub:
-            revisions[encoder.id] = resolve_revision(source, encoder.revision)
+        else:
+            resolved = hub_revision(source, encoder.revision, resolve_hub=resolve_hub)
+            if resolved is not None:
+                revisions[encoder.id] = resolved
     return plan_encoders(config, catalogue, calibration_fingerprint="sha256:" + file_sha256(EMBEDDING_CALIBRATION_FILE),
                          source_revisions=revisions, layouts=layouts)
 

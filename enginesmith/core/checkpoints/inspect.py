@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import json
 import math
-import struct
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from enginesmith.core.checkpoints.weight_grid import read_safetensors_header, weight_grid
 from enginesmith.core.errors import UserError
 
 if TYPE_CHECKING:
@@ -29,9 +29,7 @@ def read_config(checkpoint_dir: Path) -> dict[str, Any]:
 
 
 def safetensors_parameter_count(path: Path) -> int:
-    with path.open("rb") as handle:
-        (header_len,) = struct.unpack("<Q", handle.read(8))
-        header = json.loads(handle.read(header_len))
+    header, _ = read_safetensors_header(path)
     return sum(math.prod(t["shape"]) for name, t in header.items() if name != "__metadata__")
 
 
@@ -60,14 +58,10 @@ def model_shape(source: str, revision: str = "main", *, fetch: bool = False) -> 
     cache, or with ``fetch`` downloaded (one small file: what a planner that resolves revisions does, so the
     nightly and build-cell plan a cell alike). None where it cannot be read: planning then keeps the recipes'
     defaults and the quantize stage checks the widths before it loads any weights."""
-    from enginesmith.core.shapes import ModelShape
-
     local = Path(source.removeprefix("file://")).expanduser()
     try:
         if local.is_dir():
-            provenance = local / "provenance.json"
-            return ModelShape.from_config(read_config(local),
-                                          json.loads(provenance.read_text()) if provenance.is_file() else None)
+            return directory_shape(local)
         from huggingface_hub import hf_hub_download, try_to_load_from_cache
 
         from enginesmith.core.secrets import hf_token
@@ -76,6 +70,18 @@ def model_shape(source: str, revision: str = "main", *, fetch: bool = False) -> 
                 else try_to_load_from_cache(source, "config.json", revision=revision))
         if not isinstance(path, str):
             return None
-        return ModelShape.from_config(json.loads(Path(path).read_text()))
+        return directory_shape(Path(path).parent)
     except Exception:
         return None
+
+
+def directory_shape(directory: Path) -> ModelShape:
+    """The shape of a checkpoint directory (a local one, or a Hub cache snapshot) and any quantisation its weights
+    carry already: as ``config.json`` or ``provenance.json`` records it, else as a few rows of its weights show it
+    (where they are here)."""
+    from enginesmith.core.shapes import ModelShape
+
+    provenance = directory / "provenance.json"
+    return ModelShape.from_config(read_config(directory),
+                                  json.loads(provenance.read_text()) if provenance.is_file() else None,
+                                  weight_grid=weight_grid(directory))

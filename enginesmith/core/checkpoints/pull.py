@@ -68,17 +68,34 @@ def resolve_revision(source: str, revision: str = "main") -> str:
     if source.startswith(("/", "./", "../", "~", "file:")) or local.is_dir():
         return local_checkpoint(local).commit_sha
     check_revision(revision)
-    from huggingface_hub import HfApi, constants, snapshot_download
+    from huggingface_hub import HfApi, constants
 
     token = hf_token()
     try:
         if constants.HF_HUB_OFFLINE:
-            return Path(snapshot_download(source, revision=revision, local_files_only=True, token=token)).name
+            return cached_snapshot(source, revision).name
         sha = HfApi(token=token).model_info(source, revision=revision).sha
         assert sha is not None
         return sha
     except Exception as exc:
         raise hub_error(exc, source, revision) from None
+
+
+def cached_revision(source: str, revision: str = "main") -> str | None:
+    """A Hub revision's commit sha as the local Hub cache records it (what an offline resolution reads), without the
+    network whatever ``HF_HUB_OFFLINE`` says; None where the cache holds no snapshot of it."""
+    try:
+        return cached_snapshot(source, check_revision(revision)).name
+    except Exception:  # not cached, or not a repo id: the caller keys the branch by its name and says so
+        return None
+
+
+def cached_snapshot(repo_id: str, revision: str) -> Path:
+    """The local Hub cache's snapshot directory of ``repo_id`` at ``revision`` (huggingface_hub's own lookup: the
+    branch's ref, then the commit's folder); raises huggingface_hub's error where it has none."""
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(repo_id, revision=revision, local_files_only=True, token=hf_token()))
 
 
 def local_checkpoint(path: Path, *, allow_pickle: bool = False, trust_remote_code: bool = False) -> Checkpoint:
@@ -136,7 +153,7 @@ def _hub_checkpoint(repo_id: str, revision: str, *, dest: Path | None, allow_pic
     token = hf_token()
     try:
         if constants.HF_HUB_OFFLINE:
-            return _from_cache(repo_id, revision, token, dest, allow_pickle, trust_remote_code)
+            return _from_cache(repo_id, revision, dest, allow_pickle, trust_remote_code)
         return _download(repo_id, revision, token, dest, allow_pickle, trust_remote_code)
     except UserError:
         raise
@@ -171,12 +188,10 @@ def _download(repo_id: str, revision: str, token: str | None, dest: Path | None,
     )
 
 
-def _from_cache(repo_id: str, revision: str, token: str | None, dest: Path | None, allow_pickle: bool,
+def _from_cache(repo_id: str, revision: str, dest: Path | None, allow_pickle: bool,
                 trust_remote_code: bool) -> Checkpoint:
-    from huggingface_hub import snapshot_download
-
     where = f"{repo_id}@{revision}"
-    snapshot = Path(snapshot_download(repo_id, revision=revision, local_files_only=True, token=token))
+    snapshot = cached_snapshot(repo_id, revision)
     repo_files = sorted(str(p.relative_to(snapshot)) for p in snapshot.rglob("*") if p.is_file())
     names = needed_files(repo_files, where=where, allow_pickle=allow_pickle, read_json=_json_in(snapshot))
     refuse_remote_code(read_config(snapshot), repo_files, where=where, trust_remote_code=trust_remote_code)

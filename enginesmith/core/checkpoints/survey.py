@@ -18,7 +18,12 @@ from pydantic import BaseModel
 
 from enginesmith.core.checkpoints.files import SAFETENSORS_INDEX, needed_files, refuse_remote_code
 from enginesmith.core.checkpoints.inspect import model_shape, read_config
-from enginesmith.core.checkpoints.pull import hub_error, local_checkpoint
+from enginesmith.core.checkpoints.pull import cached_snapshot, hub_error, local_checkpoint
+from enginesmith.core.checkpoints.tokenizer_files import (
+    TokenizerFiles,
+    eos_disagreement,
+    unregistered_control_tokens,
+)
 from enginesmith.core.errors import UserError
 from enginesmith.core.memory import dtype_bytes
 from enginesmith.core.secrets import hf_token
@@ -26,15 +31,19 @@ from enginesmith.core.shapes import ModelShape
 from enginesmith.core.specs import ModelSpec, check_revision
 
 CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
-TOKENIZER_CONFIG = "tokenizer_config.json"
+TOKENIZER_CONFIG, TOKENIZER_JSON = "tokenizer_config.json", "tokenizer.json"
+SPECIAL_TOKENS_MAP = "special_tokens_map.json"
 
 
 class TokenizerFacts(BaseModel):
     """What a server needs of the tokenizer files: a chat template for /v1/chat/completions, and an end-of-sequence
-    token to stop generating at. None where it could not be read from here."""
+    token to stop generating at, the one the generation config stops at; and the control tokens it would not read
+    as such. None where it could not be read from here."""
 
     chat_template: bool | None = None
     eos_token: bool | None = None
+    eos_disagreement: str | None = None  # why the tokenizer's EOS is not generation_config's (None: they agree)
+    unregistered_control_tokens: list[tuple[str, int]] = []
 
     @classmethod
     def read(cls, names: Iterable[str], read_json: Callable[[str], Any]) -> TokenizerFacts:
@@ -58,7 +67,12 @@ class TokenizerFacts(BaseModel):
         generation = optional("generation_config.json") or {}
         eos = (model_config.get("eos_token_id") is not None or generation.get("eos_token_id") is not None
                or bool((tokenizer_config or {}).get("eos_token")))
-        return cls(chat_template=chat_template, eos_token=eos or (None if tokenizer_config is None else False))
+        files = TokenizerFiles(tokenizer=optional(TOKENIZER_JSON) or {}, tokenizer_config=tokenizer_config or {},
+                               special_tokens_map=optional(SPECIAL_TOKENS_MAP) or {}, generation_config=generation,
+                               config=model_config)
+        return cls(chat_template=chat_template, eos_token=eos or (None if tokenizer_config is None else False),
+                   eos_disagreement=eos_disagreement(files),
+                   unregistered_control_tokens=unregistered_control_tokens(files))
 
 
 class CheckpointSurvey(BaseModel):
@@ -70,6 +84,9 @@ class CheckpointSurvey(BaseModel):
     shape: ModelShape | None
     tokenizer: TokenizerFacts = TokenizerFacts()
     notes: list[str] = []  # checks that could not be made from here
+    # Where its files were read on this machine: the local directory, or the Hub cache's snapshot (the files read
+    # online land there too); a tokenizer there can be loaded by the harness and by a runtime.
+    files_dir: str | None = None
 
 
 def survey(model: ModelSpec, source: str) -> CheckpointSurvey:
@@ -83,7 +100,8 @@ def survey(model: ModelSpec, source: str) -> CheckpointSurvey:
             parameters=checkpoint.parameter_count, parameters_from="safetensors headers",
             dtype_bytes=dtype_bytes(read_config(directory)), shape=model_shape(source),
             tokenizer=TokenizerFacts.read((p.name for p in directory.iterdir()),
-                                          lambda name: _read_json(directory / name)))
+                                          lambda name: _read_json(directory / name)),
+            files_dir=str(directory))
     check_revision(model.revision)
     from huggingface_hub import constants
 
@@ -107,10 +125,8 @@ def _weight_files(names: Iterable[str]) -> list[str]:
 
 
 def _offline(model: ModelSpec, repo_id: str) -> CheckpointSurvey:
-    from huggingface_hub import snapshot_download
-
     where = f"{repo_id}@{model.revision}"
-    snapshot = Path(snapshot_download(repo_id, revision=model.revision, local_files_only=True, token=hf_token()))
+    snapshot = cached_snapshot(repo_id, model.revision)
     cached = sorted(str(p.relative_to(snapshot)) for p in snapshot.rglob("*") if p.is_file())
     index = _read_json(snapshot / SAFETENSORS_INDEX) if SAFETENSORS_INDEX in cached else None
     shards = sorted({str(s) for s in (index or {}).get("weight_map", {}).values()})
@@ -131,8 +147,9 @@ def _offline(model: ModelSpec, repo_id: str) -> CheckpointSurvey:
         "offline: shards not in the cache are taken as the index names them (not listed on the Hub)"]
     return CheckpointSurvey(commit_sha=snapshot.name, weight_files=_weight_files(names),
                             parameters=parameters, parameters_from=parameters_from, dtype_bytes=value_bytes,
-                            shape=_shape(config), notes=notes,
-                            tokenizer=TokenizerFacts.read(cached, lambda name: _read_json(snapshot / name)))
+                            shape=model_shape(str(snapshot)), notes=notes,
+                            tokenizer=TokenizerFacts.read(cached, lambda name: _read_json(snapshot / name)),
+                            files_dir=str(snapshot))
 
 
 def _online(model: ModelSpec, repo_id: str) -> CheckpointSurvey:
@@ -145,8 +162,11 @@ def _online(model: ModelSpec, repo_id: str) -> CheckpointSurvey:
     sha = info.sha
     assert sha is not None
 
+    def download(name: str) -> Path:
+        return Path(hf_hub_download(repo_id, name, revision=sha, token=token))
+
     def read_json(name: str) -> Any:
-        return _read_json(Path(hf_hub_download(repo_id, name, revision=sha, token=token)))
+        return _read_json(download(name))
 
     repo_files = [s.rfilename for s in info.siblings or []]
     names = needed_files(repo_files, where=where, allow_pickle=model.allow_pickle, read_json=read_json)
@@ -158,8 +178,9 @@ def _online(model: ModelSpec, repo_id: str) -> CheckpointSurvey:
         parameters = sum(counts.values())
     return CheckpointSurvey(commit_sha=sha, weight_files=_weight_files(names),
                             parameters=parameters, parameters_from="safetensors headers on the Hub",
-                            dtype_bytes=dtype_bytes(config),
-                            shape=_shape(config), tokenizer=TokenizerFacts.read(repo_files, read_json))
+                            dtype_bytes=dtype_bytes(config), shape=_shape(config),
+                            tokenizer=TokenizerFacts.read(repo_files, read_json),
+                            files_dir=str(download("config.json").parent))
 
 
 def _read_json(path: Path) -> Any:
