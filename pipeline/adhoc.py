@@ -198,7 +198,7 @@ def validate_sides(candidate: str, reference: str, *, workload: str | None, conf
     from enginesmith.core.specs import BuildProfile, GateSpec
     from validation.presets import preset
     from validation.report import write_report
-    from validation.stage import ServerSide
+    from validation.stage import ServerSide, seat_started_on_cpu
     from validation.stage import validate as run_validation
 
     candidate_path = Path(candidate)
@@ -247,8 +247,10 @@ def validate_sides(candidate: str, reference: str, *, workload: str | None, conf
     else:
         chosen_workload = preset(workload or ("tiny-addition" if on_cpu else "random-1k"))
     baselines = [ServerSide(role="baseline", name=url, runtime="external", url=url) for url in baseline]
+    placement = seat_started_on_cpu(candidate_side, reference_side, on_cpu=on_cpu)
     report = run_validation(candidate_side, reference_side, workload=chosen_workload, gates=gates,
                             recipe_id=recipe_id, target_id=target_id, tokenizer_dir=tokenizer_dir, out_dir=out_dir,
                             baselines=baselines)
+    report.notes.extend(placement.notes if placement else [])
     report.artefact_key = artefact.key if artefact else None
     return report, write_report(report, out_dir)

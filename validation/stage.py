@@ -17,8 +17,9 @@ Each side's accuracy runs once per cell. The report says what the verdict cost (
 
 from __future__ import annotations
 
+import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
@@ -57,7 +58,7 @@ from validation.accuracy import (
 from validation.affinity import pin_tree
 from validation.gates import check_calibration, decision_rule, evaluate_gates, undecided
 from validation.loadgen import LevelPlan, probe_capabilities, run_level
-from validation.placement import Placement, rounds_note
+from validation.placement import CPU_BIND_ENV, Placement, place_sides, rounds_note
 from validation.sampling import UsageSampler
 from validation.server import Endpoint, check_still_serving, external_endpoint, free_port, running_server
 from validation.workloads import build_prompts, perplexity_windows
@@ -88,6 +89,31 @@ class ServerSide:
 
     def cores_in(self, round_index: int) -> tuple[int, ...]:
         return self.cores_by_round[round_index % len(self.cores_by_round)]
+
+
+def place_on_node(*, on_cpu: bool, candidate_gpus: int, reference_gpus: int,
+                  cpu_cores: Sequence[int] | None = None) -> Placement:
+    """``place_sides`` with what this process sees: its GPUs (by UUID), its cores (``cpu_cores`` where given) and the
+    node's own ``VLLM_CPU_OMP_THREADS_BIND``."""
+    from enginesmith.core.gpus import visible_gpus
+
+    visible = [] if on_cpu else [gpu.uuid for gpu in visible_gpus()]
+    cores = sorted(os.sched_getaffinity(0)) if cpu_cores is None else sorted(cpu_cores)
+    return place_sides(on_cpu=on_cpu, visible_uuids=visible, candidate_gpus=candidate_gpus,
+                       reference_gpus=reference_gpus, cpu_cores=cores, cpu_bind=os.environ.get(CPU_BIND_ENV))
+
+
+def seat_started_on_cpu(candidate: ServerSide, reference: ServerSide, *, on_cpu: bool,
+                        cpu_cores: Sequence[int] | None = None) -> Placement | None:
+    """On the cpu target, two servers validation starts itself are placed as a planned cell's are (disjoint halves
+    of the cores, exchanged every round): left to vLLM's own binding, both sides' model threads ran on core 0 while
+    the other core served only HTTP. A URL side runs where its operator put it, and a GPU side keeps the devices it
+    is given: None, nothing placed."""
+    if not on_cpu or candidate.recipe is None or reference.recipe is None:
+        return None
+    placement = place_on_node(on_cpu=True, candidate_gpus=0, reference_gpus=0, cpu_cores=cpu_cores)
+    seat(placement, candidate, reference)
+    return placement
 
 
 def seat(placement: Placement, candidate: ServerSide, reference: ServerSide) -> None:

@@ -5,7 +5,6 @@ without an orchestrator; ``LlmKind.run`` calls them through its stage runner."""
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -236,13 +235,9 @@ def _calibration_round(report: ValidationReport, cell: Cell, config: PipelineCon
 
 def _placement(cell: Cell, *, reference_gpus: int) -> Placement:
     """Where the cell's servers run on this node: the candidate's and the reference's devices (or cores)."""
-    from enginesmith.core.gpus import visible_gpus
-    from validation.placement import CPU_BIND_ENV, place_sides
+    from validation.stage import place_on_node
 
-    visible = [] if cell.target.is_cpu else [gpu.uuid for gpu in visible_gpus()]
-    return place_sides(on_cpu=cell.target.is_cpu, visible_uuids=visible, candidate_gpus=cell.tp * cell.pp,
-                       reference_gpus=reference_gpus, cpu_cores=sorted(os.sched_getaffinity(0)),
-                       cpu_bind=os.environ.get(CPU_BIND_ENV))
+    return place_on_node(on_cpu=cell.target.is_cpu, candidate_gpus=cell.tp * cell.pp, reference_gpus=reference_gpus)
 
 
 def tune(cell: Cell, artefact_dir: Path, config: PipelineConfig, work: Path,
