@@ -403,6 +403,18 @@ def test_a_trusted_pull_does_not_fall_back_silently_past_the_best_artefact_whose
     assert allowed.passed_over.key == new.key
 
 
+
+def prod_withdrawn(store: RegistryStore, signing: dict[str, SigningKey], key_dir: Path,
+                   tmp_path: Path) -> tuple[Manifest, Manifest, Trust]:
+    """Two builds, the newer promoted to ``prod``, then withdrawn by the nightly key; and the trust file."""
+    from registry.withdrawals import withdraw
+
+    old, new = two_builds(store, tmp_path, signing["nightly"])
+    promote(store, new, "prod", signer=ChannelSigner(store, signing["nightly"]))
+    trust = trust_file(key_dir, tmp_path)
+    withdraw(store, "tiny-llama", new.key, "wrong tokenizer", signing["nightly"])
+    return old, new, trust
+
 def test_a_withdrawn_build_is_never_chosen_and_by_key_needs_allow_withdrawn(
     store: RegistryStore, signing: dict[str, SigningKey], key_dir: Path, tmp_path: Path
 ) -> None:
@@ -410,12 +422,8 @@ def test_a_withdrawn_build_is_never_chosen_and_by_key_needs_allow_withdrawn(
     from registry.errors import WithdrawnError
     from registry.machine import describe_machine
     from registry.resolve import Constraints
-    from registry.withdrawals import withdraw
 
-    old, new = two_builds(store, tmp_path, signing["nightly"])
-    promote(store, new, "prod", signer=ChannelSigner(store, signing["nightly"]))
-    trust = trust_file(key_dir, tmp_path)
-    withdraw(store, "tiny-llama", new.key, "wrong tokenizer", signing["nightly"])
+    old, new, trust = prod_withdrawn(store, signing, key_dir, tmp_path)
     for trusted in (trust, None):  # without a trust list the registry's word is taken, as for everything else
         assert bare_choice(store, trusted).manifest.key == old.key
     ranked = resolve_model(store, "tiny-llama", describe_machine("cpu"), Constraints(), trust).resolution.candidates
@@ -769,12 +777,9 @@ def test_a_deleted_withdrawal_stays_in_force_on_a_node_that_saw_it(
     store: RegistryStore, signing: dict[str, SigningKey], key_dir: Path, tmp_path: Path
 ) -> None:
     from registry.errors import WithdrawnError
-    from registry.withdrawals import read_withdrawals, withdraw
+    from registry.withdrawals import read_withdrawals
 
-    old, new = two_builds(store, tmp_path, signing["nightly"])
-    promote(store, new, "prod", signer=ChannelSigner(store, signing["nightly"]))
-    trust = trust_file(key_dir, tmp_path)
-    withdraw(store, "tiny-llama", new.key, "wrong tokenizer", signing["nightly"])
+    old, new, trust = prod_withdrawn(store, signing, key_dir, tmp_path)
     with pytest.raises(WithdrawnError):
         pull_through(store, "prod", trust)
     (entry,) = (e for e in store.list_history("tiny-llama") if e.startswith("withdrawal-"))
