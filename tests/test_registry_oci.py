@@ -97,11 +97,12 @@ def test_every_verb_round_trips_through_a_real_oci_registry(oci_registry: OciReg
     assert from_bundle["key"] == published["key"]
 
     # gc deletes a manifest through the API (blobs are the server's own garbage collection): of three builds of the
-    # cell it keeps the newest and the one `stable` points at
+    # cell it keeps the newest and the one `stable` points at (all signed: gc orders a cell by signed times, #62)
     third = cli_json("publish", str(write_artefact(tmp_path / "c", files=tiny_files(seed=10),
-                                                   created="2026-03-01T00:00:00+00:00")), env=env)
+                                                   created="2026-03-01T00:00:00+00:00")),
+                     "--sign-key", str(private), env=env)
     collected = cli_json("gc", "--keep-last", "1", "--grace", "0", env=env)
-    assert collected["deleted_blobs"] == 0
+    assert collected["deleted_blobs"] == 0 and not collected["unordered"]
     kept = {m["key"] for m in cli_json("ls", "tiny-llama", env=env)["manifests"]}
     assert kept == {published["key"], third["key"]}
 
