@@ -328,13 +328,16 @@ def test_the_cli_runs_a_planned_cell_under_the_plans_keys(tmp_path: Path) -> Non
 
     # Validation of the cell as the nightly wires it: the config's workload (the orchestration tests' one round), the
     # cell's resolved profile for the reference, the report where the nightly writes it. Its gates here ask for a
-    # candidate 50 times faster than its reference (a gate enters only the validation key, so the cell's quantize
-    # and build outputs are the ones above): the verdict is FAILED, and a job gating on the command stops.
+    # candidate 50 times faster than its reference (a gate and the workload enter only the validation key, so the
+    # cell's quantize and build outputs are the ones above): the verdict is FAILED, and a job gating on the command
+    # stops. Hugging Face's own server (`transformers serve`) on the BF16 checkpoint is measured beside both sides
+    # as an ungated baseline.
     needs_vllm_cpu()
     import yaml
 
     strict = yaml.safe_load(config.read_text())
     strict["gates"] = {**strict["gates"], "min_throughput_ratio": 50.0}
+    strict["workload"] = {**strict["workload"], "baselines": ["transformers-serve"]}
     strict_config = config.with_name("strict.yaml")
     strict_config.write_text(yaml.safe_dump(strict, sort_keys=False))
     strict_cell = {c.recipe.id: c for c in plan_config(strict_config, default_catalogue())[1].cells}["fp8"]
@@ -344,7 +347,14 @@ def test_the_cli_runs_a_planned_cell_under_the_plans_keys(tmp_path: Path) -> Non
     report = json.loads(validated.stdout)
     assert report["recipe"] == "fp8" and report["workload"]["name"] == "tiny-addition-flow"
     assert not report["passed"] and [g["name"] for g in report["gates"] if not g["passed"]] == ["min_throughput_ratio"]
-    assert (tmp_path / "work" / "reports" / strict_cell.stage_keys.validation[:16] / "report.json").is_file()
+    reports = tmp_path / "work" / "reports" / strict_cell.stage_keys.validation[:16]
+    assert (reports / "report.json").is_file()
+    [baseline] = report["comparison"]["baselines"]
+    assert (baseline["role"], baseline["runtime"]) == ("baseline", "transformers-serve")
+    assert {lv["concurrency"] for lv in baseline["levels"]} == {1} and baseline["peak_memory_bytes"] > 0
+    assert all(lv["completed"] > 0 and lv["failed"] == 0 for lv in baseline["levels"])
+    assert baseline["accuracy"] == [] and baseline["perplexity"] is None  # ungated: measured for speed only
+    assert "transformers-serve" in (reports / "report.md").read_text()
 
     refused = run_cli("build", result["out_dir"], "--config", str(config), "--cell", int4.id)
     assert refused.returncode == 2

@@ -171,7 +171,8 @@ def smollm2_config(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
     about 9 minutes of CI and check the harness only (the README's run of this config builds it). Its rounds are
     the shipped ones less the extra looks: two rounds, then the verdict (an undecided gate on its median), so that
     this run, the slow tier's longest, costs the same on a loaded machine (each extra look measured both sides
-    again). Transformers serve, the slowest side and ungated, is measured in the first round alone. The sequential
+    again). Less its transformers-serve baseline: ungated, the slowest side (six of the run's 28 minutes on a loaded
+    machine) and proven on the tiny model (test_quantize.py) as any runtime's baseline is. The sequential
     looks are proven by test_validation_rounds.py and test_validation_e2e.py. Its serving sweep keeps its three
     profiles, levels and rounds with four requests, two seconds and at most four seconds of warm-up a level (the
     shipped eight, four and the workload's ten: one sequence at a time at four in flight serves a request in a whole
@@ -184,7 +185,8 @@ def smollm2_config(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
                           ("recipes: [bf16, fp8, int4-awq]", "recipes: [fp8, int4-awq]"),
                           ("max_repeats: 4", "max_repeats: 2"),
                           ("  min_duration_s: 4\n  min_requests: 8\n  budget_s",
-                           "  min_duration_s: 2\n  min_requests: 4\n  warmup_max_s: 4\n  budget_s")):
+                           "  min_duration_s: 2\n  min_requests: 4\n  warmup_max_s: 4\n  budget_s"),
+                          ("  baselines: [transformers-serve]", "  baselines: []")):
         assert shipped in text
         text = text.replace(shipped, here)
     path = root / "smollm2-cpu.yaml"
@@ -248,7 +250,7 @@ def test_the_shipped_config_publishes_what_passes_under_the_keys_the_plan_showed
 
 @pytest.mark.slow
 @pytest.mark.real_matrix
-def test_the_fp8_report_has_perplexity_agreement_task_scores_and_the_transformers_serve_row(
+def test_the_fp8_report_has_perplexity_agreement_and_task_scores(
         smollm2_nightly, smollm2_plan, smollm2_config):
     reports = _reports_dir(smollm2_config, smollm2_plan[f"{MODEL_ID}/fp8/cpu/tp1/hf-quantized"])
     report = json.loads((reports / "report.json").read_text())
@@ -264,12 +266,8 @@ def test_the_fp8_report_has_perplexity_agreement_task_scores_and_the_transformer
     assert comparison["greedy_agreement"] >= 0.5
     facts = next(s for s in reference["accuracy"] if s["source"] == "enginesmith")
     assert facts["examples"] >= 200 and facts["value"] >= 0.5
-    [baseline] = comparison["baselines"]
-    assert (baseline["role"], baseline["runtime"]) == ("baseline", "transformers-serve")
-    assert {lv["concurrency"] for lv in baseline["levels"]} == {1, 4} and baseline["peak_memory_bytes"] > 0
-    assert baseline["accuracy"] == [] and baseline["perplexity"] is None  # ungated: measured for speed only
-    markdown = (reports / "report.md").read_text()
-    assert "transformers-serve" in markdown and "perplexity" in markdown
+    assert comparison["baselines"] == []  # left out here: test_the_cli_runs_a_planned_cell_under_the_plans_keys
+    assert "perplexity" in (reports / "report.md").read_text()
     assert_served_memory_as_estimated(smollm2_config, {f"{MODEL_ID}/fp8/cpu/tp1/hf-quantized": report})
 
 

@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 
 from enginesmith.core.assets import read_task, task_eval_path
+from enginesmith.core.cost import ACCURACY_CONCURRENCY
 from enginesmith.core.reports.measures import Perplexity, TaskScore
 from enginesmith.core.tasks import AccuracyTask, answer_matches, task_spec
 from validation.loadgen import API_PATHS, Api, completion_payload
@@ -27,8 +28,8 @@ from validation.server import Endpoint, check_answer
 
 
 async def _greedy_completions(endpoint: Endpoint, prompts: Sequence[str], max_tokens: int, *,
-                              stop: list[str] | None, api: Api, concurrency: int = 8) -> list[str]:
-    semaphore = asyncio.Semaphore(concurrency)
+                              stop: list[str] | None, api: Api) -> list[str]:
+    semaphore = asyncio.Semaphore(ACCURACY_CONCURRENCY)
     async with httpx.AsyncClient(timeout=300) as client:
 
         async def one(prompt: str) -> str:
@@ -64,8 +65,8 @@ def task_exact_match(endpoint: Endpoint, task: str, limit: int | None = None,
                      source="enginesmith"), completions
 
 
-async def _prompt_logprobs(endpoint: Endpoint, paragraphs: Sequence[str], concurrency: int = 4) -> list[list[float]]:
-    semaphore = asyncio.Semaphore(concurrency)
+async def _prompt_logprobs(endpoint: Endpoint, paragraphs: Sequence[str]) -> list[list[float]]:
+    semaphore = asyncio.Semaphore(ACCURACY_CONCURRENCY)
     async with httpx.AsyncClient(timeout=300) as client:
 
         async def one(text: str) -> list[float]:
@@ -235,8 +236,8 @@ def _run_lm_eval(endpoint: Endpoint, name: str, tokenizer_dir: Path, *, chat: bo
         model="local-chat-completions" if chat else "local-completions",
         model_args={"model": endpoint.model,
                     "base_url": f"{endpoint.base_url}{API_PATHS['chat' if chat else 'completions']}",
-                    "tokenizer": str(tokenizer_dir), "tokenized_requests": False, "num_concurrent": 4,
-                    "max_retries": 2},
+                    "tokenizer": str(tokenizer_dir), "tokenized_requests": False,
+                    "num_concurrent": ACCURACY_CONCURRENCY, "max_retries": 2},
         # A shipped task's own directory alone: indexing lm-eval's thousands of task files takes seconds a call.
         tasks=[name], task_manager=(TaskManager(include_path=include_dir, include_defaults=False) if include_dir
                                     else TaskManager()),
