@@ -344,6 +344,47 @@ def test_a_promoter_that_signed_and_then_lost_the_pointer_signs_again_so_the_las
     assert ref is not None and ref.key == new.key
 
 
+def test_a_promote_that_renews_a_kept_channel_while_another_move_lands_signs_again(
+    signing: dict[str, SigningKey], tmp_path: Path
+) -> None:
+    """The fresh CI run's moment: prod is on the old build; B signed statement 2 (new) and its pointer write was
+    still to land when A, promoting the old build again, renewed it as statement 3. B's move then lands. A's renewal
+    is a compare-and-swap of the unchanged pointer, so A sees the move and signs again: the newest statement names
+    where the pointer is."""
+    store = open_store(str(tmp_path / "registry"))
+    old, new = two_builds(store, tmp_path, signing["nightly"])
+    promote(store, old, "prod", signer=ChannelSigner(store, signing["nightly"]))
+    b_read = store.read_ref("tiny-llama", "prod")
+    b_claim = ChannelSigner(store, signing["nightly"]).sign("tiny-llama", "prod", new.key)
+    assert b_read is not None and b_claim is not None and b_claim.sequence == 2
+
+    class BLandsAfterAsStatement:  # A's view: B's pointer write lands right after A writes its statement
+        def __init__(self, inner: RegistryStore) -> None:
+            self.inner, self.landed = inner, False
+
+        def create_history(self, model: str, entry: str, body: bytes) -> bool:
+            created = self.inner.create_history(model, entry, body)
+            if not self.landed:
+                self.landed = True
+                assert self.inner.write_ref(model, "prod", new.key, expected=b_read)
+            return created
+
+        def __getattr__(self, name: str):
+            return getattr(self.inner, name)
+
+    a_view = BLandsAfterAsStatement(store)
+    change = promote(a_view, old, "prod", signer=ChannelSigner(a_view, signing["nightly"]))  # type: ignore[arg-type]
+    assert change.moved and change.statement == 4
+    sequences = statement_sequences(store, "tiny-llama", "prod")
+    assert sequences == [1, 2, 3, 4]
+    from registry.statements import read_claim
+
+    newest = store.read_history("tiny-llama", statement_entry("prod", sequences[-1]))
+    assert newest is not None and (claim := read_claim(newest)) is not None
+    ref = store.read_ref("tiny-llama", "prod")
+    assert ref is not None and claim.key == ref.key == old.key
+
+
 def test_a_corrupt_or_unwritable_trust_state_is_an_error_naming_it_never_a_check_skipped(
     signing: dict[str, SigningKey], key_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
