@@ -39,8 +39,11 @@ HELD_OUT_LOGITS_COPIES = 3
 #   SmolLM2-135M  134.5 M parameters, 49,152 entries: 3.64 GiB (API server 0.76, engine core 0.69, worker 2.17)
 # and earlier: Gemma 3 270M (262,144 entries) 5.4–5.6 GiB (#49); a 0.6 B model with 151,936 entries 5.28–5.79 GiB
 # (#62, where 5.2 was estimated with the 2.85 GiB measured on an older runtime).
-# The server before any model: tiny-llama's.
-CPU_SERVER_BYTES = int(3.02 * GIB)
+# The server before any model: tiny-llama's at rest, plus what validation's requests hold at their peak (prompt
+# logprobs, the KV cache pages its sequences touch): the slow tier's validations peaked at 3.12 GiB (two stand-ins
+# of tiny-llama's size), 3.93-4.08 (SmolLM2) and 5.53-5.93 (Gemma 3 270M) on 2026-12-07, where 3.02 read SmolLM2's
+# 4.06 at -10.2 %.
+CPU_SERVER_BYTES = int(3.15 * GIB)
 # What grows with the vocabulary beside the weights, in all three processes (SmolLM2 holds 0.36 GiB more than
 # tiny-llama beyond its 0.25 GiB of weights: 7.9 KiB an entry): the tokenizer each loads, and the logits and sampling
 # buffers over the vocabulary. At start with compilation on, vLLM also runs its sampler once over max_num_seqs rows
