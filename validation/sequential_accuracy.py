@@ -34,7 +34,9 @@ from typing import Literal
 from pydantic import BaseModel
 from scipy.special import betaincinv
 
-DEFAULT_BLOCK_QUESTIONS = 64
+from enginesmith.core.tasks import ACCURACY_BLOCK_QUESTIONS
+
+DEFAULT_BLOCK_QUESTIONS = ACCURACY_BLOCK_QUESTIONS
 
 AccuracyDecision = Literal["pass", "fail", "undecided"]
 
@@ -55,6 +57,7 @@ class AccuracyLook(BaseModel):
     decision: AccuracyDecision
     on_point_estimate: bool  # the last look, its bounds undecided: the point estimate decided, outside the budget
     detail: str
+    task_questions: int | None = None  # the task's, where the look was taken over a whole plan (first_decided_look)
 
 
 def plan_blocks(questions: int, block_questions: int = DEFAULT_BLOCK_QUESTIONS) -> list[range]:
@@ -146,3 +149,32 @@ def judge_accuracy_look(pairs: Sequence[tuple[bool, bool]], limit_points: float,
                         candidate_only_right=candidate_only, drop_points=drop_points, bound_low_points=low_points,
                         bound_high_points=high_points, limit_points=limit_points, error_budget=error_budget,
                         decision=decision, on_point_estimate=on_point_estimate, detail=detail)
+
+
+def first_decided_look(reference: Sequence[bool], candidate: Sequence[bool], limit_points: float, *,
+                       error_budget: float, block_questions: int = DEFAULT_BLOCK_QUESTIONS) -> AccuracyLook:
+    """The looks of a task whose ``reference`` answered every question (correct or not, in question order) and
+    whose ``candidate`` answered the first ``len(candidate)`` of them, taken after each block the candidate
+    completed: the first decided look, else the last one taken (``undecided``: ask the next block).
+
+    A function of the answers alone, so a candidate that was asked more than the look needed (its side was scored
+    before the reference's answers were known) is judged exactly as one asked block by block.
+
+    Raises ValueError when the candidate answered more questions than the reference, or none.
+    """
+    if len(candidate) > len(reference):
+        raise ValueError(f"the candidate answered {len(candidate)} questions, the reference only {len(reference)}")
+    blocks = plan_blocks(len(reference), block_questions)
+    taken: AccuracyLook | None = None
+    for look, block in enumerate(blocks, start=1):
+        if block.stop > len(candidate):
+            break
+        pairs = list(zip(reference[:block.stop], candidate[:block.stop], strict=True))
+        taken = judge_accuracy_look(pairs, limit_points, look=look, looks=len(blocks), error_budget=error_budget)
+        taken = taken.model_copy(update={"task_questions": len(reference)})
+        if taken.decision != "undecided":
+            return taken
+    if taken is None:
+        raise ValueError(f"the candidate answered {len(candidate)} questions, fewer than the first block "
+                         f"({blocks[0].stop})")
+    return taken

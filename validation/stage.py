@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
@@ -30,7 +30,7 @@ from pydantic import BaseModel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from enginesmith.core.artefacts import ServeRecipe
-from enginesmith.core.assets import read_paragraphs
+from enginesmith.core.assets import read_paragraphs, read_task
 from enginesmith.core.console import stderr
 from enginesmith.core.errors import UserError
 from enginesmith.core.reports.llm import Comparison, SideReport, ValidationReport
@@ -53,13 +53,19 @@ from validation.accuracy import (
     lm_eval_available,
     lm_eval_registry_task,
     perplexity,
-    shipped_task_scores,
+    shipped_task_answers,
 )
 from validation.affinity import pin_tree
 from validation.gates import check_calibration, decision_rule, evaluate_gates, undecided
 from validation.loadgen import LevelPlan, probe_capabilities, run_level
 from validation.placement import CPU_BIND_ENV, Placement, place_sides, rounds_note
 from validation.sampling import UsageSampler
+from validation.sequential_accuracy import (
+    DEFAULT_BLOCK_QUESTIONS,
+    AccuracyLook,
+    first_decided_look,
+    plan_blocks,
+)
 from validation.server import Endpoint, check_still_serving, external_endpoint, free_port, running_server
 from validation.workloads import build_prompts, perplexity_windows
 
@@ -223,18 +229,77 @@ def _stop_when_started(future: Future[tuple[AbstractContextManager[Endpoint], En
 
 class SideAccuracy(BaseModel):
     """A side's deterministic results: greedy task scores, completions and the held-out text's perplexity
-    (cacheable by the caller's key), and the requests they took."""
+    (cacheable by the caller's key), and the requests they took. ``answers``: each shipped or local task's
+    correctness question by question, keyed ``<task>/<source>`` as the accuracy gates are (the reference's every
+    question; the candidate's the first ones, as many as were asked); None in a file cached before they were kept."""
 
     accuracy: list[TaskScore]
     completions: list[str]
     perplexity: Perplexity | None = None
     requests: int = 0
+    answers: dict[str, list[bool]] | None = None
 
 
 def _read_cached(path: Path | None) -> SideAccuracy | None:
+    """The reference's cached results; None where there are none, or none with per-question answers (a file written
+    before accuracy was judged in blocks: measured again, since the candidate is judged against each answer)."""
     if path is None or not path.is_file():
         return None
-    return SideAccuracy.model_validate_json(path.read_text())
+    cached = SideAccuracy.model_validate_json(path.read_text())
+    return cached if cached.answers is not None else None
+
+
+@dataclass
+class SequentialAccuracy:
+    """What the candidate's accuracy is judged by as it is asked, block by block (``validation.sequential_accuracy``):
+    the recipe's drop limit, the error budget, and the reference's per-question answers (``reference_answers``
+    blocks until the reference has answered; None: not known, so the candidate answers every question)."""
+
+    limit_points: float
+    error_budget: float
+    reference_answers: Callable[[], dict[str, list[bool]] | None]
+    block_questions: int = DEFAULT_BLOCK_QUESTIONS
+
+    def looks(self, candidate: dict[str, list[bool]], reference: dict[str, list[bool]]) -> dict[str, AccuracyLook]:
+        return accuracy_looks(candidate, reference, limit_points=self.limit_points, error_budget=self.error_budget,
+                              block_questions=self.block_questions)
+
+
+def accuracy_looks(candidate: dict[str, list[bool]], reference: dict[str, list[bool]], *, limit_points: float,
+                   error_budget: float, block_questions: int = DEFAULT_BLOCK_QUESTIONS) -> dict[str, AccuracyLook]:
+    """Each task's first decided look (else its last), for every gate key both sides answered: the reference every
+    question, the candidate at least the first block."""
+    looks = {}
+    for key, answered in candidate.items():
+        every = reference.get(key)
+        if every is None or not answered or len(answered) > len(every) or len(answered) < min(block_questions,
+                                                                                               len(every)):
+            continue
+        looks[key] = first_decided_look(every, answered, limit_points, error_budget=error_budget,
+                                        block_questions=block_questions)
+    return looks
+
+
+def _ask_in_blocks(endpoint: Endpoint, task: str, tokenizer_dir: Path,
+                   sequential: SequentialAccuracy) -> tuple[list[TaskScore], dict[str, list[bool]]]:
+    """A task asked a block at a time until every score's look is decided (or every question asked), each block
+    judged against the reference's answers to the same questions. The scores are over the questions asked."""
+    api = task_spec(task).api
+    answers: dict[str, list[bool]] = {}
+    metrics: dict[str, TaskScore] = {}
+    for block in plan_blocks(len(read_task(task)), sequential.block_questions):
+        scores, block_answers = shipped_task_answers(endpoint, task, tokenizer_dir, api=api, questions=block)
+        for score in scores:
+            metrics[f"{task}/{score.source}"] = score
+        for key, correct in block_answers.items():
+            answers.setdefault(key, []).extend(correct)
+        reference = sequential.reference_answers()
+        looks = sequential.looks(answers, reference) if reference is not None else {}
+        if looks.keys() == answers.keys() and all(look.decision != "undecided" for look in looks.values()):
+            break
+    scores = [metrics[key].model_copy(update={"value": sum(answers[key]) / len(answers[key]),
+                                              "examples": len(answers[key])}) for key in answers]
+    return scores, answers
 
 
 def _write_cached(path: Path, results: SideAccuracy) -> None:
@@ -245,14 +310,23 @@ def _write_cached(path: Path, results: SideAccuracy) -> None:
 
 
 def _measure_accuracy(endpoint: Endpoint, workload: WorkloadSpec, prompts: list[str], tokenizer_dir: Path,
-                      capabilities: ServerCapabilities) -> SideAccuracy:
+                      capabilities: ServerCapabilities, sequential: SequentialAccuracy | None = None) -> SideAccuracy:
+    """A side's accuracy, greedy completions and perplexity. ``sequential`` (the candidate's): each shipped or
+    local task asked in blocks, stopped once judged; without it, every question (the reference's: the candidate is
+    judged against each of its answers)."""
     accuracy: list[TaskScore] = []
+    answers: dict[str, list[bool]] = {}
     task_requests = 0
     for task in map(resolve_task, workload.accuracy_tasks):
         if task.source != "lm-eval":
-            scores, asked = shipped_task_scores(endpoint, task.name, tokenizer_dir, api=task_spec(task.name).api)
+            if sequential is None:
+                scores, task_answers = shipped_task_answers(endpoint, task.name, tokenizer_dir,
+                                                            api=task_spec(task.name).api)
+            else:
+                scores, task_answers = _ask_in_blocks(endpoint, task.name, tokenizer_dir, sequential)
             accuracy += scores
-            task_requests += asked
+            answers.update(task_answers)
+            task_requests += len(next(iter(task_answers.values())))
         elif not task.checked:
             raise UserError(f"accuracy task {task.name!r} is an lm-eval task, and lm-eval is not installed here",
                             where="workload.accuracy_tasks", hint="pip install 'enginesmith[validation]'")
@@ -267,7 +341,7 @@ def _measure_accuracy(endpoint: Endpoint, workload: WorkloadSpec, prompts: list[
         measured_perplexity = perplexity(endpoint, windows, text=workload.perplexity_text)
     requests = task_requests + len(completions) + (measured_perplexity.paragraphs if measured_perplexity else 0)
     return SideAccuracy(accuracy=accuracy, completions=completions, perplexity=measured_perplexity,
-                        requests=requests)
+                        requests=requests, answers=answers)
 
 
 @dataclass
@@ -281,6 +355,7 @@ class SideRun:
     kv_cache_usage_max: float | None = None
     capabilities: ServerCapabilities | None = None
     results: SideAccuracy | None = None
+    sequential: SequentialAccuracy | None = None  # the candidate's: its accuracy asked in blocks
     accuracy_cached: bool = False
     accuracy_s: float = 0.0
     log_path: str | None = None
@@ -338,9 +413,11 @@ def compare(reports: list[SideReport], completions: list[list[str]], workload: W
 
 
 def judge(comparison: Comparison, gates: GateSpec, recipe_id: str, *, final: bool,
-          workload: WorkloadSpec) -> list[GateResult]:
+          workload: WorkloadSpec, answers: tuple[dict[str, list[bool]], dict[str, list[bool]]] | None = None,
+          ) -> list[GateResult]:
     """The gates over a comparison by the workload's decision rule (``final`` false: a performance gate whose
-    bounds hold its limit stays undecided)."""
+    bounds hold its limit stays undecided). ``answers``: the candidate's and the reference's per-question answers,
+    from which each shipped or local task's accuracy is judged by its first decided look."""
     cand, ref = comparison.candidate, comparison.reference
     unobservable = [f"{r.role}: {r.all_at_once_c1[0]} of {r.all_at_once_c1[1]} requests got all their tokens at once"
                     for r in (cand, ref) if r.levels_c1 and not r.tpot_c1_observable]
@@ -349,9 +426,12 @@ def judge(comparison: Comparison, gates: GateSpec, recipe_id: str, *, final: boo
     drops = {f"{c.task}/{c.source}": 100 * (reference_scores[(c.task, c.source)] - c.value)
              for c in cand.accuracy if (c.task, c.source) in reference_scores}
     references = {f"{task}/{source}": value for (task, source), value in reference_scores.items()}
+    looks = accuracy_looks(answers[0], answers[1], limit_points=gates.max_drop_for(recipe_id),
+                           error_budget=workload.error_budget) if answers is not None else {}
     return evaluate_gates(gates, recipe_id, throughput_ratio=comparison.throughput_ratios,
                           tpot_ratio=comparison.tpot_ratios, accuracy_drops_points=drops,
-                          reference_accuracy=references, greedy_agreement=comparison.greedy_agreement,
+                          reference_accuracy=references, accuracy_looks=looks,
+                          greedy_agreement=comparison.greedy_agreement,
                           perplexity_increase=comparison.perplexity_increase,
                           failed_requests=cand.failed_requests + ref.failed_requests,
                           e2el_ratio=comparison.e2el_ratios, tpot_unobservable="; ".join(unobservable) or None,
@@ -419,6 +499,14 @@ def validate(candidate: ServerSide, reference: ServerSide, *, workload: Workload
     with ExitStack() as stack, Progress(*columns, transient=False, console=stderr) as progress:
         servers = Servers(stack, sides, logs_dir, health_timeout_s, keep_servers_up)
         kept_since = started if servers.kept else None
+        if reference_cached or servers.kept:
+            # The candidate's accuracy is asked block by block and judged against the reference's answers: cached,
+            # or answered beside it (_score_all_at_once). Servers started per round score the candidate in its turn
+            # of the first round, before the reference's: it answers every question, and its verdict is the same
+            # function of the answers (validation.sequential_accuracy.first_decided_look), at the cost of them all.
+            runs[0].sequential = SequentialAccuracy(
+                limit_points=gates.max_drop_for(recipe_id), error_budget=workload.error_budget,
+                reference_answers=lambda: runs[1].results.answers if runs[1].results is not None else None)
         tasks = {run.side.role: progress.add_task(f"{run.side.role}: waiting", total=None) for run in runs}
         if servers.kept:
             _score_all_at_once(runs, servers, workload, prompts=prompt_texts, tokenizer_dir=tokenizer_dir,
@@ -447,8 +535,8 @@ def validate(candidate: ServerSide, reference: ServerSide, *, workload: Workload
             final = round_index >= workload.max_repeats
             reports = [run.report(servers.held_so_far(run.side.role, kept_since)) for run in runs]
             comparison = compare(reports, [run.results.completions for run in runs if run.results], workload)
-            gate_results = keep_decided(judge(comparison, gates, recipe_id, final=final, workload=workload),
-                                        decided)
+            gate_results = keep_decided(judge(comparison, gates, recipe_id, final=final, workload=workload,
+                                              answers=_answers(runs)), decided)
             waiting = undecided(gate_results)
             if waiting and not workload.complete_report and any(g.failed for g in gate_results):
                 gate_results = [g.model_copy(update={"decision": "abandoned", "passed": False})
@@ -527,7 +615,8 @@ def _probe_and_score(run: SideRun, endpoint: Endpoint, workload: WorkloadSpec, *
     if run.results is None:
         progress.update(task, description=f"{run.side.role}: accuracy")
         accuracy_started = time.perf_counter()
-        run.results = _measure_accuracy(endpoint, workload, prompts, tokenizer_dir, run.capabilities)
+        run.results = _measure_accuracy(endpoint, workload, prompts, tokenizer_dir, run.capabilities,
+                                        run.sequential)
         run.accuracy_s = time.perf_counter() - accuracy_started
 
 
@@ -537,9 +626,26 @@ def _score_all_at_once(runs: list[SideRun], servers: Servers, workload: Workload
     speed (greedy answers, scored), and on a device the servers share it keeps every server busy."""
     import_for_threads(tokenizer_dir)
     with ThreadPoolExecutor(max_workers=len(runs)) as pool:
-        for future in [pool.submit(_probe_and_score, run, servers.kept[run.side.role], workload, prompts=prompts,
-                                   tokenizer_dir=tokenizer_dir, progress=progress, task=tasks[run.side.role])
-                       for run in runs]:
+        futures = [pool.submit(_probe_and_score, run, servers.kept[run.side.role], workload, prompts=prompts,
+                               tokenizer_dir=tokenizer_dir, progress=progress, task=tasks[run.side.role])
+                   for run in runs[1:]]
+        candidate = runs[0]
+        if candidate.sequential is not None:
+            # The reference answers every question while the candidate asks its first block, each on its own
+            # server, as both sides' whole tasks ran before: the candidate waits for the reference's answers only at
+            # its first look. (The reference first, then the candidate, would add the candidate's first block to the
+            # verdict's time for nothing.)
+            reference_future, reference_answers = futures[0], candidate.sequential.reference_answers
+
+            def after_the_reference() -> dict[str, list[bool]] | None:
+                reference_future.result()
+                return reference_answers()
+
+            candidate.sequential = replace(candidate.sequential, reference_answers=after_the_reference)
+        futures.insert(0, pool.submit(_probe_and_score, candidate, servers.kept[candidate.side.role], workload,
+                                      prompts=prompts, tokenizer_dir=tokenizer_dir, progress=progress,
+                                      task=tasks[candidate.side.role]))
+        for future in futures:
             future.result()
 
 
@@ -569,3 +675,11 @@ def measure_turn(run: SideRun, concurrencies: list[int], round_index: int, serve
                 run.levels.append(level.model_copy(update={"round": round_index}))
         run.absorb(sampler)
         progress.update(task, description=f"{role}: round {round_index + 1} done")
+
+
+def _answers(runs: list[SideRun]) -> tuple[dict[str, list[bool]], dict[str, list[bool]]] | None:
+    """The candidate's and the reference's per-question answers, where both sides have them."""
+    candidate, reference = runs[0].results, runs[1].results
+    if candidate is None or reference is None or candidate.answers is None or reference.answers is None:
+        return None
+    return candidate.answers, reference.answers

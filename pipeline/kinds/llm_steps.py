@@ -184,7 +184,9 @@ def validate(cell: Cell, artefact_dir: Path, checkpoint: Checkpoint, config: Pip
     accuracy_key = stage_key("reference-accuracy", {
         "checkpoint": checkpoint.key, "runtime": reference.runtime, "target": cell.target.id,
         "workload": config.workload.keyed(), "parallel": {"tp": served_tp, "pp": cell.pp},
-        "task_files": task_fingerprints(config.workload.accuracy_tasks)})
+        "task_files": task_fingerprints(config.workload.accuracy_tasks),
+        # Its per-question answers are kept, which the candidate's accuracy is judged against in blocks (#63).
+        "answers": "per-question"})
     out_dir = work / REPORTS_DIR / cell.stage_keys.validation[:16]
     tokenizer = tokenizer_dir(artefact_dir, cell.kind)
     report = run_validation(
