@@ -99,6 +99,11 @@ def _swap(store: RegistryStore, manifest: Manifest, channel: str, keep_current: 
                                                                                                    state.key)
                 if renewed is None and renew_kept:
                     raise _race(store, model, channel)
+                # Written back unchanged, compare-and-swap: a writer whose statement is older than this one and
+                # whose move was still to land now fails its own swap and signs again, instead of leaving the
+                # pointer on its key under this statement.
+                if renewed is not None and not store.write_ref(model, channel, state.key, expected=state):
+                    continue
             return RefChange(model=model, channel=channel, key=state.key, previous=previous, moved=False,
                              statement=renewed.sequence if renewed else None)
         if signer is None and (newest := _newest_statement(store, model, channel)) is not None:

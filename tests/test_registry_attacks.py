@@ -270,7 +270,10 @@ def test_two_promotes_racing_one_wins_the_other_fails_clearly_and_no_sequence_re
         for thread in threads:
             thread.join()
     sequences = statement_sequences(store, "tiny-llama", "prod")
-    assert sorted(signed) == sequences == list(range(1, len(sequences) + 1))  # each once, none skipped or repeated
+    assert sequences == list(range(1, len(sequences) + 1))  # each written once, none skipped or repeated
+    # A promoter that signed, then lost the pointer to the other, signs again: its first statement is superseded
+    # (never the newest), and what each promoter reports is a statement the store holds.
+    assert set(signed) <= set(sequences) and sequences[-1] in signed and len(set(signed)) == len(signed)
     assert len(signed) + len(lost) == 24 and all("moved nothing" in message for message in lost)
     newest = store.read_history("tiny-llama", statement_entry("prod", sequences[-1]))
     from registry.statements import read_claim
@@ -303,6 +306,83 @@ def test_a_promoter_that_read_the_sequence_before_another_wrote_it_fails_and_mov
         promote(b_view, new, "prod", signer=ChannelSigner(b_view, signing["nightly"]))  # type: ignore[arg-type]
     ref = store.read_ref("tiny-llama", "prod")
     assert ref is not None and ref.key == old.key and statement_sequences(store, "tiny-llama", "prod") == [1]
+
+
+def test_a_promoter_that_signed_and_then_lost_the_pointer_signs_again_so_the_last_to_move_signed_last(
+    signing: dict[str, SigningKey], tmp_path: Path
+) -> None:
+    """The race's other moment on purpose: B signed statement 2, then A's pointer write (under statement 1) landed
+    before B's. B's statement 2 is superseded by its statement 3, which names where the pointer now is."""
+    store = open_store(str(tmp_path / "registry"))
+    old, new = two_builds(store, tmp_path, signing["nightly"])
+    a_signer = ChannelSigner(store, signing["nightly"])
+    a_claim = a_signer.sign("tiny-llama", "prod", old.key)
+    assert a_claim is not None and a_claim.sequence == 1
+
+    class AMovesFirst:  # B's view: A's pointer write lands between B's statement and B's own pointer write
+        def __init__(self, inner: RegistryStore) -> None:
+            self.inner, self.interposed = inner, False
+
+        def write_ref(self, model: str, channel: str, key: str, *, expected: object) -> bool:
+            if not self.interposed:
+                self.interposed = True
+                assert self.inner.write_ref(model, channel, old.key, expected=None)
+            return self.inner.write_ref(model, channel, key, expected=expected)  # type: ignore[arg-type]
+
+        def __getattr__(self, name: str):
+            return getattr(self.inner, name)
+
+    b_view = AMovesFirst(store)
+    change = promote(b_view, new, "prod", signer=ChannelSigner(b_view, signing["nightly"]))  # type: ignore[arg-type]
+    assert change.moved and change.previous == old.key and change.statement == 3
+    assert statement_sequences(store, "tiny-llama", "prod") == [1, 2, 3]
+    newest = store.read_history("tiny-llama", statement_entry("prod", 3))
+    from registry.statements import read_claim
+
+    assert newest is not None and (claim := read_claim(newest)) is not None and claim.key == new.key
+    ref = store.read_ref("tiny-llama", "prod")
+    assert ref is not None and ref.key == new.key
+
+
+def test_a_promote_that_renews_a_kept_channel_while_another_move_lands_signs_again(
+    signing: dict[str, SigningKey], tmp_path: Path
+) -> None:
+    """The fresh CI run's moment: prod is on the old build; B signed statement 2 (new) and its pointer write was
+    still to land when A, promoting the old build again, renewed it as statement 3. B's move then lands. A's renewal
+    is a compare-and-swap of the unchanged pointer, so A sees the move and signs again: the newest statement names
+    where the pointer is."""
+    store = open_store(str(tmp_path / "registry"))
+    old, new = two_builds(store, tmp_path, signing["nightly"])
+    promote(store, old, "prod", signer=ChannelSigner(store, signing["nightly"]))
+    b_read = store.read_ref("tiny-llama", "prod")
+    b_claim = ChannelSigner(store, signing["nightly"]).sign("tiny-llama", "prod", new.key)
+    assert b_read is not None and b_claim is not None and b_claim.sequence == 2
+
+    class BLandsAfterAsStatement:  # A's view: B's pointer write lands right after A writes its statement
+        def __init__(self, inner: RegistryStore) -> None:
+            self.inner, self.landed = inner, False
+
+        def create_history(self, model: str, entry: str, body: bytes) -> bool:
+            created = self.inner.create_history(model, entry, body)
+            if not self.landed:
+                self.landed = True
+                assert self.inner.write_ref(model, "prod", new.key, expected=b_read)
+            return created
+
+        def __getattr__(self, name: str):
+            return getattr(self.inner, name)
+
+    a_view = BLandsAfterAsStatement(store)
+    change = promote(a_view, old, "prod", signer=ChannelSigner(a_view, signing["nightly"]))  # type: ignore[arg-type]
+    assert change.moved and change.statement == 4
+    sequences = statement_sequences(store, "tiny-llama", "prod")
+    assert sequences == [1, 2, 3, 4]
+    from registry.statements import read_claim
+
+    newest = store.read_history("tiny-llama", statement_entry("prod", sequences[-1]))
+    assert newest is not None and (claim := read_claim(newest)) is not None
+    ref = store.read_ref("tiny-llama", "prod")
+    assert ref is not None and claim.key == ref.key == old.key
 
 
 def test_a_corrupt_or_unwritable_trust_state_is_an_error_naming_it_never_a_check_skipped(
