@@ -169,12 +169,20 @@ def test_a_candidate_answering_as_the_reference_passes_before_the_last_block():
     assert (judged.decision, judged.look, judged.questions, judged.on_point_estimate) == ("pass", 2, 128, False)
 
 
+def test_a_negative_limit_asks_the_candidate_to_gain_and_is_judged_like_any_other():
+    """A gate may ask a candidate to gain points (tests/test_flows.py sets fp8's limit to -100, which no build can
+    meet): answers like the reference's fail it clear at the first look."""
+    judged = judge_accuracy_look(paired_answers(0, 0, both_right=40, both_wrong=24), -100.0, look=1, looks=5,
+                                 error_budget=0.05)
+    assert (judged.decision, judged.on_point_estimate) == ("fail", False) and judged.bound_low_points > -100
+
+
 def test_what_cannot_be_judged_is_refused():
     pairs = paired_answers(1, 1, 1, 1)
     with pytest.raises(ValueError, match="no question"):
         judge_accuracy_look([], 5.0, look=1, looks=1, error_budget=0.05)
-    with pytest.raises(ValueError, match="at least 0 points"):
-        judge_accuracy_look(pairs, -1.0, look=1, looks=1, error_budget=0.05)
+    with pytest.raises(ValueError, match="a number of points"):
+        judge_accuracy_look(pairs, float("nan"), look=1, looks=1, error_budget=0.05)
     with pytest.raises(ValueError, match="outside the planned looks"):
         judge_accuracy_look(pairs, 5.0, look=3, looks=2, error_budget=0.05)
     with pytest.raises(ValueError, match="error budget"):

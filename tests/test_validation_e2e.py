@@ -52,7 +52,11 @@ def test_validate_prints_the_comparison_and_writes_the_report(vllm_cpu_server, t
     assert latency_gate["measured"] is not None and latency_gate["measured"] > 0, latency_gate
     # The same server on both sides: identical greedy outputs, identical accuracy.
     assert comparison["greedy_agreement"] == 1.0
-    assert candidate["accuracy"][0]["value"] == reference["accuracy"][0]["value"]
+    # The candidate is asked in blocks until its drop is decided: over the questions both answered, no drop.
+    drop = next(g for g in report["gates"] if g["name"].startswith("accuracy_drop:"))
+    assert drop["measured"] == 0.0 and drop["passed"] and drop["questions"] <= drop["questions_total"], drop
+    assert candidate["accuracy"][0]["examples"] == drop["questions"]
+    assert reference["accuracy"][0]["examples"] == drop["questions_total"]
     assert {g["name"] for g in report["gates"]} >= {"min_throughput_ratio", "max_tpot_ratio", "failed_requests"}
     assert (out / "report.md").read_text().startswith("# Validation")
     for plot in ("throughput.png", "tpot.png", "ttft.png"):

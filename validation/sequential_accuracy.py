@@ -28,6 +28,7 @@ full run never decides differently from today; where the bounds had not decided,
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Literal
 
@@ -109,12 +110,13 @@ def judge_accuracy_look(pairs: Sequence[tuple[bool, bool]], limit_points: float,
     ``limit_points``, ``fail`` when its lower bound is above it, ``undecided`` otherwise (ask the next block). At the
     last look the point estimate decides, as today's gate does.
 
-    Raises ValueError for no question, a negative limit, a look outside 1..looks, or a budget outside (0, 1).
+    Raises ValueError for no question, a limit that is not a finite number (a negative one asks the candidate to
+    gain), a look outside 1..looks, or a budget outside (0, 1).
     """
     if not pairs:
         raise ValueError("no question has been asked: a look needs at least one answered pair")
-    if limit_points < 0:
-        raise ValueError(f"the accuracy drop limit must be at least 0 points, not {limit_points}")
+    if not math.isfinite(limit_points):
+        raise ValueError(f"the accuracy drop limit must be a number of points, not {limit_points}")
     if not 1 <= look <= looks:
         raise ValueError(f"look {look} lies outside the planned looks 1..{looks}")
     if not 0 < error_budget < 1:

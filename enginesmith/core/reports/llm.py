@@ -440,8 +440,12 @@ def comparison_rows(report: ValidationReport) -> list[list[str]]:
                                                for s in sides),
                      "—" if c.perplexity_increase is None else f"{c.perplexity_increase:+.2%}"])
     for index, score in enumerate(c.candidate.accuracy):
-        ref = c.reference.accuracy[index].value if index < len(c.reference.accuracy) else None
+        reference = c.reference.accuracy[index] if index < len(c.reference.accuracy) else None
         others = [s.accuracy[index].value if index < len(s.accuracy) else None for s in c.baselines]
+        # A candidate judged in blocks stops once its drop is decided: its score is over the questions it was asked.
+        asked = "" if reference is None or score.examples == reference.examples else \
+            f"candidate asked {score.examples} of {reference.examples}"
         rows.append([f"{score.task} {score.metric} ({score.source})", f"{score.value:.1%}",
-                     fmt_value(ref, ".1%"), *(fmt_value(o, ".1%") for o in others), ""])
+                     fmt_value(reference.value if reference else None, ".1%"), *(fmt_value(o, ".1%") for o in others),
+                     asked])
     return rows
