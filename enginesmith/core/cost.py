@@ -32,10 +32,9 @@ HELD_OUT_BLOCKS = 8
 SERVER_START_S = 90.0  # a runtime process to healthy, less reading the weights: CUDA graphs, KV cache, warm-up
 ENGINE_BUILD_S = 120.0  # trtllm-build's fixed part (tactics, plugins); plus its weight I/O and per-layer work below
 ENGINE_BUILD_S_PER_B_PARAMS = 12.0
-# How many accuracy requests a side keeps in flight (validation/accuracy.py: greedy answers, prompt logprobs and
-# lm-eval's num_concurrent alike): the server batches them. On two CPU cores 16 against 4 took a Gemma 3 270M task
-# 20 % less time and its perplexity 12 % (identical scores); on a GPU a decode step of 16 costs about one of 1.
-ACCURACY_CONCURRENCY = 16
+# How many greedy accuracy requests a side keeps in flight (validation/accuracy.py): the server batches them. lm-eval's
+# requests and prompt logprobs stay at 4 (validation.accuracy.MEMORY_BOUND_CONCURRENCY: the memory estimate).
+ACCURACY_CONCURRENCY = 8
 DEFAULT_TASK_EXAMPLES = 200  # a task whose size the caller does not know
 
 
