@@ -303,6 +303,40 @@ def test_a_cpu_node_too_small_for_both_servers_and_the_pipeline_at_once_is_block
         assert "all at once" in node.detail and "on the node" in node.detail and "has 4.0 GiB" in node.detail
 
 
+def test_a_cpu_node_that_holds_the_validation_but_not_the_tuning_sweeps_servers_together_is_blocked(
+        tmp_path: Path) -> None:
+    """On the cpu target a sweep's points are up together (their rounds interleave): three points hold three
+    servers, where validation holds two. A node between the two sums is blocked by the sweep, naming it."""
+    import dataclasses
+
+    import yaml
+
+    from enginesmith.core.config import default_catalogue
+    from enginesmith.core.memory import GIB
+    from pipeline.preflight import run_preflight
+
+    config = yaml.safe_load((CONFIGS / "examples" / "tiny-cpu.yaml").read_text())
+    config["models"][0]["repo"] = str(REPO_ROOT / "enginesmith" / "assets" / "tiny-llama")
+    config["tuning"] = {"recipes": ["fp8"], "knobs": {"max_num_seqs": [1, 2, 4]}, "concurrency": [1]}
+    path = tmp_path / "tuned.yaml"
+    path.write_text(yaml.safe_dump(config))
+    catalogue = default_catalogue()
+    small = dataclasses.replace(catalogue, targets={**catalogue.targets, "cpu": catalogue.targets["cpu"].model_copy(
+        update={"memory_gib": 8.0})})
+
+    _, _, report = run_preflight(path, small, parse_with_vllm=False)
+
+    assert any("/fp8/" in cell.id for cell in report.cells)
+    for cell in report.cells:
+        memory = {c.name: c for c in cell.checks if c.name.startswith("memory ")}
+        if "/fp8/" not in cell.id:
+            assert "memory tuning" not in memory
+            continue
+        assert memory["memory node"].ok is True and memory["memory tuning"].ok is False and cell.status == "blocked"
+        assert memory["memory tuning"].bytes_needed == 3 * memory["memory candidate"].bytes_needed + int(0.5 * GIB)
+        assert "3 servers" in memory["memory tuning"].detail and "has 8.0 GiB" in memory["memory tuning"].detail
+
+
 QWEN_LIKE = "qwen-like/broken-0.6b-instruct"
 
 

@@ -22,6 +22,7 @@ from registry.channel_statements import (
     ChannelRaceError,
     ChannelSigner,
     ChannelStatementError,
+    newest_claim,
     statement_entry,
     statement_sequences,
 )
@@ -275,12 +276,9 @@ def test_two_promotes_racing_one_wins_the_other_fails_clearly_and_no_sequence_re
     # (never the newest), and what each promoter reports is a statement the store holds.
     assert set(signed) <= set(sequences) and sequences[-1] in signed and len(set(signed)) == len(signed)
     assert len(signed) + len(lost) == 24 and all("moved nothing" in message for message in lost)
-    newest = store.read_history("tiny-llama", statement_entry("prod", sequences[-1]))
-    from registry.statements import read_claim
-
-    assert newest is not None and (claim := read_claim(newest)) is not None
+    claim = newest_claim(store, "tiny-llama", "prod")
     ref = store.read_ref("tiny-llama", "prod")
-    assert ref is not None and claim.key == ref.key  # whoever moved last signed last
+    assert claim is not None and ref is not None and claim.key == ref.key  # whoever moved last signed last
 
 
 def test_a_promoter_that_read_the_sequence_before_another_wrote_it_fails_and_moves_nothing(
@@ -336,10 +334,8 @@ def test_a_promoter_that_signed_and_then_lost_the_pointer_signs_again_so_the_las
     change = promote(b_view, new, "prod", signer=ChannelSigner(b_view, signing["nightly"]))  # type: ignore[arg-type]
     assert change.moved and change.previous == old.key and change.statement == 3
     assert statement_sequences(store, "tiny-llama", "prod") == [1, 2, 3]
-    newest = store.read_history("tiny-llama", statement_entry("prod", 3))
-    from registry.statements import read_claim
-
-    assert newest is not None and (claim := read_claim(newest)) is not None and claim.key == new.key
+    claim = newest_claim(store, "tiny-llama", "prod")
+    assert claim is not None and claim.sequence == 3 and claim.key == new.key
     ref = store.read_ref("tiny-llama", "prod")
     assert ref is not None and ref.key == new.key
 
@@ -377,11 +373,9 @@ def test_a_promote_that_renews_a_kept_channel_while_another_move_lands_signs_aga
     assert change.moved and change.statement == 4
     sequences = statement_sequences(store, "tiny-llama", "prod")
     assert sequences == [1, 2, 3, 4]
-    from registry.statements import read_claim
-
-    newest = store.read_history("tiny-llama", statement_entry("prod", sequences[-1]))
-    assert newest is not None and (claim := read_claim(newest)) is not None
+    claim = newest_claim(store, "tiny-llama", "prod")
     ref = store.read_ref("tiny-llama", "prod")
+    assert claim is not None
     assert ref is not None and claim.key == ref.key == old.key
 
 

@@ -67,3 +67,52 @@ def test_a_round_that_would_run_past_the_budget_is_not_started(tmp_path, tiny_mo
                               target_id="cpu")
     assert result.rounds == 1 and all(profile.rounds == 1 for profile in result.profiles)
     assert result.notes and "stopped after 1 of 5 rounds" in result.notes[0] and "budget of 0.5 s" in result.notes[0]
+
+
+def test_the_points_servers_start_only_once_the_nodes_ledger_has_room_for_all_of_them(tmp_path, tiny_model_dir,
+                                                                                        monkeypatch):
+    """Another run on the node holds 6 of its 10 GiB: the two points (3 GiB each, up together) wait for it, so no
+    server has started (no log) until it releases; then the sweep runs."""
+    import logging
+    import threading
+
+    from enginesmith.core import node_memory
+    from enginesmith.core.node_memory import GIB
+
+    monkeypatch.setenv(node_memory.LEDGER_ENV, str(tmp_path / "ledger"))
+    monkeypatch.setenv(node_memory.BUDGET_ENV, "10")
+    waiting = threading.Event()
+
+    class Waiting(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage().startswith("waiting for 6.00 GiB"):
+                waiting.set()
+
+    handler = Waiting()
+    logging.getLogger(node_memory.__name__).addHandler(handler)
+    release, results = threading.Event(), []
+
+    def other_run() -> None:
+        with node_memory.reserved(6 * GIB, "another run"):
+            held.set()
+            release.wait(60)
+
+    held = threading.Event()
+    holder = threading.Thread(target=other_run)
+    holder.start()
+    assert held.wait(60)
+    # A thread of this process stands for the other run: the ledger counts a live pid's reservations alike.
+    sweep = threading.Thread(target=lambda: results.append(measure_profiles(
+        _sweep(_points(1, 4), rounds=1), DOUBLE, tmp_path, name="double", workload=WORKLOAD,
+        tokenizer_dir=tiny_model_dir, out_dir=tmp_path / "tuning", target_id="cpu", memory_bytes=3 * GIB)))
+    try:
+        sweep.start()
+        assert waiting.wait(60), "the sweep never waited for the ledger"
+        assert not (tmp_path / "tuning" / "logs").exists() or not any((tmp_path / "tuning" / "logs").iterdir())
+    finally:
+        release.set()
+        holder.join(60)
+        sweep.join(120)
+        logging.getLogger(node_memory.__name__).removeHandler(handler)
+    assert [profile.rounds for profile in results[0].profiles] == [1, 1]
+    assert list((tmp_path / "ledger").glob("*.json")) == []

@@ -33,6 +33,7 @@ from enginesmith.core.artefacts import ServeRecipe
 from enginesmith.core.assets import read_paragraphs, read_task
 from enginesmith.core.console import stderr
 from enginesmith.core.errors import UserError
+from enginesmith.core.node_memory import reserved
 from enginesmith.core.reports.llm import Comparison, SideReport, ValidationReport
 from enginesmith.core.reports.measures import (
     BenchmarkResult,
@@ -90,6 +91,7 @@ class ServerSide:
     notes: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)  # on top of the recipe's (e.g. CUDA_VISIBLE_DEVICES)
     gpus: int = 0  # the GPUs its server holds (0 on the CPU): what its GPU-seconds count
+    memory_bytes: int = 0  # the node memory its server holds (the memory model's; 0: not counted in the node ledger)
     # cpu target: its cores in even and odd rounds (the first started with it); () where it is not moved
     cores_by_round: tuple[tuple[int, ...], ...] = ()
 
@@ -156,6 +158,9 @@ class Servers:
         self.placed: list[dict[str, tuple[int, ...]]] = []  # each round's cores, by side
         self.held_s: dict[str, float] = {side.role: 0.0 for side in sides}  # each side's server up, summed
         if keep_up:
+            # All at once, so that two runs on one node never each hold part of what they need and wait for the rest.
+            stack.enter_context(reserved(sum(side.memory_bytes for side in sides if side.recipe is not None),
+                                         " + ".join(f"{side.role} {side.name}" for side in sides)))
             started = time.perf_counter()
             stack.callback(self._held_until_now, [side.role for side in sides], started)
             self._start_all(stack, sides)
@@ -215,8 +220,9 @@ class Servers:
             return
         started = time.perf_counter()
         try:
-            with _serving(side, self.logs_dir / f"{side.role}-round{round_index + 1}.log",
-                          self.health_timeout_s) as endpoint:
+            with reserved(side.memory_bytes if side.recipe is not None else 0, f"{side.role} {side.name}"), \
+                    _serving(side, self.logs_dir / f"{side.role}-round{round_index + 1}.log",
+                             self.health_timeout_s) as endpoint:
                 yield endpoint
         finally:
             self.held_s[side.role] += time.perf_counter() - started

@@ -51,7 +51,7 @@ class SweepResult:
 def measure_profiles(sweep: Sweep, candidate: ServeRecipe, artefact_dir: Path, *, name: str, workload: WorkloadSpec,
                      tokenizer_dir: Path, out_dir: Path, target_id: str, gpus: int = 0,
                      env: dict[str, str] | None = None, keep_servers_up: bool = True,
-                     health_timeout_s: float = 600) -> SweepResult:
+                     health_timeout_s: float = 600, memory_bytes: int = 0) -> SweepResult:
     """Serve ``artefact_dir`` with each point of ``sweep`` (``candidate`` with the point's flags) and measure every
     point in interleaved rounds at the sweep's levels; one profile per point."""
     measured = workload.model_copy(update={"min_duration_s": sweep.min_duration_s, "min_requests": sweep.min_requests,
@@ -61,7 +61,7 @@ def measure_profiles(sweep: Sweep, candidate: ServeRecipe, artefact_dir: Path, *
     prompt_texts = [p.text for p in prompts]
     sides = [ServerSide(role=point.name, name=name, runtime=candidate.runtime, root=artefact_dir,
                         recipe=candidate.model_copy(update={"argv": with_flags(candidate.argv, point.args)}),
-                        env=dict(env or {}), gpus=gpus) for point in sweep.points]
+                        env=dict(env or {}), gpus=gpus, memory_bytes=memory_bytes) for point in sweep.points]
     runs = [SideRun(side, results=SideAccuracy(accuracy=[], completions=[])) for side in sides]  # speed only
     run_id = time.strftime("%H%M%S") + "-tune"
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())

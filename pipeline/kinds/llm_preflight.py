@@ -325,7 +325,7 @@ def _model_checks(cell: Cell, config: PipelineConfig, found: CheckpointSurvey) -
             if found.shape and cell.calibration else 0
         needs = cell_needs(parameters, found.dtype_bytes, cell.recipe, cell.target, tp=cell.tp, pp=cell.pp,
                            quantize_target=cell.quantize_target, logits_bytes=logits,
-                           vocab_size=found.shape.vocab_size if found.shape else 0)
+                           vocab_size=found.shape.vocab_size if found.shape else 0, tuning_points=len(cell.tuning))
         checks += [_memory_check(need, cell) for need in needs]
     return checks
 

