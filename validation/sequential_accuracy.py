@@ -154,29 +154,34 @@ def judge_accuracy_look(pairs: Sequence[tuple[bool, bool]], limit_points: float,
 
 
 def first_decided_look(reference: Sequence[bool], candidate: Sequence[bool], limit_points: float, *,
-                       error_budget: float, block_questions: int = DEFAULT_BLOCK_QUESTIONS) -> AccuracyLook:
-    """The looks of a task whose ``reference`` answered every question (correct or not, in question order) and
-    whose ``candidate`` answered the first ``len(candidate)`` of them, taken after each block the candidate
-    completed: the first decided look, else the last one taken (``undecided``: ask the next block).
+                       error_budget: float, block_questions: int = DEFAULT_BLOCK_QUESTIONS,
+                       questions: int | None = None) -> AccuracyLook:
+    """The looks of a task of ``questions`` questions (default: as many as the reference answered) whose
+    ``reference`` and ``candidate`` each answered the first ones (correct or not, in question order), taken after
+    each block both completed: the first decided look, else the last one taken (``undecided``: ask the next block).
+    The looks are planned over the whole task, however much of it has been answered.
 
     A function of the answers alone, so a candidate that was asked more than the look needed (its side was scored
     before the reference's answers were known) is judged exactly as one asked block by block.
 
-    Raises ValueError when the candidate answered more questions than the reference, or none.
+    Raises ValueError when either side answered more questions than the task has, or when no block was answered by
+    both.
     """
-    if len(candidate) > len(reference):
-        raise ValueError(f"the candidate answered {len(candidate)} questions, the reference only {len(reference)}")
-    blocks = plan_blocks(len(reference), block_questions)
+    total = len(reference) if questions is None else questions
+    if len(candidate) > total or len(reference) > total:
+        raise ValueError(f"the candidate answered {len(candidate)} questions and the reference {len(reference)}, "
+                         f"of a task of {total}")
+    blocks = plan_blocks(total, block_questions)
     taken: AccuracyLook | None = None
     for look, block in enumerate(blocks, start=1):
-        if block.stop > len(candidate):
+        if block.stop > min(len(candidate), len(reference)):
             break
         pairs = list(zip(reference[:block.stop], candidate[:block.stop], strict=True))
         taken = judge_accuracy_look(pairs, limit_points, look=look, looks=len(blocks), error_budget=error_budget)
-        taken = taken.model_copy(update={"task_questions": len(reference)})
+        taken = taken.model_copy(update={"task_questions": total})
         if taken.decision != "undecided":
             return taken
     if taken is None:
-        raise ValueError(f"the candidate answered {len(candidate)} questions, fewer than the first block "
-                         f"({blocks[0].stop})")
+        raise ValueError(f"the candidate answered {len(candidate)} questions and the reference {len(reference)}: "
+                         f"one of them fewer than the first block ({blocks[0].stop})")
     return taken

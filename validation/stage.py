@@ -18,8 +18,9 @@ Each side's accuracy runs once per cell. The report says what the verdict cost (
 from __future__ import annotations
 
 import os
+import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
@@ -255,52 +256,93 @@ def _read_cached(path: Path | None) -> SideAccuracy | None:
     return cached if cached.answers is not None else None
 
 
+class AnswersSoFar:
+    """The reference's per-question answers as it gives them, a block at a time, for the candidate's looks: the
+    candidate's look after n questions waits (``first``) until the reference has answered n of each of its keys, or
+    has stopped answering. Cached answers are all there from the start."""
+
+    def __init__(self, answers: dict[str, list[bool]] | None = None) -> None:
+        self._answers: dict[str, list[bool]] = {key: list(value) for key, value in (answers or {}).items()}
+        self._closed = answers is not None
+        self._changed = threading.Condition()
+
+    def extend(self, answers: dict[str, list[bool]]) -> None:
+        with self._changed:
+            for key, correct in answers.items():
+                self._answers.setdefault(key, []).extend(correct)
+            self._changed.notify_all()
+
+    def close(self) -> None:
+        """No more answers are coming (all given, or the reference stopped)."""
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
+
+    def first(self, keys: Collection[str], questions: int) -> dict[str, list[bool]]:
+        """The answers once each of ``keys`` has at least ``questions`` (or no more are coming)."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._closed or all(len(self._answers.get(key, ())) >= questions
+                                                               for key in keys))
+            return {key: list(value) for key, value in self._answers.items()}
+
+
 @dataclass
 class SequentialAccuracy:
     """What the candidate's accuracy is judged by as it is asked, block by block (``validation.sequential_accuracy``):
-    the recipe's drop limit, the error budget, and the reference's per-question answers (``reference_answers``
-    blocks until the reference has answered; None: not known, so the candidate answers every question)."""
+    the recipe's drop limit, the error budget, and the reference's per-question answers as it gives them."""
 
     limit_points: float
     error_budget: float
-    reference_answers: Callable[[], dict[str, list[bool]] | None]
+    reference: AnswersSoFar
     block_questions: int = DEFAULT_BLOCK_QUESTIONS
 
-    def looks(self, candidate: dict[str, list[bool]], reference: dict[str, list[bool]]) -> dict[str, AccuracyLook]:
+    def looks(self, candidate: dict[str, list[bool]], reference: dict[str, list[bool]],
+              totals: Mapping[str, int]) -> dict[str, AccuracyLook]:
         return accuracy_looks(candidate, reference, limit_points=self.limit_points, error_budget=self.error_budget,
-                              block_questions=self.block_questions)
+                              block_questions=self.block_questions, totals=totals)
 
 
 def accuracy_looks(candidate: dict[str, list[bool]], reference: dict[str, list[bool]], *, limit_points: float,
-                   error_budget: float, block_questions: int = DEFAULT_BLOCK_QUESTIONS) -> dict[str, AccuracyLook]:
-    """Each task's first decided look (else its last), for every gate key both sides answered: the reference every
-    question, the candidate at least the first block."""
+                   error_budget: float, block_questions: int = DEFAULT_BLOCK_QUESTIONS,
+                   totals: Mapping[str, int] | None = None) -> dict[str, AccuracyLook]:
+    """Each task's first decided look (else its last taken), for every gate key both sides answered at least a
+    block of: the candidate the first questions, the reference at least as many (every one, where ``totals`` does
+    not give a key's questions)."""
     looks = {}
     for key, answered in candidate.items():
         every = reference.get(key)
-        if every is None or not answered or len(answered) > len(every) or len(answered) < min(block_questions,
-                                                                                               len(every)):
+        total = (totals or {}).get(key, len(every or ()))
+        if every is None or not answered or len(every) < min(len(answered), total) \
+                or len(answered) < min(block_questions, total):
             continue
         looks[key] = first_decided_look(every, answered, limit_points, error_budget=error_budget,
-                                        block_questions=block_questions)
+                                        block_questions=block_questions, questions=total)
     return looks
 
 
-def _ask_in_blocks(endpoint: Endpoint, task: str, tokenizer_dir: Path,
-                   sequential: SequentialAccuracy) -> tuple[list[TaskScore], dict[str, list[bool]]]:
-    """A task asked a block at a time until every score's look is decided (or every question asked), each block
-    judged against the reference's answers to the same questions. The scores are over the questions asked."""
+def _ask_in_blocks(endpoint: Endpoint, task: str, tokenizer_dir: Path, *, sequential: SequentialAccuracy | None = None,
+                   given: AnswersSoFar | None = None) -> tuple[list[TaskScore], dict[str, list[bool]]]:
+    """A task asked a block at a time. The candidate's (``sequential``): after each block its drop is judged
+    against the reference's answers to the same questions, and it stops once every score's look is decided. The
+    reference's (``given``): every question, each block's answers given on as they come. The scores are over the
+    questions asked."""
     api = task_spec(task).api
     answers: dict[str, list[bool]] = {}
     metrics: dict[str, TaskScore] = {}
-    for block in plan_blocks(len(read_task(task)), sequential.block_questions):
+    questions = len(read_task(task))
+    block_questions = sequential.block_questions if sequential else DEFAULT_BLOCK_QUESTIONS
+    for block in plan_blocks(questions, block_questions):
         scores, block_answers = shipped_task_answers(endpoint, task, tokenizer_dir, api=api, questions=block)
         for score in scores:
             metrics[f"{task}/{score.source}"] = score
         for key, correct in block_answers.items():
             answers.setdefault(key, []).extend(correct)
-        reference = sequential.reference_answers()
-        looks = sequential.looks(answers, reference) if reference is not None else {}
+        if given is not None:
+            given.extend(block_answers)
+        if sequential is None:
+            continue
+        reference = sequential.reference.first(answers.keys(), block.stop)
+        looks = sequential.looks(answers, reference, totals=dict.fromkeys(answers, questions))
         if looks.keys() == answers.keys() and all(look.decision != "undecided" for look in looks.values()):
             break
     scores = [metrics[key].model_copy(update={"value": sum(answers[key]) / len(answers[key]),
@@ -316,20 +358,22 @@ def _write_cached(path: Path, results: SideAccuracy) -> None:
 
 
 def _measure_accuracy(endpoint: Endpoint, workload: WorkloadSpec, prompts: list[str], tokenizer_dir: Path,
-                      capabilities: ServerCapabilities, sequential: SequentialAccuracy | None = None) -> SideAccuracy:
+                      capabilities: ServerCapabilities, sequential: SequentialAccuracy | None = None,
+                      given: AnswersSoFar | None = None) -> SideAccuracy:
     """A side's accuracy, greedy completions and perplexity. ``sequential`` (the candidate's): each shipped or
     local task asked in blocks, stopped once judged; without it, every question (the reference's: the candidate is
-    judged against each of its answers)."""
+    judged against each of its answers), in blocks given on to the candidate as they come where it is ``given``."""
     accuracy: list[TaskScore] = []
     answers: dict[str, list[bool]] = {}
     task_requests = 0
     for task in map(resolve_task, workload.accuracy_tasks):
         if task.source != "lm-eval":
-            if sequential is None:
+            if sequential is None and given is None:
                 scores, task_answers = shipped_task_answers(endpoint, task.name, tokenizer_dir,
                                                             api=task_spec(task.name).api)
             else:
-                scores, task_answers = _ask_in_blocks(endpoint, task.name, tokenizer_dir, sequential)
+                scores, task_answers = _ask_in_blocks(endpoint, task.name, tokenizer_dir, sequential=sequential,
+                                                      given=given)
             accuracy += scores
             answers.update(task_answers)
             task_requests += len(next(iter(task_answers.values())))
@@ -362,6 +406,7 @@ class SideRun:
     capabilities: ServerCapabilities | None = None
     results: SideAccuracy | None = None
     sequential: SequentialAccuracy | None = None  # the candidate's: its accuracy asked in blocks
+    gives: AnswersSoFar | None = None  # the reference's, where the candidate is judged as it answers
     accuracy_cached: bool = False
     accuracy_s: float = 0.0
     log_path: str | None = None
@@ -510,9 +555,11 @@ def validate(candidate: ServerSide, reference: ServerSide, *, workload: Workload
             # or answered beside it (_score_all_at_once). Servers started per round score the candidate in its turn
             # of the first round, before the reference's: it answers every question, and its verdict is the same
             # function of the answers (validation.sequential_accuracy.first_decided_look), at the cost of them all.
-            runs[0].sequential = SequentialAccuracy(
-                limit_points=gates.max_drop_for(recipe_id), error_budget=workload.error_budget,
-                reference_answers=lambda: runs[1].results.answers if runs[1].results is not None else None)
+            cached = runs[1].results
+            given = AnswersSoFar(cached.answers if cached is not None else None)
+            runs[1].gives = None if cached is not None else given
+            runs[0].sequential = SequentialAccuracy(limit_points=gates.max_drop_for(recipe_id),
+                                                    error_budget=workload.error_budget, reference=given)
         tasks = {run.side.role: progress.add_task(f"{run.side.role}: waiting", total=None) for run in runs}
         if servers.kept:
             _score_all_at_once(runs, servers, workload, prompts=prompt_texts, tokenizer_dir=tokenizer_dir,
@@ -616,14 +663,18 @@ def _probe_and_score(run: SideRun, endpoint: Endpoint, workload: WorkloadSpec, *
                      tokenizer_dir: Path, progress: Progress, task: TaskID) -> None:
     """What a side needs once: its capabilities, and its accuracy unless it is known (cached, or a baseline)."""
     run.log_path = str(endpoint.log_path) if endpoint.log_path else None
-    if run.capabilities is None:
-        run.capabilities = probe_capabilities(endpoint, probe_prompt=prompts[0], api=workload.api)
-    if run.results is None:
-        progress.update(task, description=f"{run.side.role}: accuracy")
-        accuracy_started = time.perf_counter()
-        run.results = _measure_accuracy(endpoint, workload, prompts, tokenizer_dir, run.capabilities,
-                                        run.sequential)
-        run.accuracy_s = time.perf_counter() - accuracy_started
+    try:
+        if run.capabilities is None:
+            run.capabilities = probe_capabilities(endpoint, probe_prompt=prompts[0], api=workload.api)
+        if run.results is None:
+            progress.update(task, description=f"{run.side.role}: accuracy")
+            accuracy_started = time.perf_counter()
+            run.results = _measure_accuracy(endpoint, workload, prompts, tokenizer_dir, run.capabilities,
+                                            run.sequential, run.gives)
+            run.accuracy_s = time.perf_counter() - accuracy_started
+    finally:
+        if run.gives is not None:
+            run.gives.close()  # the candidate waits for no more of its answers, also when it stopped on an error
 
 
 def _score_all_at_once(runs: list[SideRun], servers: Servers, workload: WorkloadSpec, *, prompts: list[str],
@@ -632,25 +683,12 @@ def _score_all_at_once(runs: list[SideRun], servers: Servers, workload: Workload
     speed (greedy answers, scored), and on a device the servers share it keeps every server busy."""
     import_for_threads(tokenizer_dir)
     with ThreadPoolExecutor(max_workers=len(runs)) as pool:
+        # The reference answers every question, block by block, while the candidate asks its own blocks, each on
+        # its own server, as both sides' whole tasks ran before; the candidate's look after a block waits only for
+        # the reference to have answered as many (validation.sequential_accuracy.first_decided_look).
         futures = [pool.submit(_probe_and_score, run, servers.kept[run.side.role], workload, prompts=prompts,
                                tokenizer_dir=tokenizer_dir, progress=progress, task=tasks[run.side.role])
-                   for run in runs[1:]]
-        candidate = runs[0]
-        if candidate.sequential is not None:
-            # The reference answers every question while the candidate asks its first block, each on its own
-            # server, as both sides' whole tasks ran before: the candidate waits for the reference's answers only at
-            # its first look. (The reference first, then the candidate, would add the candidate's first block to the
-            # verdict's time for nothing.)
-            reference_future, reference_answers = futures[0], candidate.sequential.reference_answers
-
-            def after_the_reference() -> dict[str, list[bool]] | None:
-                reference_future.result()
-                return reference_answers()
-
-            candidate.sequential = replace(candidate.sequential, reference_answers=after_the_reference)
-        futures.insert(0, pool.submit(_probe_and_score, candidate, servers.kept[candidate.side.role], workload,
-                                      prompts=prompts, tokenizer_dir=tokenizer_dir, progress=progress,
-                                      task=tasks[candidate.side.role]))
+                   for run in runs]
         for future in futures:
             future.result()
 
