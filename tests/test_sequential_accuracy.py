@@ -15,6 +15,7 @@ from validation.sequential_accuracy import (
     AccuracyLook,
     clopper_pearson,
     drop_bounds,
+    first_decided_look,
     judge_accuracy_look,
     plan_blocks,
 )
@@ -187,3 +188,44 @@ def test_what_cannot_be_judged_is_refused():
         judge_accuracy_look(pairs, 5.0, look=3, looks=2, error_budget=0.05)
     with pytest.raises(ValueError, match="error budget"):
         judge_accuracy_look(pairs, 5.0, look=1, looks=1, error_budget=0.0)
+
+
+def test_a_look_over_the_first_answers_is_planned_over_the_whole_task():
+    """The reference has answered 128 of 281 questions and the candidate 192: the look is taken after the second
+    block (the most both answered), with its share of the budget for five planned looks, as it would be with every
+    answer in; the same answers give the same look."""
+    everything = [True] * 200 + [False] * 81
+    judged = first_decided_look(everything[:128], everything[:192], 5.0, error_budget=0.05, questions=281)
+    whole = first_decided_look(everything, everything[:192], 5.0, error_budget=0.05)
+    assert (judged.look, judged.looks, judged.questions, judged.task_questions) == (2, 5, 128, 281)
+    assert judged == whole
+    with pytest.raises(ValueError, match="of a task of 281"):
+        first_decided_look([*everything, True], everything, 5.0, error_budget=0.05, questions=281)
+    with pytest.raises(ValueError, match="fewer than the first block"):
+        first_decided_look(everything[:10], everything, 5.0, error_budget=0.05, questions=281)
+
+
+def test_the_candidates_look_waits_for_the_reference_to_have_answered_as_many():
+    """The reference's answers as they come (validation.stage.AnswersSoFar): a look after 2 questions is given the
+    answers once the reference has 2, not before; a reference that stops answering releases the look with what
+    there is."""
+    import threading
+
+    from validation.stage import AnswersSoFar
+
+    given = AnswersSoFar()
+    seen: list[dict[str, list[bool]]] = []
+    looking = threading.Thread(target=lambda: seen.append(given.first(["facts/enginesmith"], 2)))
+    looking.start()
+    given.extend({"facts/enginesmith": [True]})
+    looking.join(0.2)
+    assert looking.is_alive() and not seen
+    given.extend({"facts/enginesmith": [False]})
+    looking.join(60)
+    assert seen == [{"facts/enginesmith": [True, False]}]
+    stopped = threading.Thread(target=lambda: seen.append(given.first(["facts/enginesmith"], 64)))
+    stopped.start()
+    given.close()
+    stopped.join(60)
+    assert not stopped.is_alive() and seen[-1] == {"facts/enginesmith": [True, False]}
+    assert AnswersSoFar({"k": [True]}).first(["k"], 64) == {"k": [True]}  # cached: all there, none coming
