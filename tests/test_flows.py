@@ -107,6 +107,11 @@ def test_a_changed_cell_is_rebuilt_alone_and_its_failed_gate_is_recorded_and_pub
     assert "failed its gates" in summaries["tiny-llama/fp8/cpu/tp1/hf-quantized"].reason
     assert set(registry.glob("manifests/tiny-llama/*.json")) == manifests
     assert sorted(p.name for p in (work / "quantized").iterdir()) == quantized_before  # nothing quantised again
+    # #63 (d): its reference key is unchanged, so no reference accuracy was measured: the record was reused.
+    newest = max((work / "reports").glob("*/report.json"), key=lambda path: path.stat().st_mtime)
+    report = json.loads(newest.read_text())
+    assert report["cell"] == "tiny-llama/fp8/cpu/tp1/hf-quantized" and report["reference_record"]["reused"] is True
+    assert report["comparison"]["reference"]["cost"]["accuracy_requests"] == 0, report["comparison"]["reference"]
 
     shown = run_cli("history", "tiny-llama", "--recipe", "fp8", "--json", "--registry", str(registry))
     assert shown.returncode == 0, shown.stderr
