@@ -47,6 +47,8 @@ CHANNEL_ENTRY_PREFIX = "channel-"
 # registry.withdrawals): not outcomes or moves, so the history reads past them.
 STATEMENT_ENTRY_PREFIX = "statement-"
 WITHDRAWAL_ENTRY_PREFIX = "withdrawal-"
+# The reference's results, one record per reference key (registry.reference_records): kept beside, read past.
+REFERENCE_ENTRY_PREFIX = "reference-"
 CELL_HASH_CHARS = 12
 # A task score is a share of examples (0..1) with no spread over rounds: a drop of more than one point
 # (0.01) is flagged. Smaller moves are within what re-running the same examples on another night gives.
@@ -497,7 +499,7 @@ def load_history(store: RegistryStore, model: str, *, recipe: str | None = None,
     raised.
     """
     entries = [entry for entry in store.list_history(model)
-               if not entry.startswith((STATEMENT_ENTRY_PREFIX, WITHDRAWAL_ENTRY_PREFIX))]
+               if not entry.startswith((STATEMENT_ENTRY_PREFIX, WITHDRAWAL_ENTRY_PREFIX, REFERENCE_ENTRY_PREFIX))]
     loaded = _read_records(store, model, entries)
     listing = list_model(store, model)
     outcomes = [record for _, record in loaded if isinstance(record, CellOutcome)]

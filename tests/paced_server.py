@@ -4,7 +4,9 @@ round, to inject what no real server does on demand: a machine that slows down i
 It streams ``max_tokens`` tokens, one SSE message each, ``seconds_per_token(round)`` apart (with ``by_level``,
 ``seconds_per_token(round, concurrency)``); the round and level are read from the request's ``x-request-id`` (the
 load generator sends ``<run>-<role>-r<round>-c<concurrency>-<index>``). It records the order in which rounds reached
-it, so a test can check that sides were interleaved, and the (round, concurrency) of every measured request."""
+it, so a test can check that sides were interleaved, and the (round, concurrency) of every measured request. With
+``answer``, a greedy (non-streamed) request whose prompt it answers (not None) gets that text, and the prompt is kept
+in ``questions_asked``: how many accuracy questions a side was asked."""
 
 from __future__ import annotations
 
@@ -20,8 +22,10 @@ ROUND = re.compile(r"-r(\d+)-c(\d+)-")
 
 class PacedServer:
     def __init__(self, name: str, seconds_per_token: Callable[..., float], port: int = 0, *,
-                 by_level: bool = False, max_num_seqs: int | None = None) -> None:
-        self.name, self.seconds_per_token, self.by_level = name, seconds_per_token, by_level
+                 by_level: bool = False, max_num_seqs: int | None = None,
+                 answer: Callable[[str], str | None] | None = None) -> None:
+        self.name, self.seconds_per_token, self.by_level, self.answer = name, seconds_per_token, by_level, answer
+        self.questions_asked: list[str] = []  # the prompts ``answer`` answered, in arrival order
         # Like a server's --max-num-seqs: at most this many streams decode at once, the others wait for a slot.
         self.slots = threading.Semaphore(max_num_seqs) if max_num_seqs else None
         self.rounds_seen: list[tuple[float, int]] = []  # (arrival time, round) of each measured request
@@ -59,7 +63,12 @@ class PacedServer:
                 tokens = int(payload.get("max_tokens", 1))
                 usage = {"prompt_tokens": 4, "completion_tokens": tokens}
                 if not payload.get("stream"):
-                    self._send(json.dumps({"choices": [{"text": " 7" * tokens, "index": 0}], "usage": usage}).encode())
+                    prompts = payload.get("prompt", "")
+                    # lm-eval's local-completions may send its prompts as a list (one choice each)
+                    texts = [double._answer(str(prompt), tokens)
+                             for prompt in (prompts if isinstance(prompts, list) else [prompts])]
+                    choices = [{"text": text, "index": index} for index, text in enumerate(texts)]
+                    self._send(json.dumps({"choices": choices, "usage": usage}).encode())
                     return
                 match = ROUND.search(self.headers.get("x-request-id", ""))
                 round_number, concurrency = (int(match.group(1)), int(match.group(2))) if match else (0, 1)
@@ -94,6 +103,13 @@ class PacedServer:
                 self.wfile.flush()
 
         return Handler
+
+    def _answer(self, prompt: str, tokens: int) -> str:
+        answered = self.answer(prompt) if self.answer is not None else None
+        if answered is None:
+            return " 7" * tokens
+        self.questions_asked.append(prompt)  # list.append is atomic: the handler threads may race here
+        return answered
 
     def __enter__(self) -> PacedServer:
         self.thread.start()

@@ -34,6 +34,19 @@ def test_nightly_builds_every_valid_cell_then_nothing(first_nightly, tiny_config
     store, trust = open_store(str(registry)), load_trust([tiny_config.parent / "keys" / "nightly.pub"])
     fingerprints = {verify_stored(store, m, trust).fingerprint for m in list_model(store, "tiny-llama").manifests}
     assert fingerprints == {trust.keys[0].fingerprint}
+    # #63 item 1: the two cells share a reference key; the first measured the reference's accuracy, greedy answers
+    # and perplexity and recorded them in the registry, the second reused that record and says whose it was.
+    from enginesmith.core.reports import parse_report
+    from enginesmith.core.reports.llm import ValidationReport
+
+    reports = [parse_report(m.validation) for m in list_model(store, "tiny-llama").manifests]
+    used = {r.cell: r.reference_record for r in reports if isinstance(r, ValidationReport)}
+    assert len(used) == 2
+    measured = [cell for cell, record in used.items() if record is not None and not record.reused]
+    [reused] = [record for record in used.values() if record is not None and record.reused]
+    assert measured == [reused.measured_by] and len({record.key for record in used.values() if record}) == 1
+    assert [e for e in store.list_history("tiny-llama") if e.startswith("reference-")] == [
+        f"reference-{reused.key[:32]}"]
 
     before = {p: p.stat().st_mtime_ns for p in tiny_config.parent.rglob("*")}
     second = nightly(config=str(tiny_config), dispatch="inline")
@@ -94,6 +107,11 @@ def test_a_changed_cell_is_rebuilt_alone_and_its_failed_gate_is_recorded_and_pub
     assert "failed its gates" in summaries["tiny-llama/fp8/cpu/tp1/hf-quantized"].reason
     assert set(registry.glob("manifests/tiny-llama/*.json")) == manifests
     assert sorted(p.name for p in (work / "quantized").iterdir()) == quantized_before  # nothing quantised again
+    # #63 (d): its reference key is unchanged, so no reference accuracy was measured: the record was reused.
+    newest = max((work / "reports").glob("*/report.json"), key=lambda path: path.stat().st_mtime)
+    report = json.loads(newest.read_text())
+    assert report["cell"] == "tiny-llama/fp8/cpu/tp1/hf-quantized" and report["reference_record"]["reused"] is True
+    assert report["comparison"]["reference"]["cost"]["accuracy_requests"] == 0, report["comparison"]["reference"]
 
     shown = run_cli("history", "tiny-llama", "--recipe", "fp8", "--json", "--registry", str(registry))
     assert shown.returncode == 0, shown.stderr

@@ -4,6 +4,8 @@ round (tests/paced_server.py): the only way to make a machine "slow down mid-run
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -11,6 +13,7 @@ import pytest
 
 from enginesmith.core.specs import GateSpec, WorkloadSpec
 from tests.paced_server import PacedServer
+from validation.accuracy import lm_eval_available
 from validation.loadgen import LevelIncompleteError, LevelPlan, ServerCapabilities, run_level
 from validation.server import external_endpoint
 from validation.stage import ServerSide, validate
@@ -163,6 +166,77 @@ def test_after_the_first_look_only_the_levels_of_undecided_gates_are_measured_an
     assert cost.accuracy_requests > 0 and cost.gpu_s is None  # the cpu target holds no GPU
     assert report.decision is not None and report.decision.looks == last - first_look + 1
     assert "What the verdict cost" in report.markdown() and report.verdict_s is not None
+
+
+SUM_QUESTION = re.compile(r"Q(\d+): (\d+)\+(\d+)=$")
+SUM_QUESTIONS = 200  # blocks of 64, 64, 64 and 8: four looks
+
+
+def _sums_task(path: Path) -> Path:
+    """A local task of SUM_QUESTIONS sums, each prompt numbered so a server double knows which question it is."""
+    path.write_text("".join(json.dumps({"prompt": f"Q{i}: {i}+{i % 7}=", "answer": str(i + i % 7)}) + "\n"
+                            for i in range(SUM_QUESTIONS)))
+    return path
+
+
+def _sums_answered(wrong: Callable[[int], bool]) -> Callable[[str], str | None]:
+    """A server double's answers to the sums: right except where ``wrong(question)``."""
+    def answer(prompt: str) -> str | None:
+        match = SUM_QUESTION.search(prompt.strip())
+        if match is None:
+            return None
+        question, left, right = map(int, match.groups())
+        return str(left + right + (1 if wrong(question) else 0))
+    return answer
+
+
+@pytest.mark.parametrize(("case", "reference_wrong", "candidate_wrong", "asked", "passed", "decision"), [
+    # answers like the reference's: no discordant pair, the drop within ±8.6 points after one block (limit 10)
+    ("alike", lambda i: False, lambda i: False, 64, True, "clear"),
+    # every answer wrong where the reference's are right: fails clear after one block
+    ("broken", lambda i: False, lambda i: True, 64, False, "clear"),
+    # wrong on every 12th question (8.5 points): the bounds hold the limit 10 at every look, so the whole task is
+    # asked, as before blocks, and the point estimate decides (within the limit)
+    ("near the limit", lambda i: False, lambda i: i % 12 == 0, SUM_QUESTIONS, True, "median"),
+    # the reference itself fails the task: decided in one block, but not judged (gates.min_reference_accuracy)
+    ("reference fails", lambda i: True, lambda i: True, 64, False, "not-judged"),
+])
+def test_a_candidates_accuracy_is_asked_in_blocks_until_its_drop_is_decided(
+        tiny_model_dir, tmp_path, case, reference_wrong, candidate_wrong, asked, passed, decision):
+    """#63 item 3: the reference answers every question; the candidate a block of 64 at a time, judged against the
+    reference's answers to the same questions after each, until the drop's bounds clear the limit."""
+    task = str(_sums_task(tmp_path / "sums.jsonl"))
+    # One round: the speed gates are not what this test is about.
+    workload = QUICK.model_copy(update={"accuracy_tasks": [task], "repeats": 1, "max_repeats": 1})
+    gates = WIDE_GATES.model_copy(update={"max_accuracy_drop_points": {"fp8": 10.0}})
+    with PacedServer("c", lambda r: 0.005, answer=_sums_answered(candidate_wrong)) as candidate, \
+            PacedServer("r", lambda r: 0.005, answer=_sums_answered(reference_wrong)) as reference:
+        report = validate(ServerSide(role="candidate", name="c", runtime="double", url=candidate.url),
+                          ServerSide(role="reference", name="r", runtime="double", url=reference.url),
+                          workload=workload, gates=gates, recipe_id="fp8", target_id="cpu",
+                          tokenizer_dir=tiny_model_dir, out_dir=tmp_path / "out")
+    # Each question asked once a side (lm-eval and our rule score the same answers), the candidate's no more than
+    # decided its gates.
+    assert len(reference.questions_asked) == len(set(reference.questions_asked)) == SUM_QUESTIONS
+    assert len(candidate.questions_asked) == len(set(candidate.questions_asked)) == asked, case
+    accuracy = [g for g in report.gates if g.name.startswith("accuracy_drop:")]
+    assert len(accuracy) == (2 if lm_eval_available() else 1)  # our rule's and lm-eval's, each judged in blocks
+    for gate in accuracy:
+        assert gate.passed is passed and gate.decision == decision, gate
+        assert gate.questions == asked and gate.questions_total == SUM_QUESTIONS
+    if decision == "clear":
+        assert gate.bound_low is not None and gate.bound_high is not None
+        assert (gate.bound_high <= 10) if passed else (gate.bound_low > 10)
+        assert f"decided after {asked} of {SUM_QUESTIONS} questions" in report.markdown()
+    elif decision == "median":
+        assert f"after all {SUM_QUESTIONS} of {SUM_QUESTIONS} questions" in report.markdown()
+        assert accuracy[0].measured is not None and abs(accuracy[0].measured - 100 * 17 / SUM_QUESTIONS) < 1e-9
+    candidate_cost, reference_cost = report.comparison.candidate.cost, report.comparison.reference.cost
+    assert candidate_cost is not None and reference_cost is not None
+    # the cost counts the questions asked: the greedy-agreement prompts besides, the same on both sides
+    assert reference_cost.accuracy_requests - candidate_cost.accuracy_requests == SUM_QUESTIONS - asked
+    scores = [s for s in report.comparison.candidate.accuracy if s.source == "enginesmith"]
+    assert [s.examples for s in scores] == [asked]
 
 
 def test_a_later_rounds_warm_up_is_one_batch_when_it_matches_what_the_level_measured():

@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from enginesmith.core.assets import read_task, task_eval_path
+from enginesmith.core.assets import TaskExample, read_task, task_eval_path
 from enginesmith.core.cost import ACCURACY_CONCURRENCY
 from enginesmith.core.reports.measures import Perplexity, TaskScore
 from enginesmith.core.tasks import AccuracyTask, answer_matches, task_spec
@@ -51,18 +51,36 @@ def greedy_completions(endpoint: Endpoint, prompts: Sequence[str], max_tokens: i
     return asyncio.run(_greedy_completions(endpoint, prompts, max_tokens, stop=stop, api=api))
 
 
-def task_exact_match(endpoint: Endpoint, task: str, limit: int | None = None,
-                     api: Api = "completions") -> tuple[TaskScore, list[str]]:
-    """Greedy completions of the task's prompts (stopped at a newline) compared with the answers by the task's
-    own rule (``enginesmith.core.tasks``)."""
+def task_questions(task: str, questions: Sequence[int] | None = None, limit: int | None = None) -> list[TaskExample]:
+    """A shipped or local task's examples: the first ``limit`` of them, or those at the indices ``questions`` (a
+    block of a task asked in blocks, ``validation.sequential_accuracy.plan_blocks``), in that order.
+
+    Raises IndexError for a question the task does not have."""
+    rows = read_task(task, None if questions is not None else limit)
+    if questions is None:
+        return rows
+    if any(not 0 <= index < len(rows) for index in questions):
+        raise IndexError(f"task {task!r} has {len(rows)} questions, not {list(questions)}")
+    return [rows[index] for index in questions]
+
+
+def task_exact_match(endpoint: Endpoint, task: str, limit: int | None = None, api: Api = "completions", *,
+                     questions: Sequence[int] | None = None) -> tuple[TaskScore, list[str]]:
+    """Greedy completions of the task's prompts (stopped at a newline; the first ``limit``, or those at the indices
+    ``questions``) compared with the answers by the task's own rule (``enginesmith.core.tasks``)."""
+    score, completions, _ = _task_exact_match(endpoint, task, limit, api, questions=questions)
+    return score, completions
+
+
+def _task_exact_match(endpoint: Endpoint, task: str, limit: int | None, api: Api, *,
+                      questions: Sequence[int] | None) -> tuple[TaskScore, list[str], list[bool]]:
     spec = task_spec(task)
-    rows = read_task(task, limit)
+    rows = task_questions(task, questions, limit)
     completions = greedy_completions(endpoint, [r.prompt for r in rows], spec.max_tokens, stop=["\n"], api=api)
-    hits = sum(answer_matches(c, r.answer, spec, aliases=r.aliases)
-               for c, r in zip(completions, rows, strict=True))
+    correct = [answer_matches(c, r.answer, spec, aliases=r.aliases) for c, r in zip(completions, rows, strict=True)]
     metric = "exact_match" if spec.match == "exact" else "word_match"
-    return TaskScore(task=task, metric=metric, value=hits / len(rows), examples=len(rows),
-                     source="enginesmith"), completions
+    return TaskScore(task=task, metric=metric, value=sum(correct) / len(rows), examples=len(rows),
+                     source="enginesmith"), completions, correct
 
 
 # Prompt logprobs and lm-eval's requests stay at 4 in flight, as the servers' memory estimate was measured with
@@ -182,36 +200,57 @@ def process_results(doc, results):
 def shipped_task_scores(endpoint: Endpoint, task: str, tokenizer_dir: Path, *, api: Api) -> tuple[list[TaskScore], int]:
     """A shipped or local task's scores and the requests they took: with lm-eval installed, one lm-eval run whose
     answers our rule scores too (``enginesmith`` then ``lm-eval``); without it, our own client's exact match."""
+    scores, answers = shipped_task_answers(endpoint, task, tokenizer_dir, api=api)
+    return scores, len(next(iter(answers.values())))
+
+
+def shipped_task_answers(endpoint: Endpoint, task: str, tokenizer_dir: Path, *, api: Api,
+                         questions: Sequence[int] | None = None) -> tuple[list[TaskScore], dict[str, list[bool]]]:
+    """``shipped_task_scores`` over the whole task or the questions at the indices ``questions``, with each
+    question's correctness by each score's rule, in question order, keyed ``<task>/<source>`` as the accuracy
+    gates are: what a task asked in blocks is judged from (``validation.sequential_accuracy``)."""
     if not lm_eval_available():
-        score, _ = task_exact_match(endpoint, task, api=api)
-        return [score], score.examples
-    harness, answers = lm_eval_task(endpoint, task, tokenizer_dir, with_answers=True)
+        score, _, correct = _task_exact_match(endpoint, task, None, api, questions=questions)
+        return [score], {f"{task}/{score.source}": correct}
+    harness, answers, harness_correct = lm_eval_task(endpoint, task, tokenizer_dir, with_answers=True,
+                                                     questions=questions)
     spec = task_spec(task)
-    hits = sum(answer_matches(text, doc["answer"], spec, aliases=doc.get("aliases")) for doc, text in answers)
+    correct = [answer_matches(text, doc["answer"], spec, aliases=doc.get("aliases")) for doc, text in answers]
     ours = TaskScore(task=task, metric="exact_match" if spec.match == "exact" else "word_match",
-                     value=hits / len(answers), examples=len(answers), source="enginesmith")
-    return [ours, harness], len(answers)
+                     value=sum(correct) / len(answers), examples=len(answers), source="enginesmith")
+    return [ours, harness], {f"{task}/{ours.source}": correct, f"{task}/{harness.source}": harness_correct}
 
 
 def lm_eval_task(endpoint: Endpoint, task: str, tokenizer_dir: Path, limit: int | None = None, *,
-                 with_answers: bool = False) -> Any:
+                 with_answers: bool = False, questions: Sequence[int] | None = None) -> Any:
     """Run a shipped or local task file (generate_until) through lm-eval, offline: ``local-completions`` for
     completion tasks, ``local-chat-completions`` with the server's chat template for chat tasks, scored by the task's
-    own rule. With ``with_answers``: ``(score, [(doc, answer text), …])``, the answers as lm-eval received them."""
+    own rule. ``questions``: only the examples at those indices (written to a file of their own, which the task
+    reads instead of the task's). With ``with_answers``: ``(score, [(doc, answer text), …], [correct by lm-eval's
+    metric, …])``, the answers as lm-eval received them, in question order (lm-eval's concurrent requests return out
+    of order; its doc ids do not)."""
     spec = task_spec(task)
     metric = "exact_match" if spec.match == "exact" else "word_match"
     with tempfile.TemporaryDirectory() as include_dir:
         name = "enginesmith_" + re.sub(r"[^a-z0-9_]", "_", Path(task).stem.lower())
+        data = task_eval_path(task)
+        if questions is not None:
+            data = Path(include_dir, f"{name}-questions.jsonl")
+            data.write_text("".join(row.model_dump_json() + "\n" for row in task_questions(task, questions)),
+                            encoding="utf-8")
+            limit = None
         scoring = EXACT_SCORING if spec.match == "exact" else WORD_SCORING
         Path(include_dir, f"{name}.yaml").write_text(
-            TASK_YAML.format(name=name, data=task_eval_path(task), max_tokens=spec.max_tokens, scoring=scoring))
+            TASK_YAML.format(name=name, data=data, max_tokens=spec.max_tokens, scoring=scoring))
         Path(include_dir, "enginesmith_scoring.py").write_text(WORD_SCORING_MODULE.format(task=task))
         value, count, samples = _run_lm_eval(endpoint, name, tokenizer_dir, chat=spec.api == "chat", metric=metric,
                                              include_dir=include_dir, limit=limit, log_samples=with_answers)
     score = TaskScore(task=task, metric=metric, value=value, examples=count or limit or 0, source="lm-eval")
     if not with_answers:
         return score
-    return score, [(sample["doc"], str(sample["resps"][0][0])) for sample in samples]
+    ordered = sorted(samples, key=lambda sample: int(sample["doc_id"]))
+    return (score, [(sample["doc"], str(sample["resps"][0][0])) for sample in ordered],
+            [bool(sample[metric]) for sample in ordered])
 
 
 def lm_eval_registry_task(endpoint: Endpoint, task: AccuracyTask, tokenizer_dir: Path, *, api: Api,

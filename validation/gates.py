@@ -20,6 +20,7 @@ from typing import Literal
 
 from enginesmith.core.reports.measures import Calibration, Decision, DecisionRule, GateResult, Spread
 from enginesmith.core.specs import GateSpec, WorkloadSpec
+from validation.sequential_accuracy import AccuracyLook
 
 Judgement = Literal["pass", "fail", "inside"]
 PRIOR_ROUNDS = 4  # the prior noise counts as this many rounds' worth of evidence
@@ -115,6 +116,7 @@ def evaluate_gates(
     accuracy_drops_points: dict[str, float],
     failed_requests: int,
     reference_accuracy: dict[str, float] | None = None,
+    accuracy_looks: dict[str, AccuracyLook] | None = None,
     greedy_agreement: float | None = None,
     e2el_ratio: Spread | None = None,
     tpot_unobservable: str | None = None,
@@ -131,6 +133,10 @@ def evaluate_gates(
 
     Where TPOT at concurrency 1 is not observable (``tpot_unobservable`` says why), the latency gate holds the
     median end-to-end latency at concurrency 1 to the same limit instead, and says so.
+
+    A task with a look in ``accuracy_looks`` (its key's; asked in blocks, ``validation.sequential_accuracy``) is
+    judged by it: its drop over the questions that decided it, the bounds and how many questions that was. A task
+    the reference itself scores below ``gates.min_reference_accuracy`` is not judged either way.
     """
     if tpot_unobservable is None:
         latency, latency_detail = tpot_ratio, "candidate median TPOT at concurrency 1 / reference's, per round"
@@ -153,14 +159,26 @@ def evaluate_gates(
     limit = gates.max_drop_for(recipe_id)
     for task, drop in sorted(accuracy_drops_points.items()):
         reference = (reference_accuracy or {}).get(task)
+        look = (accuracy_looks or {}).get(task)
+        asked = {} if look is None else {"questions": look.questions, "questions_total": look.task_questions}
+        if look is not None:
+            drop = look.drop_points
         if reference is not None and reference < gates.min_reference_accuracy:
             results.append(GateResult(
                 name=f"accuracy_drop:{task}", measured=drop, limit=limit, passed=gates.accept_unjudged_accuracy,
-                decision="not-judged",
+                decision="not-judged", **asked,
                 detail=f"not judged: the reference scores {reference:.1%} on it, below gates.min_reference_accuracy "
                        f"{gates.min_reference_accuracy:.0%}, so the task cannot tell a broken candidate from a good "
                        "one (check the task's prompts and scoring for this model, or set "
                        "gates.accept_unjudged_accuracy)"))
+            continue
+        if look is not None:
+            results.append(GateResult(
+                name=f"accuracy_drop:{task}", measured=drop, limit=limit, passed=look.decision == "pass",
+                decision="median" if look.on_point_estimate else "clear", bound_low=look.bound_low_points,
+                bound_high=look.bound_high_points, **asked,
+                detail=f"reference − candidate, points, over the questions both answered; limit for {recipe_id}; "
+                       f"{look.detail}"))
             continue
         results.append(GateResult(name=f"accuracy_drop:{task}", measured=drop, limit=limit, passed=drop <= limit,
                                   detail=f"reference − candidate, points; limit for {recipe_id}"))

@@ -18,8 +18,9 @@ Each side's accuracy runs once per cell. The report says what the verdict cost (
 from __future__ import annotations
 
 import os
+import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
@@ -30,7 +31,7 @@ from pydantic import BaseModel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from enginesmith.core.artefacts import ServeRecipe
-from enginesmith.core.assets import read_paragraphs
+from enginesmith.core.assets import read_paragraphs, read_task
 from enginesmith.core.console import stderr
 from enginesmith.core.errors import UserError
 from enginesmith.core.node_memory import reserved
@@ -54,13 +55,19 @@ from validation.accuracy import (
     lm_eval_available,
     lm_eval_registry_task,
     perplexity,
-    shipped_task_scores,
+    shipped_task_answers,
 )
 from validation.affinity import pin_tree
 from validation.gates import check_calibration, decision_rule, evaluate_gates, undecided
 from validation.loadgen import LevelPlan, probe_capabilities, run_level
 from validation.placement import CPU_BIND_ENV, Placement, place_sides, rounds_note
 from validation.sampling import UsageSampler
+from validation.sequential_accuracy import (
+    DEFAULT_BLOCK_QUESTIONS,
+    AccuracyLook,
+    first_decided_look,
+    plan_blocks,
+)
 from validation.server import Endpoint, check_still_serving, external_endpoint, free_port, running_server
 from validation.workloads import build_prompts, perplexity_windows
 
@@ -229,18 +236,118 @@ def _stop_when_started(future: Future[tuple[AbstractContextManager[Endpoint], En
 
 class SideAccuracy(BaseModel):
     """A side's deterministic results: greedy task scores, completions and the held-out text's perplexity
-    (cacheable by the caller's key), and the requests they took."""
+    (cacheable by the caller's key), and the requests they took. ``answers``: each shipped or local task's
+    correctness question by question, keyed ``<task>/<source>`` as the accuracy gates are (the reference's every
+    question; the candidate's the first ones, as many as were asked); None in a file cached before they were kept."""
 
     accuracy: list[TaskScore]
     completions: list[str]
     perplexity: Perplexity | None = None
     requests: int = 0
+    answers: dict[str, list[bool]] | None = None
 
 
 def _read_cached(path: Path | None) -> SideAccuracy | None:
+    """The reference's cached results; None where there are none, or none with per-question answers (a file written
+    before accuracy was judged in blocks: measured again, since the candidate is judged against each answer)."""
     if path is None or not path.is_file():
         return None
-    return SideAccuracy.model_validate_json(path.read_text())
+    cached = SideAccuracy.model_validate_json(path.read_text())
+    return cached if cached.answers is not None else None
+
+
+class AnswersSoFar:
+    """The reference's per-question answers as it gives them, a block at a time, for the candidate's looks: the
+    candidate's look after n questions waits (``first``) until the reference has answered n of each of its keys, or
+    has stopped answering. Cached answers are all there from the start."""
+
+    def __init__(self, answers: dict[str, list[bool]] | None = None) -> None:
+        self._answers: dict[str, list[bool]] = {key: list(value) for key, value in (answers or {}).items()}
+        self._closed = answers is not None
+        self._changed = threading.Condition()
+
+    def extend(self, answers: dict[str, list[bool]]) -> None:
+        with self._changed:
+            for key, correct in answers.items():
+                self._answers.setdefault(key, []).extend(correct)
+            self._changed.notify_all()
+
+    def close(self) -> None:
+        """No more answers are coming (all given, or the reference stopped)."""
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
+
+    def first(self, keys: Collection[str], questions: int) -> dict[str, list[bool]]:
+        """The answers once each of ``keys`` has at least ``questions`` (or no more are coming)."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._closed or all(len(self._answers.get(key, ())) >= questions
+                                                               for key in keys))
+            return {key: list(value) for key, value in self._answers.items()}
+
+
+@dataclass
+class SequentialAccuracy:
+    """What the candidate's accuracy is judged by as it is asked, block by block (``validation.sequential_accuracy``):
+    the recipe's drop limit, the error budget, and the reference's per-question answers as it gives them."""
+
+    limit_points: float
+    error_budget: float
+    reference: AnswersSoFar
+    block_questions: int = DEFAULT_BLOCK_QUESTIONS
+
+    def looks(self, candidate: dict[str, list[bool]], reference: dict[str, list[bool]],
+              totals: Mapping[str, int]) -> dict[str, AccuracyLook]:
+        return accuracy_looks(candidate, reference, limit_points=self.limit_points, error_budget=self.error_budget,
+                              block_questions=self.block_questions, totals=totals)
+
+
+def accuracy_looks(candidate: dict[str, list[bool]], reference: dict[str, list[bool]], *, limit_points: float,
+                   error_budget: float, block_questions: int = DEFAULT_BLOCK_QUESTIONS,
+                   totals: Mapping[str, int] | None = None) -> dict[str, AccuracyLook]:
+    """Each task's first decided look (else its last taken), for every gate key both sides answered at least a
+    block of: the candidate the first questions, the reference at least as many (every one, where ``totals`` does
+    not give a key's questions)."""
+    looks = {}
+    for key, answered in candidate.items():
+        every = reference.get(key)
+        total = (totals or {}).get(key, len(every or ()))
+        if every is None or not answered or len(every) < min(len(answered), total) \
+                or len(answered) < min(block_questions, total):
+            continue
+        looks[key] = first_decided_look(every, answered, limit_points, error_budget=error_budget,
+                                        block_questions=block_questions, questions=total)
+    return looks
+
+
+def _ask_in_blocks(endpoint: Endpoint, task: str, tokenizer_dir: Path, *, sequential: SequentialAccuracy | None = None,
+                   given: AnswersSoFar | None = None) -> tuple[list[TaskScore], dict[str, list[bool]]]:
+    """A task asked a block at a time. The candidate's (``sequential``): after each block its drop is judged
+    against the reference's answers to the same questions, and it stops once every score's look is decided. The
+    reference's (``given``): every question, each block's answers given on as they come. The scores are over the
+    questions asked."""
+    api = task_spec(task).api
+    answers: dict[str, list[bool]] = {}
+    metrics: dict[str, TaskScore] = {}
+    questions = len(read_task(task))
+    block_questions = sequential.block_questions if sequential else DEFAULT_BLOCK_QUESTIONS
+    for block in plan_blocks(questions, block_questions):
+        scores, block_answers = shipped_task_answers(endpoint, task, tokenizer_dir, api=api, questions=block)
+        for score in scores:
+            metrics[f"{task}/{score.source}"] = score
+        for key, correct in block_answers.items():
+            answers.setdefault(key, []).extend(correct)
+        if given is not None:
+            given.extend(block_answers)
+        if sequential is None:
+            continue
+        reference = sequential.reference.first(answers.keys(), block.stop)
+        looks = sequential.looks(answers, reference, totals=dict.fromkeys(answers, questions))
+        if looks.keys() == answers.keys() and all(look.decision != "undecided" for look in looks.values()):
+            break
+    scores = [metrics[key].model_copy(update={"value": sum(answers[key]) / len(answers[key]),
+                                              "examples": len(answers[key])}) for key in answers]
+    return scores, answers
 
 
 def _write_cached(path: Path, results: SideAccuracy) -> None:
@@ -251,14 +358,25 @@ def _write_cached(path: Path, results: SideAccuracy) -> None:
 
 
 def _measure_accuracy(endpoint: Endpoint, workload: WorkloadSpec, prompts: list[str], tokenizer_dir: Path,
-                      capabilities: ServerCapabilities) -> SideAccuracy:
+                      capabilities: ServerCapabilities, sequential: SequentialAccuracy | None = None,
+                      given: AnswersSoFar | None = None) -> SideAccuracy:
+    """A side's accuracy, greedy completions and perplexity. ``sequential`` (the candidate's): each shipped or
+    local task asked in blocks, stopped once judged; without it, every question (the reference's: the candidate is
+    judged against each of its answers), in blocks given on to the candidate as they come where it is ``given``."""
     accuracy: list[TaskScore] = []
+    answers: dict[str, list[bool]] = {}
     task_requests = 0
     for task in map(resolve_task, workload.accuracy_tasks):
         if task.source != "lm-eval":
-            scores, asked = shipped_task_scores(endpoint, task.name, tokenizer_dir, api=task_spec(task.name).api)
+            if sequential is None and given is None:
+                scores, task_answers = shipped_task_answers(endpoint, task.name, tokenizer_dir,
+                                                            api=task_spec(task.name).api)
+            else:
+                scores, task_answers = _ask_in_blocks(endpoint, task.name, tokenizer_dir, sequential=sequential,
+                                                      given=given)
             accuracy += scores
-            task_requests += asked
+            answers.update(task_answers)
+            task_requests += len(next(iter(task_answers.values())))
         elif not task.checked:
             raise UserError(f"accuracy task {task.name!r} is an lm-eval task, and lm-eval is not installed here",
                             where="workload.accuracy_tasks", hint="pip install 'enginesmith[validation]'")
@@ -273,7 +391,7 @@ def _measure_accuracy(endpoint: Endpoint, workload: WorkloadSpec, prompts: list[
         measured_perplexity = perplexity(endpoint, windows, text=workload.perplexity_text)
     requests = task_requests + len(completions) + (measured_perplexity.paragraphs if measured_perplexity else 0)
     return SideAccuracy(accuracy=accuracy, completions=completions, perplexity=measured_perplexity,
-                        requests=requests)
+                        requests=requests, answers=answers)
 
 
 @dataclass
@@ -287,6 +405,8 @@ class SideRun:
     kv_cache_usage_max: float | None = None
     capabilities: ServerCapabilities | None = None
     results: SideAccuracy | None = None
+    sequential: SequentialAccuracy | None = None  # the candidate's: its accuracy asked in blocks
+    gives: AnswersSoFar | None = None  # the reference's, where the candidate is judged as it answers
     accuracy_cached: bool = False
     accuracy_s: float = 0.0
     log_path: str | None = None
@@ -344,9 +464,11 @@ def compare(reports: list[SideReport], completions: list[list[str]], workload: W
 
 
 def judge(comparison: Comparison, gates: GateSpec, recipe_id: str, *, final: bool,
-          workload: WorkloadSpec) -> list[GateResult]:
+          workload: WorkloadSpec, answers: tuple[dict[str, list[bool]], dict[str, list[bool]]] | None = None,
+          ) -> list[GateResult]:
     """The gates over a comparison by the workload's decision rule (``final`` false: a performance gate whose
-    bounds hold its limit stays undecided)."""
+    bounds hold its limit stays undecided). ``answers``: the candidate's and the reference's per-question answers,
+    from which each shipped or local task's accuracy is judged by its first decided look."""
     cand, ref = comparison.candidate, comparison.reference
     unobservable = [f"{r.role}: {r.all_at_once_c1[0]} of {r.all_at_once_c1[1]} requests got all their tokens at once"
                     for r in (cand, ref) if r.levels_c1 and not r.tpot_c1_observable]
@@ -355,9 +477,12 @@ def judge(comparison: Comparison, gates: GateSpec, recipe_id: str, *, final: boo
     drops = {f"{c.task}/{c.source}": 100 * (reference_scores[(c.task, c.source)] - c.value)
              for c in cand.accuracy if (c.task, c.source) in reference_scores}
     references = {f"{task}/{source}": value for (task, source), value in reference_scores.items()}
+    looks = accuracy_looks(answers[0], answers[1], limit_points=gates.max_drop_for(recipe_id),
+                           error_budget=workload.error_budget) if answers is not None else {}
     return evaluate_gates(gates, recipe_id, throughput_ratio=comparison.throughput_ratios,
                           tpot_ratio=comparison.tpot_ratios, accuracy_drops_points=drops,
-                          reference_accuracy=references, greedy_agreement=comparison.greedy_agreement,
+                          reference_accuracy=references, accuracy_looks=looks,
+                          greedy_agreement=comparison.greedy_agreement,
                           perplexity_increase=comparison.perplexity_increase,
                           failed_requests=cand.failed_requests + ref.failed_requests,
                           e2el_ratio=comparison.e2el_ratios, tpot_unobservable="; ".join(unobservable) or None,
@@ -425,6 +550,16 @@ def validate(candidate: ServerSide, reference: ServerSide, *, workload: Workload
     with ExitStack() as stack, Progress(*columns, transient=False, console=stderr) as progress:
         servers = Servers(stack, sides, logs_dir, health_timeout_s, keep_servers_up)
         kept_since = started if servers.kept else None
+        if reference_cached or servers.kept:
+            # The candidate's accuracy is asked block by block and judged against the reference's answers: cached,
+            # or answered beside it (_score_all_at_once). Servers started per round score the candidate in its turn
+            # of the first round, before the reference's: it answers every question, and its verdict is the same
+            # function of the answers (validation.sequential_accuracy.first_decided_look), at the cost of them all.
+            cached = runs[1].results
+            given = AnswersSoFar(cached.answers if cached is not None else None)
+            runs[1].gives = None if cached is not None else given
+            runs[0].sequential = SequentialAccuracy(limit_points=gates.max_drop_for(recipe_id),
+                                                    error_budget=workload.error_budget, reference=given)
         tasks = {run.side.role: progress.add_task(f"{run.side.role}: waiting", total=None) for run in runs}
         if servers.kept:
             _score_all_at_once(runs, servers, workload, prompts=prompt_texts, tokenizer_dir=tokenizer_dir,
@@ -453,8 +588,8 @@ def validate(candidate: ServerSide, reference: ServerSide, *, workload: Workload
             final = round_index >= workload.max_repeats
             reports = [run.report(servers.held_so_far(run.side.role, kept_since)) for run in runs]
             comparison = compare(reports, [run.results.completions for run in runs if run.results], workload)
-            gate_results = keep_decided(judge(comparison, gates, recipe_id, final=final, workload=workload),
-                                        decided)
+            gate_results = keep_decided(judge(comparison, gates, recipe_id, final=final, workload=workload,
+                                              answers=_answers(runs)), decided)
             waiting = undecided(gate_results)
             if waiting and not workload.complete_report and any(g.failed for g in gate_results):
                 gate_results = [g.model_copy(update={"decision": "abandoned", "passed": False})
@@ -528,13 +663,18 @@ def _probe_and_score(run: SideRun, endpoint: Endpoint, workload: WorkloadSpec, *
                      tokenizer_dir: Path, progress: Progress, task: TaskID) -> None:
     """What a side needs once: its capabilities, and its accuracy unless it is known (cached, or a baseline)."""
     run.log_path = str(endpoint.log_path) if endpoint.log_path else None
-    if run.capabilities is None:
-        run.capabilities = probe_capabilities(endpoint, probe_prompt=prompts[0], api=workload.api)
-    if run.results is None:
-        progress.update(task, description=f"{run.side.role}: accuracy")
-        accuracy_started = time.perf_counter()
-        run.results = _measure_accuracy(endpoint, workload, prompts, tokenizer_dir, run.capabilities)
-        run.accuracy_s = time.perf_counter() - accuracy_started
+    try:
+        if run.capabilities is None:
+            run.capabilities = probe_capabilities(endpoint, probe_prompt=prompts[0], api=workload.api)
+        if run.results is None:
+            progress.update(task, description=f"{run.side.role}: accuracy")
+            accuracy_started = time.perf_counter()
+            run.results = _measure_accuracy(endpoint, workload, prompts, tokenizer_dir, run.capabilities,
+                                            run.sequential, run.gives)
+            run.accuracy_s = time.perf_counter() - accuracy_started
+    finally:
+        if run.gives is not None:
+            run.gives.close()  # the candidate waits for no more of its answers, also when it stopped on an error
 
 
 def _score_all_at_once(runs: list[SideRun], servers: Servers, workload: WorkloadSpec, *, prompts: list[str],
@@ -543,9 +683,13 @@ def _score_all_at_once(runs: list[SideRun], servers: Servers, workload: Workload
     speed (greedy answers, scored), and on a device the servers share it keeps every server busy."""
     import_for_threads(tokenizer_dir)
     with ThreadPoolExecutor(max_workers=len(runs)) as pool:
-        for future in [pool.submit(_probe_and_score, run, servers.kept[run.side.role], workload, prompts=prompts,
-                                   tokenizer_dir=tokenizer_dir, progress=progress, task=tasks[run.side.role])
-                       for run in runs]:
+        # The reference answers every question, block by block, while the candidate asks its own blocks, each on
+        # its own server, as both sides' whole tasks ran before; the candidate's look after a block waits only for
+        # the reference to have answered as many (validation.sequential_accuracy.first_decided_look).
+        futures = [pool.submit(_probe_and_score, run, servers.kept[run.side.role], workload, prompts=prompts,
+                               tokenizer_dir=tokenizer_dir, progress=progress, task=tasks[run.side.role])
+                   for run in runs]
+        for future in futures:
             future.result()
 
 
@@ -575,3 +719,11 @@ def measure_turn(run: SideRun, concurrencies: list[int], round_index: int, serve
                 run.levels.append(level.model_copy(update={"round": round_index}))
         run.absorb(sampler)
         progress.update(task, description=f"{role}: round {round_index + 1} done")
+
+
+def _answers(runs: list[SideRun]) -> tuple[dict[str, list[bool]], dict[str, list[bool]]] | None:
+    """The candidate's and the reference's per-question answers, where both sides have them."""
+    candidate, reference = runs[0].results, runs[1].results
+    if candidate is None or reference is None or candidate.answers is None or reference.answers is None:
+        return None
+    return candidate.answers, reference.answers

@@ -28,6 +28,7 @@ from enginesmith.core.specs import (
     Toolchains,
     is_commit_sha,
 )
+from enginesmith.core.tasks import ACCURACY_BLOCK_QUESTIONS
 from enginesmith.core.tuning import ServingKnobs, TuningPoint, tuning_points, tuning_problems
 
 LOCAL_MODEL_HINT = ("fix the path (it is relative to the config file), or fetch the model first: "
@@ -264,6 +265,9 @@ def stage_keys(
             **({"min_goodput_ratio": config.gates.min_goodput_ratio}
                if config.gates.min_goodput_ratio is not None else {}),
         },
+        # Accuracy judged in blocks of questions, stopped once decided (#63): its verdicts and reports differ from a
+        # whole task's.
+        "accuracy": {"judged": "sequential", "block_questions": ACCURACY_BLOCK_QUESTIONS},
         # Only when there are local task files, so the keys of configs without them stay as they were.
         **({"task_files": task_fingerprints} if task_fingerprints else {}),
         # Only for a cell with a sweep: its profiles are published with it (the same keys otherwise). Its unset

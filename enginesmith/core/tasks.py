@@ -41,6 +41,10 @@ TASKS: dict[str, TaskSpec] = {t.name: t for t in [
     TaskSpec(name="facts-completion", api="completions", match="word", max_tokens=8),
 ]}
 
+# A shipped or local task is asked of the candidate in blocks of this many questions, judged after each against the
+# reference's answers (validation.sequential_accuracy); it enters the validation stage key (enginesmith.core.plan).
+ACCURACY_BLOCK_QUESTIONS = 64
+
 _WORD = re.compile(r"[\w'-]+", re.UNICODE)
 
 

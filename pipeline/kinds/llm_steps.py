@@ -16,7 +16,7 @@ from enginesmith.core.errors import ConfigError, UserError
 from enginesmith.core.keys import stage_key
 from enginesmith.core.plan import Cell, Plan
 from enginesmith.core.specs import PipelineConfig
-from pipeline.common import steps
+from pipeline.common import reference_records, steps
 from pipeline.common.steps import ARTEFACTS_DIR, QUANTIZED_DIR, REFERENCE_DIR, REPORTS_DIR, registry_url
 
 if TYPE_CHECKING:
@@ -185,20 +185,27 @@ def validate(cell: Cell, artefact_dir: Path, checkpoint: Checkpoint, config: Pip
     # Only deterministic results (greedy accuracy and completions) are reused across cells; performance is
     # measured in every run, interleaved with the candidate's.
     accuracy_key = stage_key("reference-accuracy", {
-        "checkpoint": checkpoint.key, "runtime": reference.runtime, "target": cell.target.id,
-        "workload": config.workload.keyed(), "parallel": {"tp": served_tp, "pp": cell.pp},
-        "task_files": task_fingerprints(config.workload.accuracy_tasks)})
+        "checkpoint": checkpoint.key, "runtime": reference.runtime, "runtime_version": config.toolchains.vllm.vllm,
+        "target": cell.target.id, "workload": config.workload.keyed(), "parallel": {"tp": served_tp, "pp": cell.pp},
+        "task_files": task_fingerprints(config.workload.accuracy_tasks),
+        # Its per-question answers are kept, which the candidate's accuracy is judged against in blocks (#63).
+        "answers": "per-question"})
     out_dir = work / REPORTS_DIR / cell.stage_keys.validation[:16]
     tokenizer = tokenizer_dir(artefact_dir, cell.kind)
+    accuracy_cache = work / REFERENCE_DIR / f"{accuracy_key[:16]}.json"
+    recorded = reference_records.fetch(registry_url(config), cell.model.id, accuracy_key, accuracy_cache)
+    measured_before = accuracy_cache.is_file()
     report = run_validation(
         candidate, reference, workload=config.workload, gates=config.gates, recipe_id=cell.recipe.id,
-        target_id=cell.target.id, tokenizer_dir=tokenizer, out_dir=out_dir,
-        reference_accuracy_cache=work / REFERENCE_DIR / f"{accuracy_key[:16]}.json",
+        target_id=cell.target.id, tokenizer_dir=tokenizer, out_dir=out_dir, reference_accuracy_cache=accuracy_cache,
         keep_servers_up=placement.keep_servers_up, baselines=baselines)
+    report.reference_record = recorded or reference_records.keep(
+        registry_url(config), cell.model.id, accuracy_key, accuracy_cache, measured_by=cell.id,
+        measured_now=not measured_before)
     report.notes.extend(placement.notes)
     if config.workload.calibration_rounds:
         _calibration_round(report, cell, config, candidate, reference, placement, tokenizer_dir=tokenizer,
-                           out_dir=out_dir, accuracy_cache=work / REFERENCE_DIR / f"{accuracy_key[:16]}.json")
+                           out_dir=out_dir, accuracy_cache=accuracy_cache)
     if served_tp != cell.tp:
         report.notes.append(f"The BF16 reference was served at tp={served_tp}: its weights do not fit the cell's "
                             f"tp={cell.tp} on {cell.target.id} (enginesmith/memory.py).")

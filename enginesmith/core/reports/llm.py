@@ -220,6 +220,23 @@ class Comparison(BaseModel):
         return [self.candidate, self.reference, *self.baselines]
 
 
+class ReferenceRecordUse(BaseModel):
+    """Where the reference's accuracy answers, greedy completions and perplexity came from (#63 item 1): the
+    registry's record of its reference key, read (``reused``) or written by this run."""
+
+    key: str
+    measured_at: str
+    measured_by: str
+    reused: bool
+
+    def describe(self) -> str:
+        if self.reused:
+            return (f"Reference accuracy, greedy answers and perplexity reused from the record of reference key "
+                    f"{self.key[:16]}, measured {self.measured_at} by {self.measured_by}.")
+        return (f"Reference accuracy, greedy answers and perplexity measured in this run ({self.measured_by}); the "
+                f"registry's record of reference key {self.key[:16]} serves the candidates that follow.")
+
+
 class ValidationReport(BaseModel):
     kind: Literal["llm"] = "llm"
     schema_version: Literal[2] = 2
@@ -241,6 +258,7 @@ class ValidationReport(BaseModel):
     profiles: list[ServingProfile] = []
     # Where the speed ratios should read 1.00 by construction (the cpu target, an A/A run): whether they did.
     calibration: Calibration | None = None
+    reference_record: ReferenceRecordUse | None = None  # None: no registry record (an ad hoc run, an older report)
 
     @property
     def calibration_fault(self) -> str:
@@ -353,6 +371,8 @@ class ValidationReport(BaseModel):
         cost = self.cost_table()
         if cost is not None:
             lines += ["", cost.caption, "", *markdown_table(cost)]
+        if self.reference_record is not None:
+            lines += ["", self.reference_record.describe()]
         profiles = self.profile_table()
         if profiles is not None:
             lines += ["", profiles.caption, "", *markdown_table(profiles)]
@@ -440,8 +460,12 @@ def comparison_rows(report: ValidationReport) -> list[list[str]]:
                                                for s in sides),
                      "—" if c.perplexity_increase is None else f"{c.perplexity_increase:+.2%}"])
     for index, score in enumerate(c.candidate.accuracy):
-        ref = c.reference.accuracy[index].value if index < len(c.reference.accuracy) else None
+        reference = c.reference.accuracy[index] if index < len(c.reference.accuracy) else None
         others = [s.accuracy[index].value if index < len(s.accuracy) else None for s in c.baselines]
+        # A candidate judged in blocks stops once its drop is decided: its score is over the questions it was asked.
+        asked = "" if reference is None or score.examples == reference.examples else \
+            f"candidate asked {score.examples} of {reference.examples}"
         rows.append([f"{score.task} {score.metric} ({score.source})", f"{score.value:.1%}",
-                     fmt_value(ref, ".1%"), *(fmt_value(o, ".1%") for o in others), ""])
+                     fmt_value(reference.value if reference else None, ".1%"), *(fmt_value(o, ".1%") for o in others),
+                     asked])
     return rows

@@ -121,6 +121,10 @@ class GateResult(BaseModel):
     # and for gates measured once.
     bound_low: float | None = None
     bound_high: float | None = None
+    # An accuracy gate judged in blocks of questions (validation.sequential_accuracy): the questions both sides had
+    # answered when it was decided, of the task's; None for a whole task judged once, and in older reports.
+    questions: int | None = None
+    questions_total: int | None = None
 
     @property
     def verdict(self) -> str:
@@ -137,6 +141,12 @@ class GateResult(BaseModel):
     def decided_by(self) -> str:
         bounds = "" if self.bound_low is None or self.bound_high is None else \
             f" (bounds {self.bound_low:.3f}–{self.bound_high:.3f})"
+        if self.questions is not None and self.decision in ("clear", "median"):
+            of = "" if self.questions_total is None else f" of {self.questions_total}"
+            if self.decision == "median":
+                return f"limit inside the bounds after all {self.questions}{of} questions{bounds}: decided on the " \
+                       "point estimate"
+            return f"decided after {self.questions}{of} questions{bounds}"
         if self.decision == "inside":
             return f"limit inside the bounds{bounds}: re-measuring"
         if self.decision == "median":
