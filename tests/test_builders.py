@@ -11,6 +11,7 @@ import pytest
 from builders.stage import BuildRequest, build_artefact
 from builders.trtllm_args import trtllm_build_argv
 from enginesmith.core.config import default_catalogue
+from enginesmith.core.cpu_dtype import CPU_DTYPE_ENV, CPU_DTYPES, cpu_serving_dtype
 from enginesmith.core.errors import UserError
 from enginesmith.core.specs import BuildProfile
 from quantization.stage import read_completed
@@ -184,7 +185,12 @@ def test_serve_print_matches_the_reference_flags(fp8_quantized, fp8_for_engines,
     cpu = run_cli("serve", str(tmp_path / "cpu"), "--print", env=env).stdout.split()
     assert "VLLM_CPU_KVCACHE_SPACE=1" in cpu and "HF_HUB_OFFLINE=1" in cpu
     assert str(vllm_python) in cpu and _flag(cpu, "-m") == "vllm.entrypoints.openai.api_server"
-    assert _flag(cpu, "--dtype") == "bfloat16"
+    assert _flag(cpu, "--dtype") == cpu_serving_dtype()  # chosen by the node it is served on
+    for dtype in CPU_DTYPES:
+        chosen = run_cli("serve", str(tmp_path / "cpu"), "--print", env={**env, CPU_DTYPE_ENV: dtype}).stdout.split()
+        assert _flag(chosen, "--dtype") == dtype
+    refused = run_cli("serve", str(tmp_path / "cpu"), "--print", env={**env, CPU_DTYPE_ENV: "int8"})
+    assert refused.returncode == 2 and CPU_DTYPE_ENV in refused.stderr and "Traceback" not in refused.stderr
 
 
 def _flag(argv: list[str], flag: str) -> str:

@@ -83,10 +83,11 @@ def _task_exact_match(endpoint: Endpoint, task: str, limit: int | None, api: Api
                      source="enginesmith"), completions, correct
 
 
-# Prompt logprobs and lm-eval's requests stay at 4 in flight, as the servers' memory estimate was measured with
-# (enginesmith.core.memory): at 16 a SmolLM2 server's peak rose 0.5 GiB past it (4.25 GiB against 3.65; each
-# sequence in flight touches more of the KV cache space, and prompt logprobs hold fp32 logits over the vocabulary for
-# every prompt token), for a task 20 % quicker at most and perplexity no quicker (36-41 s either way).
+# Prompt logprobs (perplexity, lm-eval's log-likelihood tasks) stay at 4 in flight: they hold fp32 logits over the
+# vocabulary for every prompt token, and at 16 a SmolLM2 server's peak rose 0.5 GiB (4.25 GiB against 3.65) for
+# perplexity no quicker (36-41 s either way). Generation (greedy answers, lm-eval's generate_until tasks) runs at
+# ACCURACY_CONCURRENCY: served in float32, Gemma 3 270M answered 64 questions in 31.4 s at 4, 22.3 s at 8 and 12.4 s
+# at 16, its server's peak 6.54-6.57 GiB at either (2026-12-07).
 MEMORY_BOUND_CONCURRENCY = 4
 
 
@@ -260,17 +261,18 @@ def lm_eval_registry_task(endpoint: Endpoint, task: AccuracyTask, tokenizer_dir:
     which needs a server that returns prompt logprobs."""
     chat = api == "chat" and not task.needs_prompt_logprobs
     value, count, _ = _run_lm_eval(endpoint, task.name, tokenizer_dir, chat=chat, metric=None, include_dir=None,
-                                   limit=limit)
+                                   limit=limit, concurrent=(MEMORY_BOUND_CONCURRENCY if task.needs_prompt_logprobs
+                                                            else ACCURACY_CONCURRENCY))
     return TaskScore(task=task.name, metric=task.output_type, value=value, examples=count or limit or 0,
                      source="lm-eval")
 
 
 def _run_lm_eval(endpoint: Endpoint, name: str, tokenizer_dir: Path, *, chat: bool, metric: str | None,
-                 include_dir: str | None, limit: int | None,
+                 include_dir: str | None, limit: int | None, concurrent: int = ACCURACY_CONCURRENCY,
                  log_samples: bool = False) -> tuple[float, int, list[dict[str, Any]]]:
-    """lm-eval's ``simple_evaluate`` against the server; the task's value for ``metric`` (None: its first metric,
-    e.g. gsm8k's ``exact_match,strict-match``), how many examples it scored, and its logged samples (with
-    ``log_samples``; else none)."""
+    """lm-eval's ``simple_evaluate`` against the server, ``concurrent`` requests in flight; the task's value for
+    ``metric`` (None: its first metric, e.g. gsm8k's ``exact_match,strict-match``), how many examples it scored, and
+    its logged samples (with ``log_samples``; else none)."""
     import os
 
     from lm_eval import simple_evaluate
@@ -283,7 +285,7 @@ def _run_lm_eval(endpoint: Endpoint, name: str, tokenizer_dir: Path, *, chat: bo
         model_args={"model": endpoint.model,
                     "base_url": f"{endpoint.base_url}{API_PATHS['chat' if chat else 'completions']}",
                     "tokenizer": str(tokenizer_dir), "tokenized_requests": False,
-                    "num_concurrent": MEMORY_BOUND_CONCURRENCY, "max_retries": 2},
+                    "num_concurrent": concurrent, "max_retries": 2},
         # A shipped task's own directory alone: indexing lm-eval's thousands of task files takes seconds a call.
         tasks=[name], task_manager=(TaskManager(include_path=include_dir, include_defaults=False) if include_dir
                                     else TaskManager()),

