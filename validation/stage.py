@@ -48,6 +48,7 @@ from enginesmith.core.reports.measures import (
 )
 from enginesmith.core.serving import render, render_served_name
 from enginesmith.core.specs import GateSpec, WorkloadSpec
+from enginesmith.core.staging import write_whole
 from enginesmith.core.tasks import resolve_task, task_spec
 from validation.accuracy import (
     greedy_agreement,
@@ -351,13 +352,6 @@ def _ask_in_blocks(endpoint: Endpoint, task: str, tokenizer_dir: Path, *, sequen
     return scores, answers
 
 
-def _write_cached(path: Path, results: SideAccuracy) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".partial")
-    partial.write_text(results.model_dump_json())
-    partial.replace(path)
-
-
 def _measure_accuracy(endpoint: Endpoint, workload: WorkloadSpec, prompts: list[str], tokenizer_dir: Path,
                       capabilities: ServerCapabilities, sequential: SequentialAccuracy | None = None,
                       given: AnswersSoFar | None = None) -> SideAccuracy:
@@ -566,7 +560,7 @@ def validate(candidate: ServerSide, reference: ServerSide, *, workload: Workload
             _score_all_at_once(runs, servers, workload, prompts=prompt_texts, tokenizer_dir=tokenizer_dir,
                                progress=progress, tasks=tasks)
             if not reference_cached and reference_accuracy_cache is not None and runs[1].results is not None:
-                _write_cached(reference_accuracy_cache, runs[1].results)
+                write_whole(reference_accuracy_cache, runs[1].results.model_dump_json())
             reference_cached = True
         round_index = 0
         while True:
@@ -581,7 +575,7 @@ def validate(candidate: ServerSide, reference: ServerSide, *, workload: Workload
                               task=tasks[run.side.role], run_id=run_id)
                 if run is runs[1] and not reference_cached and run.results is not None:
                     if reference_accuracy_cache is not None:
-                        _write_cached(reference_accuracy_cache, run.results)
+                        write_whole(reference_accuracy_cache, run.results.model_dump_json())
                     reference_cached = True
             round_index += 1
             if round_index < workload.repeats:

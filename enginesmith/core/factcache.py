@@ -8,12 +8,13 @@ reads as missing and is learned again; an entry that cannot be written only cost
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any
 
+from enginesmith.core.staging import write_whole
 from enginesmith.core.state import CACHE_ENV
 from enginesmith.core.state import cache_dir as cache_root
 
@@ -34,11 +35,7 @@ def read_fact(path: Path) -> Any | None:
 
 
 def write_fact(path: Path, fact: Any) -> None:
-    """Write ``fact`` whole or not at all (a temporary file renamed over the entry)."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
-        partial.write_text(json.dumps(fact))
-        partial.replace(path)
-    except OSError:
-        pass
+    """Write ``fact`` whole or not at all (a temporary file renamed over the entry); a cache that cannot be written
+    is not an error."""
+    with contextlib.suppress(OSError):
+        write_whole(path, json.dumps(fact))

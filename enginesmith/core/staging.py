@@ -9,6 +9,7 @@ what it left.
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,6 +19,18 @@ from enginesmith.core.diskspace import disk_filled_error, is_disk_full, require_
 
 PARTIAL_SUFFIX = ".partial"
 DISK_HINT = "free some space, or give --out on a larger disk"
+
+
+def write_whole(path: Path, text: str) -> None:
+    """Write a file whole or not at all: a temporary file of this process's beside it, renamed over ``path`` (two
+    writers of the same content each rename their own)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f"{path.name}.{os.getpid()}{PARTIAL_SUFFIX}")
+    try:
+        partial.write_text(text, encoding="utf-8")
+        partial.replace(path)
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 def partial_dir(out_dir: Path) -> Path:

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import socket
 from datetime import datetime, timezone
 from pathlib import Path
 
 from enginesmith.core.errors import UserError
 from enginesmith.core.reports.llm import ReferenceRecordUse
+from enginesmith.core.staging import write_whole
 from registry.manifest import utc_timestamp
 from registry.reference_records import ReferenceRecord, read_reference_record, write_reference_record
 from registry.store import open_store
@@ -32,10 +32,7 @@ def fetch(url: str, model: str, key: str, cache_path: Path) -> ReferenceRecordUs
         return None
     if record is None:
         return None
-    cache_path.parent.mkdir(parents=True, exist_ok=True)
-    partial = cache_path.with_suffix(f".{os.getpid()}.partial")
-    partial.write_text(json.dumps(record.results))
-    partial.replace(cache_path)
+    write_whole(cache_path, json.dumps(record.results))
     return ReferenceRecordUse(key=key, measured_at=record.measured_at, measured_by=record.measured_by, reused=True)
 
 
