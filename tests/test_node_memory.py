@@ -119,3 +119,30 @@ def test_a_budget_that_is_not_a_number_of_gib_is_refused_naming_the_variable(mon
     with pytest.raises(UserError) as refused:
         node_memory.budget_bytes()
     assert refused.value.where == node_memory.BUDGET_ENV and "lots" in str(refused.value)
+
+
+def test_an_ad_hoc_validation_on_the_cpu_reserves_what_a_planned_cell_does(tmp_path):
+    """`enginesmith validate --candidate DIR --reference DIR` on the cpu target counts both servers in the ledger as
+    the nightly does (a cpu artefact serves its model/ directory); a URL side is not counted here."""
+    import shutil
+
+    from enginesmith.core.assets import tiny_model_dir
+    from enginesmith.core.checkpoints.inspect import safetensors_parameter_count
+    from enginesmith.core.memory import cpu_serving_need
+    from enginesmith.core.serving import reference_recipe
+    from enginesmith.core.specs import BuildProfile
+    from validation.stage import ServerSide, seat_started_on_cpu
+
+    reference_dir = tiny_model_dir()
+    artefact = tmp_path / "artefact"
+    shutil.copytree(reference_dir, artefact / "model")
+    recipe = reference_recipe(reference_dir, on_cpu=True, profile=BuildProfile())
+    candidate = ServerSide(role="candidate", name="c", runtime="vllm-cpu", recipe=recipe, root=artefact)
+    reference = ServerSide(role="reference", name="r", runtime="vllm-cpu", recipe=recipe, root=reference_dir)
+    assert seat_started_on_cpu(candidate, reference, on_cpu=True, cpu_cores=[0, 1]) is not None
+    expected = cpu_serving_need("candidate", safetensors_parameter_count(reference_dir / "model.safetensors"),
+                                259).per_device_bytes
+    assert candidate.memory_bytes == reference.memory_bytes == expected
+    external = ServerSide(role="candidate", name="u", runtime="external", url="http://127.0.0.1:9")
+    assert seat_started_on_cpu(external, reference, on_cpu=True, cpu_cores=[0, 1]) is None
+    assert external.memory_bytes == 0

