@@ -124,7 +124,7 @@ def cpu_server_bytes(model_dir: Path, parameters: float | None = None) -> int:
         parameters = sum(safetensors_parameter_count(path) for path in model_dir.glob("*.safetensors"))
     try:
         vocab_size = directory_shape(model_dir).vocab_size
-    except (OSError, ValueError, KeyError):
+    except (UserError, OSError, ValueError, KeyError):  # not a checkpoint it can read: its server says why
         vocab_size = 0
     return cpu_serving_need("candidate", parameters, vocab_size).per_device_bytes
 
