@@ -6,7 +6,8 @@ On a CPU without BF16 instructions (``avx512_bf16``, ``amx_bf16``) vLLM converts
 back; ``enginesmith.core.cpu_dtype`` serves float32 there. Measured on this project's 2-core CI node (AVX-512 with
 VNNI, no BF16), 2026-12-07: SmolLM2-135M, 128 facts questions, BF16 75.4 s at 4 in flight and 63.0 s at 16, float32
 31.1 s and 17.3 s, the same answers at every concurrency; Gemma 3 270M, 64 questions, BF16 54.9 / 33.8 s, float32
-31.4 / 12.4 s, peak 5.37 against 6.57 GiB.
+31.4 / 12.4 s, peak 5.37 against 6.57 GiB. This script, SmolLM2, 64 questions: BF16 35.7 / 29.6 s, float32
+17.0 / 8.9 s (2.1× and 3.3×), peak 3.47 against 3.76 GiB, 92 % of the answers alike across the two dtypes.
 
 The last line printed is one JSON object: per dtype the seconds per concurrency and the peak GiB, ``speedup`` (BF16
 seconds over float32's, per concurrency), ``memory_ratio`` (float32's peak over BF16's) and ``same_answers`` (the
