@@ -10,6 +10,7 @@ falls (inside a part, a chunk, a request's headers). After ``kills`` runs were k
 from __future__ import annotations
 
 import random
+import signal
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,7 +70,7 @@ def kill_and_resume(args: list[str], *, env: dict[str, str], proxy: KillingProxy
         finally:
             proxy.disarm()
         report.per_run.append(proxy.received[direction] - before)
-        if fired is not None and fired.is_set():
+        if fired is not None and fired.is_set() and code == -signal.SIGKILL:
             assert offset is not None
             report.kill_offsets.append(offset)
             continue
