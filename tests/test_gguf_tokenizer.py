@@ -109,3 +109,31 @@ def test_the_conversion_replaces_only_a_tokenizer_transformers_read_as_another_m
     rebuilt = _rebuilt_tokenizer(path, as_unigram)
     assert type(rebuilt.backend_tokenizer.model).__name__ == "BPE"
     assert rebuilt.tokenize("abc") == ["ab", "c"] and rebuilt.eos_token == "<eos>"
+
+
+def test_a_conversion_parses_its_gguf_once_whoever_reads_it(tmp_path, monkeypatch):
+    """transformers' loaders and ours each open the GGUF (six parses of Gemma 3's 262k-token vocabulary were two
+    thirds of its conversion): inside ``each_gguf_parsed_once`` they share one parse, and outside it each is new."""
+    import gguf
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    from enginesmith.core.checkpoints.gguf import each_gguf_parsed_once, sentencepiece_bpe_tokenizer
+
+    parses: list[str] = []
+
+    class CountingReader(gguf.GGUFReader):
+        def __init__(self, path, mode="r"):
+            parses.append(str(path))
+            super().__init__(path, mode)
+
+    monkeypatch.setattr(gguf, "GGUFReader", CountingReader)
+    path = _write_vocabulary(tmp_path / "v.gguf", _vocabulary(ab_score=-8.0, bc_score=-9.0))
+    with each_gguf_parsed_once():
+        tokenizer = sentencepiece_bpe_tokenizer(path)
+        load_gguf_checkpoint(str(path))
+        again = sentencepiece_bpe_tokenizer(tmp_path / "." / "v.gguf")
+    assert parses == [str(path)]
+    assert gguf.GGUFReader is CountingReader
+    assert tokenizer.encode("abc").tokens == again.encode("abc").tokens
+    sentencepiece_bpe_tokenizer(path)
+    assert len(parses) == 2

