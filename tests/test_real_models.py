@@ -175,9 +175,10 @@ def smollm2_config(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
     its speed gates, 0.7 and 1.4, are wide of the harness's spread either way). Less its transformers-serve
     baseline: ungated, the slowest side (six of the run's 28 minutes on a loaded machine) and proven on the tiny
     model (test_quantize.py) as any runtime's baseline is. The sequential looks are proven by
-    test_validation_rounds.py and test_validation_e2e.py. Its serving sweep keeps its three profiles, levels and
-    rounds with four requests, two seconds and at most four seconds of warm-up a level (the shipped eight, four and
-    the workload's ten: one sequence at a time at four in flight serves a request in a whole request's time, and its
+    test_validation_rounds.py and test_validation_e2e.py. Its serving sweep keeps its three profiles and rounds at
+    four in flight only, where the SLOs below are drawn (at one in flight the three serve alike: a batch of one),
+    with four requests, two seconds and at most four seconds of warm-up a level (the shipped eight, four and the
+    workload's ten: one sequence at a time at four in flight serves a request in a whole request's time, and its
     warm-up batches of sixteen ran to their budget)."""
     root = tmp_path_factory.mktemp("smollm2-matrix")
     text = (CONFIGS / "examples" / "smollm2-cpu.yaml").read_text()
@@ -188,6 +189,8 @@ def smollm2_config(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
                           ("max_repeats: 4", "max_repeats: 2"),
                           ("  warmup_max_s: 10\n  min_duration_s: 4\n  min_requests: 12",
                            "  warmup_max_s: 4\n  min_duration_s: 4\n  min_requests: 8"),
+                          ("    max_num_seqs: [1, 2, 4]\n  concurrency: [1, 4]",
+                           "    max_num_seqs: [1, 2, 4]\n  concurrency: [4]"),
                           ("  min_duration_s: 4\n  min_requests: 8\n  budget_s",
                            "  min_duration_s: 2\n  min_requests: 4\n  warmup_max_s: 4\n  budget_s"),
                           ("  baselines: [transformers-serve]", "  baselines: []")):
@@ -342,13 +345,13 @@ def _slos(profiles: dict) -> tuple[str, str, str]:  # type: ignore[type-arg]
 @pytest.mark.slow
 @pytest.mark.real_matrix
 def test_fp8_is_published_with_three_serving_profiles_that_show_the_batching_trade_off(fp8_profiles):
-    """#33: the sweep's three profiles, each at one and four requests in flight in two rounds; at four, one sequence
-    at a time makes the others wait for their first token and serves fewer tokens a second than a batch of four
-    (the TTFT order is asserted by ``_slos``)."""
+    """#33: the sweep's three profiles, each at four requests in flight in two rounds (the shipped config adds one in
+    flight); one sequence at a time makes the others wait for their first token and serves fewer tokens a second
+    than a batch of four (the TTFT order is asserted by ``_slos``)."""
     assert sorted(fp8_profiles) == SWEPT
     for profile in fp8_profiles.values():
         assert profile.runtime == "vllm-cpu" and profile.target == "cpu" and profile.rounds == 2
-        assert [level.concurrency for level in profile.levels] == [1, 4]
+        assert [level.concurrency for level in profile.levels] == [4]
         assert all(level.samples is not None and len(level.samples.e2el_s) >= 8 for level in profile.levels)
     one, four = fp8_profiles[SWEPT[0]].level(4), fp8_profiles[SWEPT[2]].level(4)
     assert one.output_throughput.median < four.output_throughput.median, (one.output_throughput,
