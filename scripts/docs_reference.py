@@ -126,7 +126,41 @@ def config_page() -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-PAGES = {"cli.md": cli_page, "config.md": config_page}
+def catalogue_page() -> str:
+    from enginesmith.core.config import default_catalogue
+
+    catalogue = default_catalogue()
+    lines = [GENERATED, "", "# Targets and recipes", "",
+             "The catalogue the installed package ships (`enginesmith/catalogue/`; an operator's own with "
+             "`ENGINESMITH_CONFIG_DIR`), as `enginesmith targets` and `enginesmith recipes` print it.", "",
+             "## Targets", "", "| id | name | SM | memory (GiB) | GPUs a node | BF16 dense TFLOPS | memory GB/s |",
+             "|---|---|---|---|---|---|---|"]
+    for target in catalogue.targets.values():
+        sm = f"{target.sm // 10}.{target.sm % 10}" if target.sm is not None else "(cpu)"
+        tflops, bandwidth = target.bf16_dense_tflops or "", target.memory_bandwidth_gbs or ""
+        lines.append(f"| `{target.id}` | {_cell(target.name)} | {sm} | {target.memory_gib:g} | {target.gpus_per_node} "
+                     f"| {tflops} | {bandwidth} |")
+    lines += ["", "## Recipes", "", "| id | weight bits | KV cache | TensorRT-LLM quant algo | what it is |",
+              "|---|---|---|---|---|"]
+    for recipe in catalogue.recipes.values():
+        lines.append(f"| `{recipe.id}` | {recipe.weight_bits} | {recipe.kv_cache or ''} | {recipe.quant_algo or ''} "
+                     f"| {_cell(recipe.description)} |")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def plan_rules_page() -> str:
+    from enginesmith.core.compat import RULES
+
+    lines = [GENERATED, "", "# The plan's rules", "",
+             "Every rule `enginesmith plan` applies to a cell before anything runs. A cell a rule refuses is "
+             "`invalid`, listed with the rule's id and the reason for that cell; the nightly builds none of it.", "",
+             "| rule | why it exists |", "|---|---|"]
+    lines += [f"| `{rule.id}` | {_cell(rule.reason)} |" for rule in RULES]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+PAGES = {"cli.md": cli_page, "config.md": config_page, "catalogue.md": catalogue_page,
+         "plan-rules.md": plan_rules_page}
 
 
 def main(argv: list[str]) -> int:
