@@ -105,15 +105,9 @@ def _model_section(name: str, schema: dict[str, Any]) -> list[str]:
     return lines
 
 
-def config_page() -> str:
-    from enginesmith.core.specs import PipelineConfig, RecipeCatalogue, TargetCatalogue
-
-    models: list[tuple[str, type[BaseModel]]] = [("a build-matrix config", PipelineConfig),
-                                                ("the targets catalogue", TargetCatalogue),
-                                                ("the recipes catalogue", RecipeCatalogue)]
-    lines = [GENERATED, "", "# Config files", "",
-             "The fields of each file enginesmith reads, from the models that validate it (`enginesmith schema "
-             "pipeline|targets|recipes` prints the same as JSON Schema, for an editor's completion).", ""]
+def _models_page(title: str, intro: str, models: list[tuple[str, type[BaseModel]]]) -> str:
+    """Each model's fields, then those of every model it refers to (once each, in name order)."""
+    lines = [GENERATED, "", f"# {title}", "", intro, ""]
     seen: set[str] = set()
     for what, model in models:
         schema = model.model_json_schema()
@@ -124,6 +118,25 @@ def config_page() -> str:
                 seen.add(def_name)
                 lines += _model_section(def_name, definition)
     return "\n".join(lines).rstrip() + "\n"
+
+
+def report_page() -> str:
+    from enginesmith.core.reports.encoder import EncoderValidationReport
+    from enginesmith.core.reports.llm import ValidationReport
+
+    return _models_page("Validation reports", "The fields of `report.json`, which each cell's validation writes beside "
+                        "`report.md` and which the published manifest carries (`enginesmith show`, `report`).",
+                        [("an LLM cell's", ValidationReport), ("an encoder cell's", EncoderValidationReport)])
+
+
+def config_page() -> str:
+    from enginesmith.core.specs import PipelineConfig, RecipeCatalogue, TargetCatalogue
+
+    return _models_page("Config files", "The fields of each file enginesmith reads, from the models that validate it "
+                        "(`enginesmith schema pipeline|targets|recipes` prints the same as JSON Schema, for an "
+                        "editor's completion).",
+                        [("a build-matrix config", PipelineConfig), ("the targets catalogue", TargetCatalogue),
+                         ("the recipes catalogue", RecipeCatalogue)])
 
 
 def catalogue_page() -> str:
@@ -160,7 +173,7 @@ def plan_rules_page() -> str:
 
 
 PAGES = {"cli.md": cli_page, "config.md": config_page, "catalogue.md": catalogue_page,
-         "plan-rules.md": plan_rules_page}
+         "plan-rules.md": plan_rules_page, "report.md": report_page}
 
 
 def main(argv: list[str]) -> int:
