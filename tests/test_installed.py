@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import subprocess
 import sys
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO_ROOT
+from tests import documentation
 from tests.package_checks import build_wheel
 from tests.registry_helpers import read_artefact, tiny_files, write_artefact
 from tests.report_factory import llm_report
@@ -128,7 +127,7 @@ def test_a_deployment_node_with_the_base_install_resolves_pulls_reports_and_serv
     printed = cli("serve", str(tmp_path / "plain"), "--print").stdout
     assert "$ENGINESMITH_VLLM_CPU_PYTHON -m vllm.entrypoints.openai.api_server --model" in printed
 
-    # The README's deployment-node block, as written (its paths under this test's directory).
+    # The docs' deployment-node block, as written (its paths under this test's directory).
     lines = deployment_node_block()
     assert lines[0].startswith("pip install enginesmith") and lines[1].startswith("export ENGINESMITH_REGISTRY=")
     for line in lines[2:]:
@@ -140,8 +139,7 @@ def test_a_deployment_node_with_the_base_install_resolves_pulls_reports_and_serv
 
 
 def deployment_node_block() -> list[str]:
-    text = (REPO_ROOT / "README.md").read_text()
-    [block] = re.findall(r"<!-- deployment-node -->\s*```bash\n(.*?)```", text, re.DOTALL)
+    [block] = documentation.marked_blocks("deployment-node")
     return [line.strip() for line in block.splitlines() if line.strip()]
 
 

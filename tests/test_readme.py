@@ -1,22 +1,23 @@
-"""Every README code block marked `<!-- runnable -->` runs as written, from the repo root."""
+"""Every code block marked `<!-- runnable -->`, in the README or on a page of the docs site, runs as written from the
+repo root; the site's generated reference pages are what the code generates."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
 
 import pytest
 
+from tests import documentation
 from tests.conftest import REPO_ROOT
 
-BLOCK = re.compile(r"<!-- runnable -->\s*```bash\n(.*?)```", re.DOTALL)
+RUNNABLE_LINES = 4  # the README's before the docs site (#65): moving a block must not lose one
 
 
 def _runnable_lines() -> list[str]:
-    text = (REPO_ROOT / "README.md").read_text()
-    return [line.strip() for block in BLOCK.findall(text) for line in block.splitlines()
-            if line.strip() and not line.strip().startswith("#")]
+    return documentation.block_lines("runnable")
 
 
 # What each runnable command must print for a reader to see what the README says it shows (an exit code of 0 alone
@@ -38,7 +39,8 @@ def _subcommand(command: str) -> str:
 
 def test_readme_has_runnable_blocks():
     lines = _runnable_lines()
-    assert lines and all(_subcommand(line) in PRINTS for line in lines), "a runnable line without an expectation"
+    assert len(lines) >= RUNNABLE_LINES, lines
+    assert all(_subcommand(line) in PRINTS for line in lines), "a runnable line without an expectation"
 
 
 @pytest.mark.parametrize("command", _runnable_lines())
@@ -52,7 +54,21 @@ def test_readme_command_runs(command):
 def test_the_readme_memory_table_is_what_the_memory_model_computes():
     printed = subprocess.run([sys.executable, "scripts/memory_table.py"], cwd=REPO_ROOT, capture_output=True,
                              text=True, check=True).stdout.strip()
-    assert printed in (REPO_ROOT / "README.md").read_text()
+    assert printed in documentation.text()
     rows = {tuple(cell.strip() for cell in line.strip("|").split("|")[:2]): line for line in printed.splitlines()}
     assert rows[("Llama-3.1-8B", "h100-sxm (80 GiB)")].split("|")[3].strip().startswith("1 × ")  # 8B on 1 H100
     assert rows[("Llama-3.1-70B", "h100-sxm (80 GiB)")].split("|")[3].strip().startswith("4 × ")  # 70B on 4
+
+
+def test_the_generated_reference_pages_are_what_the_code_generates():
+    shipped = {name: value for name, value in os.environ.items() if name != "ENGINESMITH_CONFIG_DIR"}
+    checked = subprocess.run([sys.executable, "scripts/docs_reference.py", "--check"], cwd=REPO_ROOT,
+                             capture_output=True, text=True, env=shipped)  # the shipped catalogue, not an operator's
+    assert checked.returncode == 0, checked.stderr
+
+
+def test_the_readme_is_short_and_links_into_the_site():
+    readme = (REPO_ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 150
+    linked = set(re.findall(r"\]\((docs/[^)#]+\.md)", readme))
+    assert linked and all((REPO_ROOT / page).is_file() for page in linked), linked

@@ -157,20 +157,17 @@ def test_a_directory_signed_by_model_signing_is_published_with_its_signature_and
     assert not (tmp_path / "registry-2" / "blobs").exists() or not any((tmp_path / "registry-2" / "blobs").rglob("*"))
 
 
-def test_the_readme_signing_commands_run_as_written(tmp_path: Path) -> None:
-    import re
-
-    from tests.conftest import REPO_ROOT
+def test_the_documented_signing_commands_run_as_written(tmp_path: Path) -> None:
+    from tests import documentation
 
     if shutil.which("openssl") is None:
         pytest.skip("needs the openssl command")
-    block = re.search(r"<!-- signing -->\s*```bash\n(.*?)```", (REPO_ROOT / "README.md").read_text(), re.DOTALL)
-    assert block is not None, "README.md has no <!-- signing --> block"
+    [block] = documentation.marked_blocks("signing")
     source = write_artefact(tmp_path / "build")
     env = {**os.environ, "ARTEFACT_DIR": str(source), "ENGINESMITH_REGISTRY": str(tmp_path / "registry"),
            "ENGINESMITH_CACHE_DIR": str(tmp_path / "cache"),
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    result = subprocess.run(["bash", "-euo", "pipefail", "-c", block.group(1)], cwd=tmp_path, env=env,
+    result = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=tmp_path, env=env,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "signed by nightly" in result.stdout and "tiny-llama:prod" in result.stdout
