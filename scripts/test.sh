@@ -59,6 +59,7 @@ joined() {  # wait for what `beside` started; print each one's output and time; 
 }
 phase setup ./scripts/setup-all.sh --system
 phase ruff "$VENV/bin/ruff" check .
+# shellcheck disable=SC2329  # called by name through `beside`
 docs_site() {  # the docs site, warnings as errors: a broken link or anchor fails it (drift of its generated pages: a fast test)
   local site
   site=$(mktemp -d)
